@@ -1,0 +1,144 @@
+"""The public entry point: validate once, then hand the call to one backend."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .contract import IndexerTopKResult, allocate_result, validate_inputs
+
+BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
+
+
+def _run_reference(args, *, topk, layout, weight_scale, out, workspace):
+    from .reference import reference_indexer_topk
+
+    res = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    if out is None:
+        return res
+    for dst, src in zip(out, res):
+        dst.copy_(src)
+    return out
+
+
+def _backend_fn(name: str):
+    if name == "reference":
+        return _run_reference
+    if name == "legacy":
+        from .backends.legacy import legacy_indexer_topk
+
+        return legacy_indexer_topk
+    if name == "fused":
+        from .backends.fused import fused_indexer_topk
+
+        return fused_indexer_topk
+    if name == "aiter":
+        from .backends.aiter import aiter_indexer_topk
+
+        return aiter_indexer_topk
+    raise ValueError(f"backend: unknown backend {name!r}; expected one of {BACKENDS}")
+
+
+def resolve_backend(backend: str, *, is_decode: bool = False) -> str:
+    """The concrete backend ``auto`` stands for in this process (see :mod:`indexer_topk.policy`)."""
+    if backend != "auto":
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
+        return backend
+    try:
+        from .policy import default_policy
+    except ImportError:  # the policy module is optional while the package grows
+        return "reference"
+    return default_policy().route(is_decode=is_decode)
+
+
+def indexer_topk(
+    q: torch.Tensor,
+    q_scale: Optional[torch.Tensor],
+    k_cache: torch.Tensor,
+    k_scale: Optional[torch.Tensor],
+    weights: torch.Tensor,
+    page_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    topk: int,
+    layout: str,
+    weight_scale: float = 1.0,
+    backend: str = "auto",
+    out: Optional[IndexerTopKResult] = None,
+    workspace: Optional[torch.Tensor] = None,
+    check_values: bool = True,
+) -> IndexerTopKResult:
+    r"""Exact top-``k`` of DeepSeek-V4's C4 indexer scores over a paged index-K cache.
+
+    For each query row ``r`` and C4 position ``j < seq_lens[r]``::
+
+        score[r, j] = weight_scale * sum_h weights[r, h] * relu(q[r, h, :] . k[j, :])
+        score[r, j] *= k_scale[j]          # sglang_fp8: the key's fp32 scale
+
+    with the dot taken over dequantised values, and selects the ``topk`` best positions:
+    higher score first, equal scores broken by the lower position, NaN below every number,
+    ``+0`` above ``-0``.
+
+    Parameters
+    ----------
+    q, q_scale, k_cache, k_scale, weights
+        The quantised query, its scales, the paged C4 index-K cache, its scales and the per-head
+        weights ``[rows, 64]``, in one of the layouts of :class:`indexer_topk.Layout` (``q_scale``
+        / ``k_scale`` are ``None`` where the layout keeps scales elsewhere).
+    page_table : torch.Tensor
+        int32 ``[rows, max_pages]``; page ``p`` of row ``r`` holds C4 positions
+        ``64 * p .. 64 * p + 63``.
+    seq_lens : torch.Tensor
+        int32 ``[rows]``, each row's causal C4 length.
+    topk : int
+        512 (V4-Flash), 1024 (V4-Pro) or 2048.
+    layout : str
+        ``"aiter_mxfp4"``, ``"sglang_mxfp4"`` or ``"sglang_fp8"``.
+    weight_scale : float
+        Scalar applied to every score (DeepSeek-V4: ``128 ** -0.5 * 64 ** -0.5``).
+    backend : str
+        ``"auto"`` (the process's frozen path policy), ``"reference"``, ``"legacy"``, ``"fused"``
+        or ``"aiter"``.
+    out : IndexerTopKResult, optional
+        Preallocated outputs, written in place and returned.
+    workspace : torch.Tensor, optional
+        Caller-owned uint8 scratch of at least :func:`indexer_topk.workspace_size` bytes, so the
+        call allocates nothing (fused and aiter backends).
+    check_values : bool
+        Also validate tensor contents (``seq_lens`` against the page table, page ids against the
+        cache). Needs a device sync: turn it off under graph capture and in decode.
+
+    Returns
+    -------
+    IndexerTopKResult
+        ``values`` float32, ``raw_indices`` / ``physical_indices`` int32, all ``[rows, topk]``,
+        best first and padded with ``-inf`` / ``-1`` past ``counts = min(seq_lens, topk)``. A
+        row with ``seq_len <= topk`` returns positions ``0 .. seq_len - 1`` in ascending order
+        with their scores. NaN scores are returned as the canonical quiet NaN.
+
+    Raises
+    ------
+    ValueError
+        Naming the offending argument, before any kernel runs.
+    """
+    args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
+    layout = validate_inputs(
+        *args, topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values
+    )
+    if out is not None and not isinstance(out, IndexerTopKResult):
+        out = IndexerTopKResult(*out)
+    name = resolve_backend(backend)
+    fn = _backend_fn(name)
+    return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
+
+
+def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:
+    """Bytes of scratch the fused backend needs for a call of ``rows`` rows (context-independent)."""
+    from .backends.fused import fused_workspace_size
+
+    return fused_workspace_size(rows, topk, layout, device=device)
+
+
+__all__ = ["indexer_topk", "workspace_size", "allocate_result", "BACKENDS", "resolve_backend"]

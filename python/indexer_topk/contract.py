@@ -1,0 +1,308 @@
+"""The operator contract: constants, layouts, the result type and input validation.
+
+Every backend computes, for each query row ``r`` and each C4 position ``j < seq_lens[r]``::
+
+    score[r, j] = weight_scale * sum_h weights[r, h] * relu(q[r, h, :] . k[j, :])
+    score[r, j] *= k_scale[j]                      # sglang_fp8 only
+
+and returns the ``topk`` best positions under one total order (:func:`order_keys`): higher
+score first, equal scores broken by the lower position, NaN below every number, +0 above -0.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import NamedTuple, Optional
+
+import torch
+
+HEADS = 64
+HEAD_DIM = 128
+PAGE_SIZE = 64  # C4 positions per page
+PAGE_BITS = 6
+MX_GROUP = 32  # MXFP4: one ue8m0 exponent per 32 values
+SUPPORTED_TOPK = (512, 1024, 2048)
+
+# The payload bytes of one key slot, per layout's page row (scales follow the payload).
+SGLANG_MXFP4_SLOT_BYTES = 64 + 4
+SGLANG_FP8_SLOT_BYTES = 128 + 4
+
+CANONICAL_NAN_BITS = 0x7FC00000
+
+
+class Layout(str, enum.Enum):
+    """How the quantised query and the paged C4 index-K cache are stored.
+
+    ``aiter_mxfp4``
+        AITER FlyDSL layout (ROCm). ``q`` uint8 ``[rows, 64, 64]`` (two e2m1 per byte, even
+        element in the low nibble), ``q_scale`` uint8 ``[rows, 1, 4, 16, 4]`` (head ``h``,
+        32-wide chunk ``c`` at ``[r, 0, c, h % 16, h // 16]``), ``k_cache`` uint8
+        ``[pages, 1, 4, 64, 16]`` (chunk, slot, 16 bytes), ``k_scale`` uint8 ``[pages, 1, 4, 64]``
+        (slot ``s`` of chunk ``c`` at ``(s % 16) * 4 + s // 16``), ``weights`` bf16.
+    ``sglang_mxfp4``
+        SGLang's CUDA FP4 layout. ``q`` uint8 ``[rows, 64, 64]``, ``q_scale`` int32 ``[rows, 64]``
+        (four ue8m0 bytes, chunk 0 in the low byte), ``k_cache`` uint8 ``[pages, 64 * 68]``:
+        64 slots x 64 payload bytes, then 64 slots x 4 scale bytes; ``k_scale`` None;
+        ``weights`` fp32.
+    ``sglang_fp8``
+        SGLang's FP8 layout. ``q`` float8_e4m3fn ``[rows, 64, 128]`` with its scale folded into
+        ``weights`` (``q_scale`` None); ``k_cache`` uint8 ``[pages, 64 * 132]``: 64 slots x 128
+        e4m3 bytes, then 64 fp32 scales; ``k_scale`` None; ``weights`` fp32.
+    """
+
+    AITER_MXFP4 = "aiter_mxfp4"
+    SGLANG_MXFP4 = "sglang_mxfp4"
+    SGLANG_FP8 = "sglang_fp8"
+
+    @property
+    def is_mxfp4(self) -> bool:
+        return self is not Layout.SGLANG_FP8
+
+
+class IndexerTopKResult(NamedTuple):
+    """Outputs of one indexer top-k call; all ``[rows, topk]`` except ``counts`` ``[rows]``.
+
+    values : float32
+        Scores of the selected positions, best first; ``-inf`` past ``counts``.
+    raw_indices : int32
+        Logical C4 positions; ``-1`` past ``counts``.
+    physical_indices : int32
+        ``page_table[r, raw >> 6] * 64 + (raw & 63)``; ``-1`` past ``counts``.
+    counts : int32
+        ``min(seq_lens[r], topk)``.
+    """
+
+    values: torch.Tensor
+    raw_indices: torch.Tensor
+    physical_indices: torch.Tensor
+    counts: torch.Tensor
+
+
+def allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
+    """Empty output tensors of the right shapes and dtypes (contents undefined)."""
+    return IndexerTopKResult(
+        torch.empty((rows, topk), dtype=torch.float32, device=device),
+        torch.empty((rows, topk), dtype=torch.int32, device=device),
+        torch.empty((rows, topk), dtype=torch.int32, device=device),
+        torch.empty((rows,), dtype=torch.int32, device=device),
+    )
+
+
+def parse_layout(layout) -> Layout:
+    try:
+        return Layout(layout)
+    except ValueError:
+        choices = ", ".join(repr(x.value) for x in Layout)
+        raise ValueError(f"layout: unsupported layout {layout!r}; expected one of {choices}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# The total order
+# ---------------------------------------------------------------------------------------------
+
+def ordered_score_bits(values: torch.Tensor) -> torch.Tensor:
+    """Map fp32 scores to int32 keys whose signed order is the contract's score order.
+
+    Non-negative floats keep their bit pattern; negative floats have their low 31 bits flipped,
+    so ``-0 < +0`` and larger magnitudes sort lower; every NaN maps to ``INT32_MIN``, below
+    ``-inf``.
+    """
+    bits = values.to(torch.float32).contiguous().view(torch.int32)
+    keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return torch.where(torch.isnan(values), torch.full_like(keys, -(2**31)), keys)
+
+
+def scores_from_ordered_bits(keys: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`ordered_score_bits`; NaN comes back as the canonical quiet NaN."""
+    keys = keys.to(torch.int32)
+    bits = torch.where(keys < 0, keys ^ 0x7FFFFFFF, keys)
+    bits = torch.where(keys == -(2**31), torch.full_like(bits, CANONICAL_NAN_BITS), bits)
+    return bits.view(torch.float32)
+
+
+def order_keys(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """int64 keys whose descending order is the contract's total order.
+
+    ``key = ordered_score_bits(value) * 2**32 + (2**32 - 1 - position)``: the score decides,
+    and among equal scores the lower position has the larger key.
+    """
+    hi = ordered_score_bits(values).to(torch.int64)
+    return hi * (1 << 32) + ((1 << 32) - 1 - positions.to(torch.int64))
+
+
+def canonicalize_scores(values: torch.Tensor) -> torch.Tensor:
+    """fp32 scores with every NaN replaced by the canonical quiet NaN (bit-exact otherwise)."""
+    return scores_from_ordered_bits(ordered_score_bits(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------------------------
+
+def _expect_tensor(name, t, dtype, shape, device):
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor")
+
+
+def _expect_none(name, t, layout):
+    if t is not None:
+        raise ValueError(f"{name}: must be None for layout {layout.value!r}")
+
+
+def _storage_span(t: torch.Tensor):
+    if t.numel() == 0:
+        return None
+    start = t.data_ptr()
+    return start, start + t.numel() * t.element_size()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    sa, sb = _storage_span(a), _storage_span(b)
+    if sa is None or sb is None:
+        return False
+    return sa[0] < sb[1] and sb[0] < sa[1]
+
+
+def expected_shapes(layout: Layout, rows: int, num_pages: int):
+    """The (dtype, shape) each input must have, for this layout; ``None`` where it must be None."""
+    if layout is Layout.AITER_MXFP4:
+        return {
+            "q": (torch.uint8, (rows, HEADS, HEAD_DIM // 2)),
+            "q_scale": (torch.uint8, (rows, 1, 4, 16, 4)),
+            "k_cache": (torch.uint8, (num_pages, 1, 4, PAGE_SIZE, 16)),
+            "k_scale": (torch.uint8, (num_pages, 1, 4, PAGE_SIZE)),
+            "weights": (torch.bfloat16, (rows, HEADS)),
+        }
+    if layout is Layout.SGLANG_MXFP4:
+        return {
+            "q": (torch.uint8, (rows, HEADS, HEAD_DIM // 2)),
+            "q_scale": (torch.int32, (rows, HEADS)),
+            "k_cache": (torch.uint8, (num_pages, PAGE_SIZE * SGLANG_MXFP4_SLOT_BYTES)),
+            "k_scale": None,
+            "weights": (torch.float32, (rows, HEADS)),
+        }
+    return {
+        "q": (torch.float8_e4m3fn, (rows, HEADS, HEAD_DIM)),
+        "q_scale": None,
+        "k_cache": (torch.uint8, (num_pages, PAGE_SIZE * SGLANG_FP8_SLOT_BYTES)),
+        "k_scale": None,
+        "weights": (torch.float32, (rows, HEADS)),
+    }
+
+
+def validate_inputs(
+    q,
+    q_scale,
+    k_cache,
+    k_scale,
+    weights,
+    page_table,
+    seq_lens,
+    *,
+    topk,
+    layout,
+    weight_scale=1.0,
+    out=None,
+    check_values: bool = True,
+    allowed_topk=SUPPORTED_TOPK,
+) -> Layout:
+    """Check every argument of :func:`indexer_topk.indexer_topk`; raise ``ValueError`` naming it.
+
+    Shape, dtype, device and layout checks read only metadata. ``check_values`` adds the checks
+    that read tensor contents (``seq_lens`` within ``[0, page_table.shape[1] * 64]``, every page
+    id a row uses inside the cache); they synchronise with the device, so graph-captured and
+    decode callers turn them off.
+    """
+    layout = parse_layout(layout)
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk not in allowed_topk:
+        raise ValueError(f"topk: unsupported value {topk!r}; expected one of {tuple(allowed_topk)}")
+    if isinstance(weight_scale, torch.Tensor) or not isinstance(weight_scale, (int, float)):
+        raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
+
+    if not isinstance(q, torch.Tensor) or q.dim() < 1:
+        raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
+    device = q.device
+    rows = q.shape[0]
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
+        raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
+    num_pages = k_cache.shape[0]
+
+    spec = expected_shapes(layout, rows, num_pages)
+    named = {"q": q, "q_scale": q_scale, "k_cache": k_cache, "k_scale": k_scale, "weights": weights}
+    for name, t in named.items():
+        if spec[name] is None:
+            _expect_none(name, t, layout)
+        else:
+            dtype, shape = spec[name]
+            _expect_tensor(name, t, dtype, shape, device)
+
+    if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
+        raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
+    _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
+    _expect_tensor("seq_lens", seq_lens, torch.int32, (rows,), device)
+
+    if out is not None:
+        if not isinstance(out, IndexerTopKResult):
+            if isinstance(out, tuple) and len(out) == 4:
+                out = IndexerTopKResult(*out)
+            else:
+                raise ValueError("out: expected an IndexerTopKResult of four tensors")
+        for field, dtype, shape in (
+            ("values", torch.float32, (rows, topk)),
+            ("raw_indices", torch.int32, (rows, topk)),
+            ("physical_indices", torch.int32, (rows, topk)),
+            ("counts", torch.int32, (rows,)),
+        ):
+            _expect_tensor(f"out.{field}", getattr(out, field), dtype, shape, device)
+        outs = list(out)
+        inputs = [t for t in (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens) if t is not None]
+        for i, o in enumerate(outs):
+            for t in inputs:
+                if _overlaps(o, t):
+                    raise ValueError(f"out.{out._fields[i]}: aliases an input tensor")
+            for j in range(i + 1, len(outs)):
+                if _overlaps(o, outs[j]):
+                    raise ValueError(f"out.{out._fields[i]}: aliases out.{out._fields[j]}")
+
+    if check_values and rows > 0:
+        max_pages = page_table.shape[1]
+        lo = int(seq_lens.min())
+        hi = int(seq_lens.max())
+        if lo < 0:
+            raise ValueError(f"seq_lens: negative length {lo}")
+        if hi > max_pages * PAGE_SIZE:
+            raise ValueError(
+                f"seq_lens: length {hi} exceeds the page table ({max_pages} pages x {PAGE_SIZE})"
+            )
+        if hi > 0:
+            used = torch.arange(max_pages, device=device)[None, :] * PAGE_SIZE < seq_lens[:, None].long()
+            bad = used & ((page_table < 0) | (page_table >= num_pages))
+            if bool(bad.any()):
+                r, p = (int(x) for x in bad.nonzero()[0])
+                raise ValueError(
+                    f"page_table: row {r} page {p} holds id {int(page_table[r, p])}, "
+                    f"outside the cache of {num_pages} pages"
+                )
+    return layout
+
+
+def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> None:
+    """A caller-owned workspace must be a contiguous uint8 tensor of at least ``nbytes``."""
+    if workspace is None:
+        return
+    if not isinstance(workspace, torch.Tensor) or workspace.dtype != torch.uint8:
+        raise ValueError("workspace: expected a uint8 torch.Tensor")
+    if workspace.device != device:
+        raise ValueError(f"workspace: expected device {device}, got {workspace.device}")
+    if not workspace.is_contiguous():
+        raise ValueError("workspace: expected a contiguous tensor")
+    if workspace.numel() < nbytes:
+        raise ValueError(f"workspace: {workspace.numel()} bytes given, {nbytes} needed")

@@ -1,0 +1,110 @@
+"""The contract in plain PyTorch: the spec every other path is tested against.
+
+Obviously correct rather than fast. Scores are computed in float64 from the dequantised
+values and rounded once to fp32; selection uses the contract's total order through
+:func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
+blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
+than ``row_block * ctx_block`` scores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .contract import (
+    PAGE_SIZE,
+    IndexerTopKResult,
+    Layout,
+    order_keys,
+    ordered_score_bits,
+    parse_layout,
+    scores_from_ordered_bits,
+)
+from .formats import dequantize_query, read_k_cache
+
+
+def reference_scores(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0,
+    rows=None, start=0, stop=None,
+):
+    """fp32 scores ``[len(rows), stop - start]`` of positions ``start..stop-1``; ``-inf`` past ``seq_len``.
+
+    ``rows`` selects query rows (default: all). Used by the reference selection and by tests.
+    """
+    layout = parse_layout(layout)
+    dev = k_cache.device
+    if rows is None:
+        rows = torch.arange(q.shape[0], device=dev)
+    if stop is None:
+        stop = int(seq_lens.max()) if seq_lens.numel() else 0
+    qf = dequantize_query(layout, q[rows], None if q_scale is None else q_scale[rows]).double()
+    w = weights[rows].double()
+    pos = torch.arange(start, stop, device=dev)
+    lens = seq_lens[rows].long()
+    valid = pos[None, :] < lens[:, None]
+    pt = page_table[rows].long()
+    page_idx = (pos // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
+    slots = pt[:, page_idx] * PAGE_SIZE + pos % PAGE_SIZE  # [R, B]
+    slots = torch.where(valid, slots, torch.zeros_like(slots))  # never dereference garbage pages
+    k, ks = read_k_cache(layout, k_cache, k_scale, slots)  # [R, B, 128], [R, B]
+    dots = torch.einsum("rbd,rhd->rbh", k.double(), qf)
+    s = (torch.relu(dots) * w[:, None, :]).sum(dim=-1)
+    if layout is Layout.SGLANG_FP8:
+        s = s * ks.double()
+    s = (s * float(weight_scale)).to(torch.float32)
+    return torch.where(valid, s, torch.full_like(s, float("-inf")))
+
+
+def reference_indexer_topk(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
+    weight_scale=1.0, row_block=16, ctx_block=4096,
+) -> IndexerTopKResult:
+    """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
+    layout = parse_layout(layout)
+    dev = k_cache.device
+    n_rows = q.shape[0]
+    values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
+    raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
+    phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
+    counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
+    neg = torch.iinfo(torch.int64).min
+    for r0 in range(0, n_rows, row_block):
+        rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)
+        lens = seq_lens[rows].long()
+        longest = int(lens.max()) if len(rows) else 0
+        best = torch.full((len(rows), topk), neg, dtype=torch.int64, device=dev)
+        for c0 in range(0, longest, ctx_block):
+            c1 = min(c0 + ctx_block, longest)
+            s = reference_scores(
+                q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout=layout,
+                weight_scale=weight_scale, rows=rows, start=c0, stop=c1,
+            )
+            pos = torch.arange(c0, c1, device=dev).expand_as(s)
+            keys = order_keys(s, pos)
+            keys = torch.where(pos < lens[:, None], keys, torch.full_like(keys, neg))
+            best = torch.cat([best, keys], dim=1).topk(topk, dim=1, sorted=True).values
+        n = counts[rows].long()
+        slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
+        short = (lens <= topk)[:, None]
+        # Long rows: best keys in descending order. Short rows: positions 0..len-1 ascending.
+        pos_long = ((1 << 32) - 1) - (best & 0xFFFFFFFF)
+        pos_short = torch.arange(topk, device=dev).expand(len(rows), topk)
+        pos_sel = torch.where(short, pos_short, pos_long)
+        pos_sel = torch.where(slot_ok, pos_sel, torch.zeros_like(pos_sel))
+        if short.any():
+            s_short = reference_scores(
+                q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout=layout,
+                weight_scale=weight_scale, rows=rows, start=0, stop=topk,
+            )
+            v_short = ordered_score_bits(s_short)
+        else:
+            v_short = torch.zeros((len(rows), topk), dtype=torch.int32, device=dev)
+        v_long = (best >> 32).to(torch.int32)
+        vals = scores_from_ordered_bits(torch.where(short, v_short, v_long))
+        pt = page_table[rows].long()
+        page = torch.gather(pt, 1, (pos_sel // PAGE_SIZE).clamp(max=pt.shape[1] - 1))
+        p = page * PAGE_SIZE + pos_sel % PAGE_SIZE
+        values[rows] = torch.where(slot_ok, vals, torch.full_like(vals, float("-inf")))
+        raw[rows] = torch.where(slot_ok, pos_sel, torch.full_like(pos_sel, -1)).to(torch.int32)
+        phys[rows] = torch.where(slot_ok, p, torch.full_like(p, -1)).to(torch.int32)
+    return IndexerTopKResult(values, raw, phys, counts)
