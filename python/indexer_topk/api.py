@@ -40,7 +40,7 @@ def _backend_fn(name: str):
     raise ValueError(f"backend: unknown backend {name!r}; expected one of {BACKENDS}")
 
 
-def resolve_backend(backend: str, *, is_decode: bool = False) -> str:
+def resolve_backend(backend: str, *, layout=None, is_decode: bool = False) -> str:
     """The concrete backend ``auto`` stands for in this process (see :mod:`indexer_topk.policy`)."""
     if backend != "auto":
         if backend not in BACKENDS:
@@ -50,7 +50,7 @@ def resolve_backend(backend: str, *, is_decode: bool = False) -> str:
         from .policy import default_policy
     except ImportError:  # the policy module is optional while the package grows
         return "reference"
-    return default_policy().route(is_decode=is_decode)
+    return default_policy().route(layout=layout, is_decode=is_decode)
 
 
 def indexer_topk(
@@ -129,7 +129,7 @@ def indexer_topk(
     )
     if out is not None and not isinstance(out, IndexerTopKResult):
         out = IndexerTopKResult(*out)
-    name = resolve_backend(backend)
+    name = resolve_backend(backend, layout=layout)
     fn = _backend_fn(name)
     return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
 
