@@ -1,0 +1,152 @@
+"""The fused backend: streaming score + top-k with context-independent scratch.
+
+See :mod:`indexer_topk.kernels.fused` for the algorithm. This module plans the launch
+(programs, splits), lays out the caller-owned workspace and launches the fused kernel and,
+for split rows, the exact merge.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
+from ..kernels.fused import fused_topk_kernel
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, pack_args, tile_config
+from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
+
+# Candidates a row may gather beyond its top-k before the buffer is cut back: the cut costs a
+# few passes over TOPK + POOL entries, so a larger pool amortises it over more scores.
+POOL = 2048
+PROGRAMS_PER_SM = 2
+MAX_SPLITS = 64
+# Split rows only while the per-split candidate lists stay small next to the buffers.
+MAX_SPLIT_ROWS = 2048
+QUEUE_BYTES = 256
+
+
+@dataclass(frozen=True)
+class FusedPlan:
+    """Launch geometry of one fused call; it fixes the workspace layout."""
+
+    rows: int
+    topk: int
+    programs: int
+    splits: int
+    cap: int
+
+    @property
+    def buffer_entries(self) -> int:
+        return self.programs * 2 * self.cap
+
+    @property
+    def segment_entries(self) -> int:
+        return self.rows * self.splits * self.topk if self.splits > 1 else 0
+
+    @property
+    def nbytes(self) -> int:
+        seg_counts = self.rows * self.splits if self.splits > 1 else 0
+        return QUEUE_BYTES + 4 * (2 * self.buffer_entries + 2 * self.segment_entries + seg_counts)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = None) -> FusedPlan:
+    """Programs and context splits for ``rows`` rows: split rows only when pairs are too few
+    to occupy every SM."""
+    if device is None:
+        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    slots = device_sm_count(device) * PROGRAMS_PER_SM
+    pairs = max(1, -(-rows // 2))
+    if num_splits is None:
+        splits = 1
+        if pairs < slots:
+            splits = min(MAX_SPLITS, _next_pow2(-(-slots // pairs)))
+            while splits > 1 and rows * splits > MAX_SPLIT_ROWS:
+                splits //= 2
+    else:
+        splits = num_splits
+        if splits < 1 or splits & (splits - 1):
+            raise ValueError(f"num_splits: expected a power of two, got {splits}")
+    programs = max(1, min(slots, pairs * splits))
+    return FusedPlan(rows, topk, programs, splits, topk + POOL)
+
+
+def fused_workspace_size(rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None) -> int:
+    """Exact bytes of scratch a fused call of ``rows`` rows needs (independent of context length).
+
+    ``layout`` does not change the size today; it is accepted so callers need not know that.
+    """
+    return plan_fused(rows, topk, device, num_splits).nbytes
+
+
+def _carve(workspace: torch.Tensor, plan: FusedPlan):
+    ws = workspace.view(-1)
+    queue = ws[:QUEUE_BYTES].view(torch.int32)
+    off = QUEUE_BYTES
+
+    def take(n):
+        nonlocal off
+        t = ws[off : off + 4 * n].view(torch.int32)
+        off += 4 * n
+        return t
+
+    buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
+    if plan.splits > 1:
+        seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
+        seg_cnt = take(plan.rows * plan.splits)
+    else:
+        seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
+    return queue, buf_key, buf_pos, seg_key, seg_pos, seg_cnt
+
+
+def fused_indexer_topk(
+    args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
+    workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,
+) -> IndexerTopKResult:
+    """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
+
+    ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
+    omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
+    context split count (a power of two). ``score_only`` is a measurement variant that scores
+    every block but selects nothing (outputs are not valid).
+    """
+    layout = Layout(layout)
+    ka = pack_args(args, layout)
+    rows = ka.q.shape[0]
+    device = ka.kc.device
+    if out is None:
+        out = allocate_result(rows, topk, device)
+    if rows == 0:
+        return out
+    plan = plan_fused(rows, topk, device, num_splits)
+    check_workspace(workspace, plan.nbytes, device)
+    if workspace is None:
+        workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
+    queue, buf_key, buf_pos, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue.zero_()
+    cfg = tile_config(layout)
+    width = ka.page_table.shape[1] * PAGE_SIZE
+    span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), cfg.block_n) * cfg.block_n
+    n_items = triton.cdiv(rows, 2) * plan.splits
+    out_bits = out.values.view(torch.int32)
+    fused_topk_kernel[(plan.programs,)](
+        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens, rows,
+        float(weight_scale), buf_key, buf_pos, queue, n_items, span,
+        out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
+        LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
+        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret,
+        num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
+    )
+    if plan.splits > 1 and not score_only:
+        select_rows_kernel[(rows,)](
+            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+            out_bits, out.raw_indices, out.physical_indices, out.counts, 0,
+            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, num_warps=SELECT_WARPS,
+        )
+    return out

@@ -1,0 +1,110 @@
+"""The legacy two-stage path: FP32 logits matrix, then an exact top-k stage.
+
+This is what serving engines run today (SGLang: a score kernel writing ``[rows, width]`` FP32
+logits into a 2 GiB slab, then a radix top-k that also maps positions to physical slots), in
+Triton, for all three layouts. Rows are processed in chunks so the logits never exceed a byte
+budget, as SGLang chunks rows under its slab. It is the baseline the fused path is measured
+against and the fallback the policy keeps for decode and graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
+from ..kernels.logits import logits_kernel
+from ..kernels.select import MODE_LOGITS, select_rows_kernel
+
+DEFAULT_LOGITS_BUDGET_BYTES = 2 << 30
+# Positions per score program: long enough to amortise the query load, short enough to spread
+# a few rows over every SM.
+SCORE_SPAN = 8192
+
+
+def logits_width(page_table: torch.Tensor) -> int:
+    """Columns of the logits matrix: the page table's width in C4 positions, as SGLang pads it."""
+    return page_table.shape[1] * PAGE_SIZE
+
+
+def rows_per_chunk(width: int, budget_bytes: int) -> int:
+    """Rows whose FP32 logits fit the budget (an even number, at least 2)."""
+    rows = max(2, budget_bytes // max(1, width * 4))
+    return rows - rows % 2
+
+
+def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_count=None) -> torch.Tensor:
+    """Score stage: FP32 logits ``[row_count, width]`` of rows ``row_start .. row_start + row_count - 1``.
+
+    Only columns below each row's ``seq_len`` are written.
+    """
+    layout = Layout(layout)
+    ka = pack_args(args, layout)
+    rows = ka.q.shape[0]
+    if row_count is None:
+        row_count = rows - row_start
+    width = logits_width(ka.page_table)
+    if logits is None:
+        logits = torch.empty((row_count, width), dtype=torch.float32, device=ka.kc.device)
+    if row_count == 0 or width == 0:
+        return logits
+    cfg = tile_config(layout)
+    span = SCORE_SPAN
+    grid = (triton.cdiv(row_count, 2), triton.cdiv(width, span))
+    logits_kernel[grid](
+        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens,
+        min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0), span,
+        LAYOUT=ka.layout, BLOCK_N=cfg.block_n, INTERPRET=ka.interpret,
+        num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
+    )
+    return logits
+
+
+def legacy_select(logits, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
+    """Top-k stage: exact selection over each logits row, written to ``out`` rows ``row_start..``."""
+    row_count = logits.shape[0]
+    if row_count == 0:
+        return
+    select_rows_kernel[(row_count,)](
+        logits, logits, seq_lens, logits.stride(0), seq_lens, page_table, page_table.stride(0),
+        out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start,
+        MODE=MODE_LOGITS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, num_warps=SELECT_WARPS,
+    )
+
+
+def legacy_indexer_topk(
+    args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
+    workspace: Optional[torch.Tensor] = None, logits_budget_bytes: Optional[int] = None,
+) -> IndexerTopKResult:
+    """Score all rows into FP32 logits (chunked by rows under the budget), then select.
+
+    ``workspace``, when given, is used as the logits storage (its size sets the chunk);
+    otherwise a ``[chunk_rows, width]`` FP32 buffer is allocated for the call.
+    """
+    q, page_table, seq_lens = args[0], args[5], args[6]
+    rows = q.shape[0]
+    if out is None:
+        out = allocate_result(rows, topk, q.device)
+    if rows == 0:
+        return out
+    if logits_budget_bytes is None:
+        from ..envs import envs
+
+        logits_budget_bytes = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
+    width = logits_width(page_table)
+    if workspace is not None:
+        logits_budget_bytes = workspace.numel()
+    chunk = min(rows + rows % 2, rows_per_chunk(width, logits_budget_bytes))
+    if workspace is not None:
+        storage = workspace.view(-1)[: chunk * width * 4].view(torch.float32).view(chunk, width)
+    else:
+        storage = torch.empty((chunk, max(width, 1)), dtype=torch.float32, device=q.device)
+    for r0 in range(0, rows, chunk):
+        n = min(chunk, rows - r0)
+        logits = storage[:n]
+        legacy_score(args, layout=layout, weight_scale=weight_scale, logits=logits, row_start=r0, row_count=n)
+        legacy_select(logits, seq_lens, page_table, topk=topk, out=out, row_start=r0)
+    return out

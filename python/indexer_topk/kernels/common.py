@@ -1,0 +1,71 @@
+"""Triton helpers shared by every kernel: the total-order key and the element decoders.
+
+The ordered key is the int32 image of an fp32 score whose signed order is the contract's
+score order (see :func:`indexer_topk.contract.ordered_score_bits`); ties between equal keys
+are broken by position by the callers, never by the key.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+
+# Layout ids, as constexpr kernel arguments.
+LAYOUT_AITER_MXFP4 = 0
+LAYOUT_SGLANG_MXFP4 = 1
+LAYOUT_SGLANG_FP8 = 2
+
+INT32_MIN = -2147483648
+# The smallest key (NaN), as a constexpr: a literal -2147483648 in a kernel is the out-of-range
+# positive 2147483648 negated.
+KEY_MIN = tl.constexpr(-2147483648)
+NEG_INF_BITS = -8388608  # 0xFF800000 as int32
+CANONICAL_NAN_BITS = 0x7FC00000
+LOW32 = 4294967295
+
+
+def interpreting() -> bool:
+    """Whether kernels run under the Triton interpreter (decided when this module is imported)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def layout_id(layout) -> int:
+    from ..contract import Layout
+
+    return {
+        Layout.AITER_MXFP4: LAYOUT_AITER_MXFP4,
+        Layout.SGLANG_MXFP4: LAYOUT_SGLANG_MXFP4,
+        Layout.SGLANG_FP8: LAYOUT_SGLANG_FP8,
+    }[Layout(layout)]
+
+
+@triton.jit
+def ordered_key(s):
+    """fp32 scores -> int32 keys in score order; NaN -> INT32_MIN (below -inf)."""
+    bits = s.to(tl.int32, bitcast=True)
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    return tl.where(s != s, KEY_MIN, key)
+
+
+@triton.jit
+def key_to_score_bits(key):
+    """Inverse of :func:`ordered_key` as int32 bits; INT32_MIN -> the canonical NaN."""
+    bits = tl.where(key < 0, key ^ 0x7FFFFFFF, key)
+    return tl.where(key == KEY_MIN, 0x7FC00000, bits)
+
+
+@triton.jit
+def e2m1_to_f32(code):
+    """e2m1 codes (int32, 0..15; bit 3 is the sign) -> fp32, exactly."""
+    m = code & 7
+    normal = (((m >> 1) + 126) << 23) | ((m & 1) << 22)
+    mag = tl.where(m >= 2, normal, tl.where(m == 1, 126 << 23, 0))
+    return (mag | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def ue8m0_to_f32(e):
+    """Biased ue8m0 exponents (int32, 0..255) -> 2**(e - 127) in fp32 (255 -> inf)."""
+    bits = tl.where(e >= 255, 0x7F800000, e << 23)
+    # e == 0 is 2**-127, a subnormal: bit 22 of the fraction
+    return tl.where(e == 0, 0x00400000, bits).to(tl.float32, bitcast=True)

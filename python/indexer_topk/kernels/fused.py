@@ -1,0 +1,141 @@
+"""The fused streaming kernel: score key blocks and keep only bounded candidate sets.
+
+A persistent grid of programs pulls work items from an atomic counter; an item is a pair of
+query rows and one context split. For each key block the program computes the pair's scores
+with the shared tile (:mod:`.score`), turns them into order keys and appends every key that
+reaches the row's gate to the row's candidate buffer in global scratch (``CAP = TOPK + POOL``
+entries, program-private, L2-resident). When a buffer could overflow on the next block it is
+cut back to exactly ``TOPK`` entries by radix select (:func:`.select.select_into`), and the
+row's gate rises to the k-th key found. Buffers stay in position order, so equal scores
+resolve to the lower position without carrying the index in the key.
+
+At the end of an item the buffer is cut to ``TOPK``; with one split per row the program sorts
+it and writes the contract's outputs directly, otherwise it stores the list for the merge
+kernel (:func:`.select.select_rows_kernel`, segment mode). Scratch is
+``programs * 2 * CAP * 8`` bytes plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows:
+independent of the context length.
+"""
+
+import triton
+import triton.language as tl
+
+from .score import load_query_t, load_weights, score_pair
+from .select import finalize_row, select_into
+from .common import KEY_MIN, ordered_key
+
+
+@triton.jit
+def _append(buf_key, buf_pos, count, key, pos, take):
+    take_i = take.to(tl.int32)
+    dst = count + tl.cumsum(take_i, axis=0) - take_i
+    tl.store(buf_key + dst, key, mask=take)
+    tl.store(buf_pos + dst, pos, mask=take)
+    return count + tl.sum(take_i, axis=0)
+
+
+@triton.jit
+def _finish_row(
+    buf_key, buf_pos, count, seq_len, row, split, pt_ptr, stride_pt,
+    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
+    TOPK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+):
+    row64 = row.to(tl.int64)
+    if count > TOPK:
+        count, _g = select_into(buf_key, buf_pos, buf_key, count, count, TOPK, buf_key, buf_pos, 2, TOPK, CHUNK)
+        tl.debug_barrier()
+    if SPLITS == 1:
+        finalize_row(
+            buf_key, buf_pos, tl.minimum(seq_len, TOPK), seq_len, pt_ptr + row64 * stride_pt,
+            out_bits + row64 * TOPK, out_raw + row64 * TOPK, out_phys + row64 * TOPK, out_cnt + row, TOPK,
+        )
+    else:
+        offs = tl.arange(0, TOPK)
+        m = offs < count
+        seg = (row64 * SPLITS + split) * TOPK
+        tl.store(seg_key + seg + offs, tl.load(buf_key + offs, mask=m, other=0), mask=m)
+        tl.store(seg_pos + seg + offs, tl.load(buf_pos + offs, mask=m, other=0), mask=m)
+        tl.store(seg_cnt + row64 * SPLITS + split, count)
+
+
+@triton.jit
+def fused_topk_kernel(
+    q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, pt_ptr, stride_pt, seq_lens, n_rows,
+    weight_scale, buf_key_all, buf_pos_all, queue, n_items, split_span,
+    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
+    LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
+    SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
+    buf0_pos = buf_pos_all + pid.to(tl.int64) * (2 * CAP)
+    buf1_key = buf0_key + CAP
+    buf1_pos = buf0_pos + CAP
+    item = tl.atomic_add(queue, 1)
+    while item < n_items:
+        group = item // SPLITS
+        split = item % SPLITS
+        r0 = group * 2
+        r1 = r0 + 1
+        v1 = r1 < n_rows
+        len0 = tl.load(seq_lens + r0)
+        len1 = tl.load(seq_lens + r1, mask=v1, other=0)
+        lo = split * split_span
+        hi = tl.minimum(lo + split_span, tl.maximum(len0, len1))
+        end0 = tl.minimum(len0, hi)
+        end1 = tl.minimum(len1, hi)
+        qt0 = load_query_t(q_ptr, qs_ptr, r0, r0 < n_rows, LAYOUT, INTERPRET)
+        qt1 = load_query_t(q_ptr, qs_ptr, r1, v1, LAYOUT, INTERPRET)
+        w0 = load_weights(w_ptr, r0, r0 < n_rows)
+        w1 = load_weights(w_ptr, r1, v1)
+        pt0 = pt_ptr + r0.to(tl.int64) * stride_pt
+        pt1 = pt_ptr + tl.where(v1, r1, r0).to(tl.int64) * stride_pt
+        zero = tl.zeros([], dtype=tl.int32)
+        cnt0 = zero
+        cnt1 = zero
+        gate0 = zero + KEY_MIN
+        gate1 = zero + KEY_MIN
+        for b in range(lo, hi, BLOCK_N):
+            pos = b + tl.arange(0, BLOCK_N)
+            s0, s1 = score_pair(
+                pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                LAYOUT, INTERPRET,
+            )
+            u0 = ordered_key(s0)
+            u1 = ordered_key(s1)
+            take0 = (pos < end0) & (u0 >= gate0)
+            take1 = (pos < end1) & (u1 >= gate1)
+            if SCORE_ONLY:
+                # Measurement variant: the scores are consumed (counted), nothing is selected.
+                cnt0 += tl.sum(take0.to(tl.int32), axis=0)
+                cnt1 += tl.sum(take1.to(tl.int32), axis=0)
+            else:
+                cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+            if not SCORE_ONLY:
+                if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
+                    tl.debug_barrier()
+                    if cnt0 > CAP - BLOCK_N:
+                        cnt0, gate0 = select_into(
+                            buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                        )
+                    if cnt1 > CAP - BLOCK_N:
+                        cnt1, gate1 = select_into(
+                            buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
+                        )
+                    tl.debug_barrier()
+        tl.debug_barrier()
+        if SCORE_ONLY:
+            tl.store(out_cnt + r0, cnt0)
+            tl.store(out_cnt + r1, cnt1, mask=v1)
+        else:
+            _finish_row(
+                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
+                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
+            )
+            if v1:
+                _finish_row(
+                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
+                )
+        tl.debug_barrier()
+        item = tl.atomic_add(queue, 1)

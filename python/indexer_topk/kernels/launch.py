@@ -1,0 +1,69 @@
+"""Host-side launch helpers shared by the Triton backends: argument packing and tile configs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..contract import Layout
+from .common import interpreting, layout_id
+
+
+@dataclass(frozen=True)
+class TileConfig:
+    """Score-tile shape. Legacy and fused kernels must use the same ``block_n`` and ``num_warps``
+    so that they issue the same MMA and reduction sequence and produce bitwise-equal scores."""
+
+    block_n: int = 128
+    num_warps: int = 4
+    logits_stages: int = 3
+    fused_stages: int = 2
+
+
+# One config per layout; the score tile's numerics depend only on (block_n, num_warps).
+TILE_CONFIGS = {
+    Layout.SGLANG_FP8: TileConfig(),
+    Layout.SGLANG_MXFP4: TileConfig(),
+    Layout.AITER_MXFP4: TileConfig(),
+}
+
+SELECT_CHUNK = 1024
+SELECT_WARPS = 8
+
+
+def tile_config(layout: Layout) -> TileConfig:
+    return TILE_CONFIGS[Layout(layout)]
+
+
+@dataclass
+class KernelArgs:
+    """Tensors in the form the kernels read them (byte views; dummies where a layout has none)."""
+
+    q: torch.Tensor
+    qs: torch.Tensor
+    w: torch.Tensor
+    kc: torch.Tensor
+    kf: torch.Tensor
+    ks: torch.Tensor
+    page_table: torch.Tensor
+    seq_lens: torch.Tensor
+    layout: int
+    interpret: bool
+
+
+def pack_args(args, layout: Layout) -> KernelArgs:
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = args
+    layout = Layout(layout)
+    qb = q.view(torch.uint8)
+    qs = q_scale.view(torch.uint8) if q_scale is not None else qb
+    kf = k_cache.view(torch.float32) if layout is Layout.SGLANG_FP8 else k_cache
+    ks = k_scale if k_scale is not None else k_cache
+    return KernelArgs(qb, qs, weights, k_cache, kf, ks, page_table, seq_lens, layout_id(layout), interpreting())
+
+
+def device_sm_count(device) -> int:
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter / CPU: a handful of programs exercise the same code paths

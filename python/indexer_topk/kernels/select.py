@@ -1,0 +1,192 @@
+"""Exact top-k selection in Triton: radix select over a sequence in position order, then sort.
+
+The selection works on sequences whose storage order is position order (a logits row, the
+fused kernel's candidate buffer, the concatenated per-split candidate lists). That makes the
+tie rule cheap: after the k-th largest key ``T`` is found, every key above ``T`` is taken and
+the *first* ``need`` keys equal to ``T`` in storage order, which are the lowest positions.
+
+``radix_threshold`` finds ``T`` with up to four 8-bit histogram passes from the top byte,
+stopping early once the boundary bucket is taken whole. ``select_into`` then writes the
+selected ``(key, position)`` pairs compactly, still in position order. ``finalize_row`` sorts
+them under the contract's order (int64 ``key << 32 | ~position``) and writes the four outputs.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import KEY_MIN, key_to_score_bits, ordered_key
+
+COMP_MIN = tl.constexpr(-(2**63))
+
+MODE_LOGITS = 0  # fp32 scores, position = offset, valid below n
+MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
+MODE_BUFFER = 2  # (key, position) pairs, valid below n
+
+
+@triton.jit
+def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOPK: tl.constexpr):
+    """``(key int32, position int32, valid)`` of the entries at ``offs``."""
+    valid = offs < n
+    if MODE == 0:
+        s = tl.load(src_key + offs, mask=valid, other=0.0)
+        key = ordered_key(s)
+        pos = offs
+    else:
+        if MODE == 1:
+            c = tl.load(seg_cnt_ptr + offs // TOPK, mask=valid, other=0)
+            valid = valid & ((offs % TOPK) < c)
+        key = tl.load(src_key + offs, mask=valid, other=0)
+        pos = tl.load(src_pos + offs, mask=valid, other=0)
+    return key, pos, valid
+
+
+@triton.jit
+def radix_threshold(
+    src_key, src_pos, seg_cnt_ptr, n, k,
+    MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Find the k-th largest key among the valid entries (requires more than ``k`` valid).
+
+    Returns ``(t, shift, need)``: the selected set is every key whose ``key >> shift`` exceeds
+    ``t >> shift``, plus the first ``need`` keys (in storage order) with ``key >> shift == t >> shift``.
+    ``shift`` is 0 unless the boundary bucket was taken whole.
+    """
+    bins = tl.arange(0, 512)
+    zero = tl.zeros([], dtype=tl.int32)
+    tb = zero  # biased prefix of the threshold (sign bit flipped: unsigned order)
+    need = zero + k
+    shift = zero
+    done = zero
+    for p in tl.static_range(4):
+        sh = 24 - 8 * p
+        if done == 0:
+            hist = tl.zeros([512], dtype=tl.int32)
+            for c0 in range(0, n, CHUNK):
+                offs = c0 + tl.arange(0, CHUNK)
+                key, pos, valid = load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE, TOPK)
+                b = key ^ KEY_MIN
+                m = valid
+                if p > 0:
+                    m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
+                digit = (b >> sh) & 0xFF
+                hist += tl.histogram(tl.where(m, digit, 256), 512)
+            hist = tl.where(bins < 256, hist, 0)
+            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            dstar = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
+            above = tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
+            bucket = tl.sum(tl.where(bins == dstar, hist, 0), axis=0)
+            need = need - above
+            tb = tb | (dstar << sh)
+            shift = sh
+            if bucket == need:
+                done = 1
+    return tb ^ KEY_MIN, shift, need
+
+
+@triton.jit
+def select_into(
+    src_key, src_pos, seg_cnt_ptr, n, n_valid, k, dst_key, dst_pos,
+    MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """Write the top ``k`` valid entries (all of them if ``n_valid <= k``) to ``dst`` in storage order.
+
+    ``dst`` may alias ``src`` (in-place compaction never writes ahead of what it has read).
+    Returns ``(count, gate)``: the number written and the smallest key a later entry (at a
+    higher position) must reach to be able to enter this set.
+    """
+    zero = tl.zeros([], dtype=tl.int32)
+    t = zero + KEY_MIN
+    shift = zero
+    need = zero + n_valid
+    if n_valid > k:
+        t, shift, need = radix_threshold(src_key, src_pos, seg_cnt_ptr, n, k, MODE, TOPK, CHUNK)
+    t_hi = t >> shift
+    taken = zero
+    eq_seen = zero
+    for c0 in range(0, n, CHUNK):
+        offs = c0 + tl.arange(0, CHUNK)
+        key, pos, valid = load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE, TOPK)
+        hi = key >> shift
+        gt = valid & (hi > t_hi)
+        eq = valid & (hi == t_hi)
+        eq_i = eq.to(tl.int32)
+        eq_rank = eq_seen + tl.cumsum(eq_i, axis=0) - eq_i
+        take = gt | (eq & (eq_rank < need))
+        take_i = take.to(tl.int32)
+        dst = taken + tl.cumsum(take_i, axis=0) - take_i
+        tl.debug_barrier()
+        tl.store(dst_key + dst, key, mask=take)
+        tl.store(dst_pos + dst, pos, mask=take)
+        taken += tl.sum(take_i, axis=0)
+        eq_seen += tl.sum(eq_i, axis=0)
+    # A later entry ties with the k-th only at a higher position, so it must beat it strictly;
+    # when the threshold is known only to `shift` bits, the bucket's floor is the safe bound.
+    gate = tl.where(shift == 0, t + 1, (t >> shift) << shift)
+    gate = tl.where(n_valid <= k, KEY_MIN, gate)
+    return taken, gate
+
+
+@triton.jit
+def finalize_row(
+    src_key, src_pos, count, seq_len, pt_row_ptr,
+    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
+    TOPK: tl.constexpr,
+):
+    """Write one row's outputs from ``count`` (key, position) pairs in position order.
+
+    Long rows are sorted best first; rows with ``seq_len <= TOPK`` keep ascending positions.
+    Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row.
+    """
+    offs = tl.arange(0, TOPK)
+    m = offs < count
+    key = tl.load(src_key + offs, mask=m, other=0)
+    pos = tl.load(src_pos + offs, mask=m, other=0)
+    if seq_len > TOPK:
+        comp = (key.to(tl.int64) << 32) + (4294967295 - pos.to(tl.int64))
+        comp = tl.where(m, comp, COMP_MIN)
+        comp = tl.sort(comp, descending=True)
+        key = (comp >> 32).to(tl.int32)
+        pos = (4294967295 - (comp & 4294967295)).to(tl.int32)
+    page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
+    bits = tl.where(m, key_to_score_bits(key), -8388608)
+    raw = tl.where(m, pos, -1)
+    phys = tl.where(m, page * 64 + (pos & 63), -1)
+    tl.debug_barrier()
+    tl.store(out_bits_row + offs, bits)
+    tl.store(out_raw_row + offs, raw)
+    tl.store(out_phys_row + offs, phys)
+    tl.store(out_cnt_ptr, count)
+
+
+@triton.jit
+def select_rows_kernel(
+    src_key, src_pos, seg_cnt, stride_src, seq_lens, page_table, stride_pt,
+    out_bits, out_raw, out_phys, out_cnt, row_start,
+    MODE: tl.constexpr, TOPK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """One program per row: top-k of a logits row (legacy) or of per-split lists (fused merge)."""
+    i = tl.program_id(0)
+    row = row_start + i
+    seq_len = tl.load(seq_lens + row)
+    base = i.to(tl.int64) * stride_src
+    count = tl.minimum(seq_len, TOPK)
+    if MODE == 0:
+        n = seq_len
+        n_valid = seq_len
+        cnt_ptr = seg_cnt
+    else:
+        n = SPLITS * TOPK
+        cnt_ptr = seg_cnt + row.to(tl.int64) * SPLITS
+        split_ids = tl.arange(0, SPLITS)
+        n_valid = tl.sum(tl.load(cnt_ptr + split_ids), axis=0)
+    orow = row.to(tl.int64) * TOPK
+    dst_key = out_bits + orow
+    dst_pos = out_raw + orow
+    taken, gate = select_into(
+        src_key + base, src_pos + base, cnt_ptr, n, n_valid, TOPK, dst_key, dst_pos, MODE, TOPK, CHUNK
+    )
+    tl.debug_barrier()
+    finalize_row(
+        dst_key, dst_pos, count, seq_len, page_table + row.to(tl.int64) * stride_pt,
+        out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
+    )
