@@ -1,0 +1,679 @@
+"""The ``indexer-topk`` command (also ``python -m indexer_topk``).
+
+Subcommands:
+
+``demo`` (the default)
+    Build an embedded DeepSeek-V4-shaped prefill batch sized for this machine, run every
+    available backend on it and print time, peak memory, effective TFLOP/s and whether the
+    outputs agree; then how much memory the fused path saves and which path the policy picks.
+``bench``
+    The GPU benchmark (:mod:`indexer_topk.bench`); options pass through.
+``info``
+    Versions, device, AITER symbol, kill switch and the frozen policy decision.
+``check``
+    The fp64 reference against the chosen backends on random and adversarial inputs.
+
+Without a GPU the Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is set in
+:func:`main` before any backend module (and so triton) is imported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional, Sequence
+
+PROG = "indexer-topk"
+KILL_SWITCH = "SGLANG_DSV4_FP4_FUSED_TOPK"
+KERNEL_BACKENDS = ("legacy", "fused", "aiter")
+# The fp64 reference materialises per-block fp64 scores; beyond this many row x position
+# pairs it takes minutes, so the demo leaves it out of GPU-sized runs.
+REFERENCE_MAX_PAIRS = 1 << 22
+
+# Demo shapes. CPU: finishes in well under a minute under the Triton interpreter (C4 lengths
+# 749-1250, so both the selection path and, with topk 512, real competition for slots).
+# GPU: the 768K-token, 1024-row V4-Pro prefill chunk whose FP32 score matrix is 768 MiB.
+CPU_DEMO = {"layout": "sglang_fp8", "context": "3000,5000", "rows": 2, "topk": 512}
+GPU_DEMO = {"layout": "sglang_fp8", "context": "768K", "rows": 1024, "topk": 1024}
+CPU_CHECK = {"context": (4100, 1000), "rows": (1, 1)}  # one long row, one short (seq_len < topk)
+GPU_CHECK = {"context": (64 * 1024, 16 * 1024, 2000), "rows": (32, 16, 4)}
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 2):
+        super().__init__(message)
+        self.code = code
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2) instead of usage + error."""
+
+    def error(self, message):  # noqa: D401 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared helpers
+# ---------------------------------------------------------------------------------------------
+
+def _resolve_device(name: str):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise CliError(f"--device {name}: no CUDA/ROCm GPU is visible to torch {torch.__version__}")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise CliError(f"--device: unknown device {name!r}; expected auto, cpu or cuda") from None
+
+
+def _version(*dists: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    for d in dists:
+        try:
+            return version(d)
+        except PackageNotFoundError:
+            continue
+    modules = [d.replace("-", "_") for d in dists]
+    for m in modules:
+        try:
+            if find_spec(m) is not None:
+                return "installed (version unknown)"
+        except (ImportError, ValueError):
+            continue
+    return "not installed"
+
+
+def _policy_summary(layout=None, topk=None) -> dict:
+    """The frozen policy's decision, or why it cannot be read (never raises)."""
+    try:
+        from .policy import default_policy
+
+        pol = default_policy()
+        out = {"available": True, "fused_backend": getattr(pol, "fused_backend", None), "reason": getattr(pol, "reason", None)}
+        if layout is not None:
+            out["route"] = pol.route(layout=layout, is_decode=False, topk=topk)
+        try:
+            out["describe"] = pol.describe()
+        except Exception as exc:  # describe() is informational only
+            out["describe"] = {"error": f"{type(exc).__name__}: {exc}"}
+        return out
+    except Exception as exc:
+        from .bench import describe_exception
+
+        return {"available": False, "reason": f"unavailable: {describe_exception(exc)}"}
+
+
+def _policy_line(pol: dict) -> str:
+    if not pol.get("available"):
+        return f"policy: {pol.get('reason')}"
+    route = pol.get("route", pol.get("fused_backend"))
+    return f"policy: a prefill here runs on '{route}' ({pol.get('reason')})"
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    return Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+        console=console, transient=True, disable=not (enabled and console.is_terminal),
+    )
+
+
+def _mib(nbytes: float) -> str:
+    if nbytes >= 2**20:
+        return f"{nbytes / 2**20:,.1f} MiB"
+    if nbytes >= 2**10:
+        return f"{nbytes / 2**10:,.1f} KiB"
+    return f"{int(nbytes)} B"
+
+
+def _workspace_bytes(rows: int, topk: int, layout: str, device) -> Optional[int]:
+    try:
+        from .api import workspace_size
+
+        return int(workspace_size(rows, topk, layout, device=device))
+    except Exception:
+        return None
+
+
+def _option_list(text: str, convert, name: str) -> list:
+    """A comma-list option; a bad item is a usage error (exit 2), like argparse's own."""
+    from .bench import parse_list
+
+    try:
+        return list(dict.fromkeys(parse_list(text, convert, name=name)))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _parse_contexts(text: str) -> List[int]:
+    from .bench import parse_tokens
+
+    return _option_list(text, parse_tokens, "--context")
+
+
+def _one_of(allowed: Sequence[str]):
+    def conv(x):
+        if x not in allowed:
+            raise ValueError(f"unknown value {x!r}; expected one of {', '.join(allowed)}")
+        return x
+
+    return conv
+
+
+def _backend_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
+    return _option_list(text, _one_of(allowed), name)
+
+
+# ---------------------------------------------------------------------------------------------
+# demo
+# ---------------------------------------------------------------------------------------------
+
+def _demo_workload_args(a, device) -> dict:
+    on_gpu = device.type == "cuda"
+    base = GPU_DEMO if on_gpu else CPU_DEMO
+    contexts = _parse_contexts(a.context or base["context"])
+    rows = a.rows if a.rows is not None else base["rows"]
+    if rows <= 0:
+        raise CliError("--rows: must be positive")
+    layout = a.layout or base["layout"]
+    if a.layout is None and on_gpu and _policy_summary().get("fused_backend") == "aiter":
+        layout = "aiter_mxfp4"  # the only layout AITER's kernel reads; show it running
+    return {
+        "layout": layout,
+        "context_tokens": contexts,
+        "rows_per_request": [rows] * len(contexts),
+        "topk": a.topk if a.topk is not None else base["topk"],
+        "seed": a.seed,
+        "device": device,
+        "pattern": a.pattern,
+    }
+
+
+def _legacy_logits_bytes(rows: int, c4_len: int, page_table_columns: int) -> int:
+    """Bytes of the FP32 score matrix the legacy path allocates for one call.
+
+    Its width is the page table's span (as SGLang pads it) and its rows are capped by the
+    logits budget (row chunking); falls back to ``rows x c4_len`` if the backend is missing.
+    """
+    try:
+        from .backends.legacy import DEFAULT_LOGITS_BUDGET_BYTES, rows_per_chunk
+        from .contract import PAGE_SIZE
+
+        width = page_table_columns * PAGE_SIZE
+        budget = DEFAULT_LOGITS_BUDGET_BYTES
+        try:
+            from .envs import envs
+
+            budget = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
+        except Exception:
+            pass
+        chunk = min(rows + rows % 2, rows_per_chunk(width, budget))
+        return min(rows, chunk) * width * 4
+    except Exception:
+        return rows * c4_len * 4
+
+
+def _memory_statement(runs: dict, w, device) -> dict:
+    """Memory saved by the fused path: measured on GPU, exact arithmetic on CPU."""
+    legacy, fused = runs.get("legacy"), runs.get("fused")
+    logits_bytes = _legacy_logits_bytes(w.rows, w.c4_len, w.page_table.shape[1])
+    ws = _workspace_bytes(w.rows, w.topk, w.layout.value, device)
+    out = {"legacy_logits_bytes": logits_bytes, "fused_workspace_bytes": ws}
+    if device.type == "cuda":
+        lp = legacy.record.get("peak_mib") if legacy is not None and legacy.ok else None
+        fp = fused.record.get("peak_mib") if fused is not None and fused.ok else None
+        out.update(legacy_peak_mib=lp, fused_peak_mib=fp, method="CUDA peak above inputs and outputs")
+        if lp is not None and fp is not None:
+            ratio = f"{lp / fp:,.0f}x less" if fp > 0.01 else "the fused call allocated nothing"
+            ws_txt = f" (plus its preallocated {_mib(ws)} workspace)" if ws is not None else ""
+            out["line"] = (
+                f"memory: fused {fp:,.1f} MiB{ws_txt} vs legacy {lp:,.1f} MiB above inputs and outputs "
+                f"(legacy's FP32 score matrix is {_mib(logits_bytes)}): {lp - fp:,.1f} MiB saved, {ratio}"
+            )
+        else:
+            out["line"] = (
+                f"memory: legacy's FP32 score matrix for this call is {_mib(logits_bytes)}; "
+                "no fused measurement to compare on this machine"
+            )
+        return out
+    # CPU: allocator statistics say nothing useful, but both sizes are exact by construction.
+    gpu_rows, gpu_topk = GPU_DEMO["rows"], GPU_DEMO["topk"]
+    gpu_c4 = _parse_contexts(GPU_DEMO["context"])[0] // 4
+    gpu_logits = _legacy_logits_bytes(gpu_rows, gpu_c4, -(-gpu_c4 // 64) + 1)
+    gpu_ws = _workspace_bytes(gpu_rows, gpu_topk, w.layout.value, None)
+    out.update(
+        method="exact sizes (no measurement on CPU)",
+        gpu_shape={"rows": gpu_rows, "c4_len": gpu_c4, "topk": gpu_topk},
+        gpu_legacy_logits_bytes=gpu_logits, gpu_fused_workspace_bytes=gpu_ws,
+    )
+    here_ws = _mib(ws) if ws is not None else "unknown (fused backend unavailable)"
+    there_ws = _mib(gpu_ws) if gpu_ws is not None else "unknown"
+    out["line"] = (
+        f"memory (exact sizes, not measurements): legacy writes a {_mib(logits_bytes)} FP32 score matrix "
+        f"here, the fused path a {here_ws} scratch (workspace_size; independent of context). "
+        f"At the GPU demo shape ({gpu_rows} rows x 768K tokens, topk {gpu_topk}): {_mib(gpu_logits)} vs {there_ws}."
+    )
+    return out
+
+
+def cmd_demo(a, device) -> int:
+    import torch
+    from rich.table import Table
+
+    from .bench import BackendRun, run_backend, workload_record
+    from .compare import compare_to_reference, comparison_rule, reference_boundary_values
+    from .workload import make_workload
+
+    on_gpu = device.type == "cuda"
+    # Under the interpreter a call takes seconds and there is nothing to warm up, so the CPU
+    # default times the single checked call (--iters 0).
+    warmup = a.warmup if a.warmup is not None else (3 if on_gpu else 0)
+    iters = a.iters if a.iters is not None else (10 if on_gpu else 0)
+    if warmup < 0 or iters < 0:
+        raise CliError("--warmup and --iters must be >= 0")
+    wargs = _demo_workload_args(a, device)
+    requested = _backend_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
+
+    runs: dict = {}
+    with _progress(not a.json) as progress:
+        task = progress.add_task("building the workload", total=None)
+        w = make_workload(**wargs)
+        pairs = w.rows * w.c4_len
+        order = ["legacy", "reference", "fused", "aiter"]  # legacy first: it is the baseline
+        if requested is not None:
+            order = [b for b in order if b in requested]
+        progress.update(task, total=len(order), completed=0)
+        baseline = None
+        for b in order:
+            progress.update(task, description=f"running {b}")
+            if b == "reference" and pairs > REFERENCE_MAX_PAIRS:
+                rec = workload_record(w)
+                rec.update(backend=b, status="skipped", reason=(
+                    f"{pairs:,} row x position pairs is beyond the fp64 reference's demo budget "
+                    f"({REFERENCE_MAX_PAIRS:,}); run `indexer-topk check` for reference comparisons"))
+                runs[b] = BackendRun(rec, None)
+            else:
+                runs[b] = run_backend(w, b, warmup=warmup, iters=iters, device=device, baseline=baseline,
+                                      time_first_call=True)
+            if b == "legacy":
+                baseline = runs[b].outputs
+            progress.advance(task)
+
+        # Against the fp64 reference: kernels use the hardware's MMA precision, so the rule is
+        # tolerant (see indexer_topk.compare); between kernels it is bitwise.
+        ref = runs.get("reference")
+        if ref is not None and ref.ok:
+            progress.update(task, description="comparing with the reference")
+            nxt = reference_boundary_values(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
+            for b, run in runs.items():
+                if b == "reference" or not run.ok:
+                    continue
+                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table)
+                run.record["matches_reference"] = cmp.ok
+                run.record["reference_comparison"] = cmp.summary()
+            if baseline is not None:
+                ref.record["matches_legacy"] = runs["legacy"].record.get("matches_reference")
+            else:
+                ref.record["matches_legacy"] = None
+            ref.record["matches_reference"] = True
+
+    pol = _policy_summary(w.layout.value, w.topk)
+    mem = _memory_statement(runs, w, device)
+    rule = comparison_rule()
+    failures = []
+    for b, run in runs.items():
+        r = run.record
+        if r.get("status") == "error":
+            failures.append(f"{b}: {r.get('reason')}")
+        if r.get("matches_legacy") is False:
+            failures.append(f"{b}: outputs differ from legacy")
+        if r.get("matches_reference") is False:
+            failures.append(f"{b}: outputs differ from the reference ({r.get('reference_comparison')})")
+
+    display = [b for b in ("reference", "legacy", "fused", "aiter") if b in runs]
+    if a.json:
+        doc = {
+            "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if on_gpu else None,
+            "torch_version": torch.__version__,
+            "workload": {
+                **workload_record(w),
+                "context_tokens": list(w.context_tokens),
+                "seq_lens": [int(x) for x in w.seq_lens.tolist()] if w.rows <= 64 else None,
+                "seed": a.seed,
+            },
+            "timing": {"warmup": warmup, "iters": iters,
+                       "clock": "CUDA events" if iters and on_gpu else "time.perf_counter",
+                       "triton_interpreter": not on_gpu},
+            "comparison": {"kernels_vs_legacy": "bitwise (values as int32 bits)", "vs_reference": rule},
+            "results": [runs[b].record for b in display],
+            "memory": mem,
+            "policy": pol,
+            "failures": failures,
+            "ok": not failures,
+        }
+        print(json.dumps(doc, indent=1, default=str))
+        return 1 if failures else 0
+
+    console = _console()
+    ctx_txt = " + ".join(f"{c:,}" for c in w.context_tokens)
+    where = torch.cuda.get_device_name(device) if on_gpu else "CPU, Triton interpreter"
+    console.print(
+        f"[bold]indexer top-k demo[/bold] ({where}): {w.layout.value}, {len(w.context_tokens)} request(s) of "
+        f"{ctx_txt} tokens, {w.rows} rows, C4 length up to {w.c4_len:,}, topk {w.topk}"
+    )
+    table = Table()
+    for col, just in (("backend", "left"), ("time (ms)", "right"), ("peak MiB", "right"), ("TFLOP/s", "right"),
+                      ("identical to legacy", "left"), ("vs reference", "left")):
+        table.add_column(col, justify=just)
+    notes = []
+    for b in display:
+        r = runs[b].record
+        if r.get("status") != "ok":
+            notes.append(f"[{len(notes) + 1}] {b}: {r.get('reason')}")
+            table.add_row(b, "-", "-", "-", f"{r.get('status')} [{len(notes)}]", "-")
+            continue
+        peak = "n/a" if r.get("peak_mib") is None else f"{r['peak_mib']:,.1f}"
+        t = f"{r['median_ms']:,.2f}" if r.get("median_ms") is not None else "-"
+        tf = f"{r['tflops']:.3g}" if r.get("tflops") is not None else "-"
+        m = r.get("matches_legacy")
+        if b == "legacy":
+            same = "baseline"
+        elif m is None:
+            same = "no legacy output"
+        elif b == "reference":
+            same = "matches" if m else "[bold red]DIFFERS[/bold red]"
+        else:
+            same = "yes" if m else "[bold red]NO[/bold red]"
+        vs_ref = "-" if b == "reference" else r.get("reference_comparison", "not compared")
+        table.add_row(b, t, peak, tf, same, vs_ref)
+    console.print(table)
+    for n in notes:
+        console.print(n, highlight=False)
+    console.print(
+        "[dim]identical to legacy: all four outputs bitwise equal. The reference is the fp64-accurate spec "
+        f"and kernels use MMA precision, so 'matches' means: {rule}.[/dim]"
+    )
+    if not on_gpu:
+        console.print("[dim]CPU: the Triton kernels run under the interpreter; times show the run, not kernel speed.[/dim]")
+    console.print(mem["line"], highlight=False)
+    console.print(_policy_line(pol), highlight=False)
+    if failures:
+        console.print("[bold red]FAILED:[/bold red] " + "; ".join(failures), highlight=False)
+    return 1 if failures else 0
+
+
+def _console():
+    from rich.console import Console
+
+    console = Console()
+    # Piped output would otherwise wrap at 80 columns and fold the table.
+    return console if console.is_terminal else Console(width=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+# ---------------------------------------------------------------------------------------------
+
+def _device_info(device) -> dict:
+    import torch
+
+    if device.type != "cuda":
+        return {"device": "cpu", "arch": "n/a", "note": "no GPU: Triton kernels run under TRITON_INTERPRET=1"}
+    props = torch.cuda.get_device_properties(device)
+    if getattr(torch.version, "hip", None):
+        arch = getattr(props, "gcnArchName", "unknown").split(":")[0]
+        runtime = f"ROCm/HIP {torch.version.hip}"
+    else:
+        major, minor = torch.cuda.get_device_capability(device)
+        arch = f"sm_{major}{minor}"
+        runtime = f"CUDA {torch.version.cuda}"
+    return {"device": torch.cuda.get_device_name(device), "arch": arch, "runtime": runtime,
+            "memory_gib": round(props.total_memory / 2**30, 1), "sms": props.multi_processor_count}
+
+
+def _aiter_symbol_state() -> str:
+    try:
+        from .backends.aiter import aiter_symbol
+
+        sym = aiter_symbol()
+    except Exception as exc:
+        from .bench import describe_exception
+
+        return f"unknown ({describe_exception(exc)})"
+    if not sym:
+        return "absent"
+    name = getattr(sym, "__qualname__", None) or getattr(sym, "__name__", None) or str(sym)
+    return f"present ({name})"
+
+
+def cmd_info(a, device) -> int:
+    import platform
+
+    import torch
+    from rich.table import Table
+
+    from . import __version__
+    from .bench import triton_version
+
+    raw = os.environ.get(KILL_SWITCH)
+    info = {
+        "indexer_topk": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "triton": triton_version(),
+        "sglang": _version("sglang"),
+        "aiter": _version("amd-aiter", "aiter"),
+        "device": _device_info(device),
+        "aiter_symbol": _aiter_symbol_state(),
+        "kill_switch": {"name": KILL_SWITCH, "value": raw if raw is not None else "unset"},
+        "policy": _policy_summary(),
+    }
+    if a.json:
+        print(json.dumps(info, indent=1, default=str))
+        return 0
+    t = Table(title="indexer-topk info", show_header=False, title_justify="left")
+    t.add_column("item", style="bold")
+    t.add_column("value")
+    t.add_row("versions", f"indexer-topk {info['indexer_topk']}, python {info['python']}, torch {info['torch']}, "
+                          f"triton {info['triton']}, SGLang {info['sglang']}, AITER {info['aiter']}")
+    dev = info["device"]
+    t.add_row("device", ", ".join(f"{k} {v}" if k not in ("device", "note") else str(v) for k, v in dev.items()))
+    t.add_row("AITER symbol", f"flydsl_pa_mqa_topk_fp4_prefill: {info['aiter_symbol']}")
+    t.add_row("kill switch", f"{KILL_SWITCH}={info['kill_switch']['value']}")
+    pol = info["policy"]
+    if pol.get("available"):
+        t.add_row("policy", f"fused path: {pol.get('fused_backend')}; reason: {pol.get('reason')}")
+        desc = pol.get("describe") if isinstance(pol.get("describe"), dict) else {}
+        routes = desc.get("routes")
+        if isinstance(routes, dict):
+            t.add_row("routes", ", ".join(f"{k} -> {v}" for k, v in routes.items()))
+        # The rest of the probe, minus what the rows above already say.
+        shown = {"routes", "fused_backend", "reason", "kill_switch_raw"}
+        probe = [f"{k}={v}" for k, v in desc.items() if k not in shown and v is not None]
+        if probe:
+            t.add_row("probe", ", ".join(probe))
+    else:
+        t.add_row("policy", str(pol.get("reason")))
+    _console().print(t)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------------------------
+
+def _default_check_backends() -> List[str]:
+    pol = _policy_summary()
+    fused = pol.get("fused_backend") if pol.get("available") else None
+    fused = fused if fused in ("fused", "aiter") else "fused"
+    return [fused, "legacy"]
+
+
+def cmd_check(a, device) -> int:
+    from rich.table import Table
+
+    from . import allocate_result, indexer_topk
+    from .bench import describe_exception, is_unavailable
+    from .compare import compare_to_reference, comparison_rule, reference_with_boundary
+    from .contract import IndexerTopKResult
+    from .bench import LAYOUTS
+    from .workload import PATTERNS, make_workload
+
+    backends = _backend_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
+    layouts = _option_list(a.layout, _one_of(LAYOUTS), "--layout") if a.layout else list(LAYOUTS)
+    patterns = _option_list(a.patterns, _one_of(PATTERNS), "--patterns") if a.patterns else list(PATTERNS)
+    if a.rows is not None and a.rows <= 0:
+        raise CliError("--rows: must be positive")
+    shape = GPU_CHECK if device.type == "cuda" else CPU_CHECK
+    contexts = _parse_contexts(a.context) if a.context else list(shape["context"])
+    rows = [a.rows] * len(contexts) if a.rows is not None else list(shape["rows"])[: len(contexts)] + [2] * max(0, len(contexts) - len(shape["rows"]))
+
+    results = []
+    with _progress(not a.json) as progress:
+        task = progress.add_task("check", total=len(layouts) * len(patterns))
+        for layout in layouts:
+            for pattern in patterns:
+                progress.update(task, description=f"{layout} / {pattern}")
+                w = make_workload(layout, context_tokens=contexts, rows_per_request=rows, topk=a.topk,
+                                  seed=a.seed, device=device, pattern=pattern)
+                expected, nxt = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
+                for b in backends:
+                    entry = {"layout": layout, "pattern": pattern, "backend": b, "rows": w.rows, "c4_len": w.c4_len, "topk": w.topk}
+                    try:
+                        out = allocate_result(w.rows, w.topk, device)
+                        got = indexer_topk(*w.args(), **w.kwargs(), backend=b, out=out, check_values=True)
+                    except Exception as exc:
+                        entry.update(status="unavailable" if is_unavailable(exc) else "error", detail=describe_exception(exc))
+                        results.append(entry)
+                        continue
+                    cmp = compare_to_reference(IndexerTopKResult(*got), expected, next_values=nxt,
+                                               seq_lens=w.seq_lens, page_table=w.page_table, rtol=a.rtol, atol=a.atol)
+                    entry.update(status="ok" if cmp.ok else "mismatch", detail=cmp.summary(), comparison=cmp.to_dict())
+                    results.append(entry)
+                progress.advance(task)
+
+    bad = [r for r in results if r["status"] in ("mismatch", "error")]
+    checked = [r for r in results if r["status"] in ("ok", "mismatch")]
+    unavailable = sorted({f"{r['backend']} ({r['detail']})" for r in results if r["status"] == "unavailable"})
+    rule = comparison_rule(a.rtol, a.atol)
+    if a.json:
+        print(json.dumps({"device": str(device), "rule": rule, "results": results, "ok": not bad}, indent=1, default=str))
+        return 1 if bad else 0
+    t = Table(title=f"reference vs {', '.join(backends)} on {device}", title_justify="left")
+    for c in ("layout", "pattern", "backend", "rows", "C4 len", "result"):
+        t.add_column(c, justify="right" if c in ("rows", "C4 len") else "left")
+    for r in results:
+        style = {"ok": "green", "mismatch": "bold red", "error": "bold red"}.get(r["status"], "yellow")
+        label = r["detail"] if r["status"] in ("ok", "mismatch") else f"{r['status']}: {r['detail']}"
+        t.add_row(r["layout"], r["pattern"], r["backend"], str(r["rows"]), str(r["c4_len"]), f"[{style}]{label}[/{style}]")
+    console = _console()
+    console.print(t)
+    console.print(f"[dim]rule: {rule}[/dim]")
+    summary = f"{len(checked)} run(s) compared, {len(bad)} failed"
+    if unavailable:
+        summary += "; not checked (unavailable): " + "; ".join(unavailable)
+    console.print(("[bold red]FAILED[/bold red]: " if bad else "OK: ") + summary)
+    return 1 if bad else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Parser and entry point
+# ---------------------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    from .workload import PATTERNS
+
+    p = _Parser(prog=PROG, description="Exact streaming score + top-k for DeepSeek-V4's sparse-attention indexer. "
+                                       "Without a subcommand, runs `demo`.")
+    from . import __version__
+
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,bench,info,check}")
+
+    d = sub.add_parser("demo", help="run every available backend on an embedded DSv4-shaped workload (default)",
+                       description="Run every available backend on one embedded DSv4-shaped prefill batch "
+                                   "(CPU: a small batch under the Triton interpreter; GPU: 768K tokens, 1024 rows, topk 1024).")
+    d.add_argument("--layout", choices=("aiter_mxfp4", "sglang_mxfp4", "sglang_fp8"),
+                   help="cache layout (default sglang_fp8; aiter_mxfp4 where the policy picks AITER)")
+    d.add_argument("--context", help="raw context tokens per request, comma list, K/M suffixes (default: CPU 3000,5000; GPU 768K)")
+    d.add_argument("--rows", type=int, help="query rows per request, at the end of its context (default: CPU 2; GPU 1024)")
+    d.add_argument("--topk", type=int, choices=(512, 1024, 2048), help="positions kept per row (default: CPU 512; GPU 1024)")
+    d.add_argument("--pattern", default="random", choices=PATTERNS, help="score pattern (default random)")
+    d.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    d.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    d.add_argument("--backends", help="comma list from reference,legacy,fused,aiter (default: all that can run)")
+    d.add_argument("--warmup", type=int, help="warm-up calls before timing (default: GPU 3, CPU 0)")
+    d.add_argument("--iters", type=int, help="timed calls, median reported; 0 times the first, checked call "
+                                              "(default: GPU 10, CPU 0)")
+    d.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    d.set_defaults(func=cmd_demo)
+
+    sub.add_parser("bench", add_help=False, help="GPU benchmark; `indexer-topk bench --help` for its options")
+
+    i = sub.add_parser("info", help="versions, device, AITER symbol, kill switch and policy decision")
+    i.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    i.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    i.set_defaults(func=cmd_info)
+
+    c = sub.add_parser("check", help="compare backends with the fp64 reference on random and adversarial inputs",
+                       description="Run the fp64 reference and the chosen backends on fresh inputs of every pattern "
+                                   "and compare under the tolerant rule of indexer_topk.compare; exit 1 on a mismatch.")
+    c.add_argument("--backend", help="comma list from legacy,fused,aiter (default: the policy's fused path and legacy)")
+    c.add_argument("--layout", help="comma list of layouts (default: all three)")
+    c.add_argument("--patterns", help=f"comma list from {','.join(PATTERNS)} (default: all)")
+    c.add_argument("--context", help="raw context tokens per request, comma list (default: small on CPU, up to 64K on GPU)")
+    c.add_argument("--rows", type=int, help="query rows per request")
+    c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
+    c.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    c.add_argument("--rtol", type=float, default=1e-5, help="relative score tolerance (default 1e-5)")
+    c.add_argument("--atol", type=float, default=1e-6, help="absolute score tolerance (default 1e-6)")
+    c.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    c.set_defaults(func=cmd_check)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Entry point of ``indexer-topk``; returns the exit status (0 ok, 1 mismatch/failure, 2 usage)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
+        argv = ["demo"] + argv
+    if argv[0] == "bench":
+        # The benchmark owns its options; parse nothing here so they pass through untouched.
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:], prog=f"{PROG} bench", parser_class=_Parser)
+
+    a = build_parser().parse_args(argv)
+    try:
+        device = _resolve_device(a.device)
+        if device.type == "cpu":
+            # Must precede the first import of triton, which happens inside the backends.
+            os.environ["TRITON_INTERPRET"] = "1"
+        return a.func(a, device)
+    except CliError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except (ValueError, RuntimeError) as exc:
+        print(f"{PROG}: error: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

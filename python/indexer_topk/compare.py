@@ -1,0 +1,300 @@
+"""Comparing indexer top-k outputs: bitwise between kernels, tolerant against the reference.
+
+Two rules, used by the CLI (``demo``, ``check``), the benchmark and the tests:
+
+* **Kernel vs kernel** (:func:`bitwise_equal`): all four outputs identical bit for bit
+  (values compared as int32 bit patterns, so NaN == NaN and ``-0 != +0``). Two kernels that
+  issue the same MMA sequence must agree this way.
+* **Kernel vs the fp64 reference** (:func:`compare_to_reference`): the reference rounds an
+  fp64 score once to fp32 while kernels accumulate in the hardware's MMA precision, so
+  scores may differ in the last bits and the order of near-equal scores may differ:
+
+  1. ``counts`` equal exactly;
+  2. ``values`` equal elementwise within ``rtol`` / ``atol`` (default 1e-5 / 1e-6), NaN
+     matching NaN and ``-inf`` padding matching ``-inf``. Both lists are sorted by their own
+     scores, and sorting is 1-Lipschitz, so near-ties reordered *inside* the top-k still pass;
+  3. the *set* of selected positions equal, except in a row whose reference ``k``-th and
+     ``(k+1)``-th best scores are themselves within that tolerance (a near-tie at the
+     selection boundary, where either choice is correct to the kernel's precision). Such rows
+     are accepted and counted as ``near_tie_rows``; the positions must still be distinct and
+     inside ``[0, seq_len)``;
+  4. every selected position carries the same physical index as in the reference (and, when
+     the page table is given, ``page_table[r, raw >> 6] * 64 + (raw & 63)``);
+  5. padding past ``counts``: ``-1`` indices and ``-inf`` values.
+
+The ``(k+1)``-th reference score comes from :func:`reference_with_boundary`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+import torch
+
+from .contract import PAGE_SIZE, IndexerTopKResult, order_keys, scores_from_ordered_bits
+
+DEFAULT_RTOL = 1e-5
+DEFAULT_ATOL = 1e-6
+
+COMPARISON_RULE = (
+    "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
+    "sets equal except where the reference's k-th and (k+1)-th scores are within that "
+    "tolerance (near-tie at the boundary); physical indices consistent; -1 / -inf padding"
+)
+
+
+def comparison_rule(rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> str:
+    """One-line statement of the kernel-vs-reference rule, for reports."""
+    return COMPARISON_RULE.format(rtol=rtol, atol=atol)
+
+
+def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
+    """True when all four outputs are identical bit for bit (values compared as int32 bits)."""
+    if a.values.shape != b.values.shape or a.counts.shape != b.counts.shape:
+        return False
+    va = a.values.contiguous().view(torch.int32)
+    vb = b.values.contiguous().view(torch.int32)
+    return (
+        torch.equal(va, vb)
+        and torch.equal(a.raw_indices, b.raw_indices)
+        and torch.equal(a.physical_indices, b.physical_indices)
+        and torch.equal(a.counts, b.counts)
+    )
+
+
+def values_close(a: torch.Tensor, b: torch.Tensor, rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> torch.Tensor:
+    """Elementwise ``|a - b| <= atol + rtol * |b|`` in float64, NaN matching NaN, equal infinities matching."""
+    return torch.isclose(a.double(), b.double(), rtol=rtol, atol=atol, equal_nan=True)
+
+
+@dataclass
+class Comparison:
+    """Outcome of :func:`compare_to_reference`.
+
+    Row lists hold the offending row numbers; ``near_tie_rows`` are rows whose position sets
+    differ but were accepted by the boundary near-tie rule (not failures).
+    """
+
+    rows: int
+    count_rows: List[int] = field(default_factory=list)
+    value_rows: List[int] = field(default_factory=list)
+    set_rows: List[int] = field(default_factory=list)
+    physical_rows: List[int] = field(default_factory=list)
+    padding_rows: List[int] = field(default_factory=list)
+    near_tie_rows: List[int] = field(default_factory=list)
+    messages: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.count_rows or self.value_rows or self.set_rows or self.physical_rows or self.padding_rows)
+
+    def summary(self) -> str:
+        """One line: ``ok`` (with accepted near-ties) or the kinds of mismatch and their row counts."""
+        if self.ok:
+            if self.near_tie_rows:
+                return f"ok ({len(self.near_tie_rows)} row(s) differ only in a boundary near-tie)"
+            return "ok"
+        parts = []
+        for name, rows in (
+            ("counts", self.count_rows),
+            ("values", self.value_rows),
+            ("index sets", self.set_rows),
+            ("physical", self.physical_rows),
+            ("padding", self.padding_rows),
+        ):
+            if rows:
+                parts.append(f"{name} in {len(rows)} row(s)")
+        head = "MISMATCH: " + ", ".join(parts)
+        return head + (f" [{self.messages[0]}]" if self.messages else "")
+
+    def to_dict(self) -> dict:
+        return {
+            "ok": self.ok,
+            "rows": self.rows,
+            "count_rows": self.count_rows,
+            "value_rows": self.value_rows,
+            "set_rows": self.set_rows,
+            "physical_rows": self.physical_rows,
+            "padding_rows": self.padding_rows,
+            "near_tie_rows": self.near_tie_rows,
+            "messages": self.messages,
+        }
+
+
+def _as_result(x) -> IndexerTopKResult:
+    return x if isinstance(x, IndexerTopKResult) else IndexerTopKResult(*x)
+
+
+def compare_to_reference(
+    actual: IndexerTopKResult,
+    expected: IndexerTopKResult,
+    *,
+    next_values: Optional[torch.Tensor] = None,
+    seq_lens: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    rtol: float = DEFAULT_RTOL,
+    atol: float = DEFAULT_ATOL,
+    max_messages: int = 8,
+) -> Comparison:
+    """Compare a kernel's outputs with the reference's under the rule in the module docstring.
+
+    Parameters
+    ----------
+    actual, expected : IndexerTopKResult
+        ``values`` float32 ``[rows, topk]``, ``raw_indices`` / ``physical_indices`` int32
+        ``[rows, topk]``, ``counts`` int32 ``[rows]``; ``expected`` from the reference.
+    next_values : torch.Tensor, optional
+        float32 ``[rows]``: the reference's ``(k+1)``-th best score per row (``-inf`` where a row
+        has at most ``topk`` positions), from :func:`reference_with_boundary`. Without it the
+        near-tie exception is off and any set difference is a mismatch.
+    seq_lens : torch.Tensor, optional
+        int32 ``[rows]``; when given, accepted near-tie rows must select positions in
+        ``[0, seq_len)``.
+    page_table : torch.Tensor, optional
+        int32 ``[rows, max_pages]``; when given, every selected physical index is checked
+        against it as well.
+    rtol, atol : float
+        Tolerance for score comparisons (``|a - b| <= atol + rtol * |b|``).
+
+    Returns
+    -------
+    Comparison
+        ``.ok`` is the verdict; ``.summary()`` a one-line description.
+    """
+    actual, expected = _as_result(actual), _as_result(expected)
+    dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
+    a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
+    e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
+    rows = e.counts.shape[0]
+    cmp = Comparison(rows=rows)
+
+    def note(msg: str):
+        if len(cmp.messages) < max_messages:
+            cmp.messages.append(msg)
+
+    if a.values.shape != e.values.shape or a.counts.shape != e.counts.shape:
+        cmp.count_rows = list(range(rows))
+        note(f"shape: got values {list(a.values.shape)}, expected {list(e.values.shape)}")
+        return cmp
+    topk = e.values.shape[1] if e.values.dim() == 2 else 0
+
+    count_bad = a.counts != e.counts
+    cmp.count_rows = count_bad.nonzero().flatten().tolist()
+    for r in cmp.count_rows[:2]:
+        note(f"row {r}: count {int(a.counts[r])}, expected {int(e.counts[r])}")
+
+    slot = torch.arange(topk)[None, :]
+    valid = slot < e.counts.long()[:, None]
+
+    # Padding past counts (checked against the kernel's own counts only where they agree).
+    pad = ~valid
+    pad_bad = pad & ((a.raw_indices != -1) | (a.physical_indices != -1) | (a.values != float("-inf")))
+    pad_rows = (pad_bad.any(1) & ~count_bad).nonzero().flatten().tolist()
+    cmp.padding_rows = pad_rows
+    for r in pad_rows[:2]:
+        j = int(pad_bad[r].nonzero()[0])
+        note(
+            f"row {r} slot {j}: padding should be -1/-1/-inf, got raw {int(a.raw_indices[r, j])}, "
+            f"physical {int(a.physical_indices[r, j])}, value {float(a.values[r, j])!r}"
+        )
+
+    close = values_close(a.values, e.values, rtol, atol) | pad
+    value_bad = ~close.all(1) & ~count_bad
+    cmp.value_rows = value_bad.nonzero().flatten().tolist()
+    for r in cmp.value_rows[:2]:
+        j = int((~close[r]).nonzero()[0])
+        note(f"row {r} slot {j}: value {float(a.values[r, j])!r}, expected {float(e.values[r, j])!r}")
+
+    # Position sets: sort each row's valid positions (padding sorts last) and compare.
+    big = torch.iinfo(torch.int64).max
+    fill = torch.full(valid.shape, big, dtype=torch.int64)
+    ra = torch.where(valid, a.raw_indices.long(), fill)
+    re = torch.where(valid, e.raw_indices.long(), fill)
+    sa, ia = ra.sort(dim=1)
+    se, ie = re.sort(dim=1)
+    same_set = (sa == se).all(1) & ~count_bad
+
+    # Physical indices, paired with their raw positions.
+    pa = torch.gather(a.physical_indices.long(), 1, ia)
+    pe = torch.gather(e.physical_indices.long(), 1, ie)
+    phys_bad = ((pa != pe) & (se != big)).any(1) & same_set
+    if page_table is not None:
+        pt = page_table.detach().to(dev).long()
+        raw_c = a.raw_indices.long().clamp(min=0)
+        page = torch.gather(pt, 1, (raw_c // PAGE_SIZE).clamp(max=pt.shape[1] - 1))
+        want = page * PAGE_SIZE + raw_c % PAGE_SIZE
+        phys_bad |= ((a.physical_indices.long() != want) & valid).any(1) & ~count_bad
+    cmp.physical_rows = phys_bad.nonzero().flatten().tolist()
+    for r in cmp.physical_rows[:2]:
+        note(f"row {r}: physical indices disagree with the raw positions")
+
+    lens = None if seq_lens is None else seq_lens.detach().to(dev).long()
+    for r in (~same_set & ~count_bad).nonzero().flatten().tolist():
+        n = int(e.counts[r])
+        got = sa[r, :n]
+        in_range = bool((got >= 0).all()) and (lens is None or bool((got < lens[r]).all()))
+        distinct = bool((got[1:] != got[:-1]).all()) if n > 1 else True
+        boundary_tie = (
+            next_values is not None
+            and n == topk
+            and bool(values_close(e.values[r, n - 1 : n], next_values.detach().to(dev)[r : r + 1], rtol, atol).all())
+        )
+        if boundary_tie and in_range and distinct:
+            cmp.near_tie_rows.append(r)
+            continue
+        cmp.set_rows.append(r)
+        extra = sorted(set(got.tolist()) - set(se[r, :n].tolist()))[:4]
+        missing = sorted(set(se[r, :n].tolist()) - set(got.tolist()))[:4]
+        why = "" if in_range and distinct else " (positions out of range or repeated)"
+        note(f"row {r}: selected {extra} instead of {missing}{why}")
+    return cmp
+
+
+def _boundary_values(k1: IndexerTopKResult) -> torch.Tensor:
+    """From a top-(k+1) result, each row's (k+1)-th best score, ``-inf`` where fewer exist."""
+    topk1 = k1.values.shape[1]
+    keys = order_keys(k1.values, k1.raw_indices.clamp(min=0))
+    full = k1.counts.long() == topk1
+    held = torch.arange(topk1, device=keys.device)[None, :] < k1.counts.long()[:, None]
+    keys = torch.where(held, keys, torch.full_like(keys, torch.iinfo(torch.int64).max))
+    worst = keys.min(dim=1).values  # the (k+1)-th best of k+1 candidates is the smallest key
+    vals = scores_from_ordered_bits((worst >> 32).to(torch.int32))
+    return torch.where(full, vals, torch.full_like(vals, float("-inf")))
+
+
+def reference_boundary_values(args, *, topk: int, layout, weight_scale: float = 1.0) -> torch.Tensor:
+    """float32 ``[rows]``: each row's ``(k+1)``-th best reference score (``-inf`` if the row has
+    at most ``topk`` positions), the ``next_values`` of :func:`compare_to_reference`.
+
+    ``args`` are the seven positional inputs of :func:`indexer_topk.indexer_topk` (e.g.
+    ``Workload.args()``).
+    """
+    from .reference import reference_indexer_topk
+
+    plus_one = reference_indexer_topk(*args, topk=topk + 1, layout=layout, weight_scale=weight_scale)
+    return _boundary_values(plus_one)
+
+
+def reference_with_boundary(args, *, topk: int, layout, weight_scale: float = 1.0) -> Tuple[IndexerTopKResult, torch.Tensor]:
+    """The reference result and :func:`reference_boundary_values`, for :func:`compare_to_reference`.
+
+    Runs the fp64 reference twice (at ``topk`` and ``topk + 1``), so keep it to test-sized shapes.
+    """
+    from .reference import reference_indexer_topk
+
+    expected = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    return expected, reference_boundary_values(args, topk=topk, layout=layout, weight_scale=weight_scale)
+
+
+__all__ = [
+    "Comparison",
+    "DEFAULT_ATOL",
+    "DEFAULT_RTOL",
+    "bitwise_equal",
+    "compare_to_reference",
+    "comparison_rule",
+    "reference_boundary_values",
+    "reference_with_boundary",
+    "values_close",
+]
