@@ -26,6 +26,9 @@ MAX_SPLITS = 64
 # Split rows only while the per-split candidate lists stay small next to the buffers.
 MAX_SPLIT_ROWS = 2048
 QUEUE_BYTES = 256
+# A buffer is cut back once fewer than this many entries of room remain, so every streaming
+# segment spans several blocks (POOL must be at least this).
+MIN_ROOM = 512
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = None) -> FusedPlan:
+def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: int = POOL) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when pairs are too few
     to occupy every SM."""
     if device is None:
@@ -74,15 +77,17 @@ def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = No
         if splits < 1 or splits & (splits - 1):
             raise ValueError(f"num_splits: expected a power of two, got {splits}")
     programs = max(1, min(slots, pairs * splits))
-    return FusedPlan(rows, topk, programs, splits, topk + POOL)
+    return FusedPlan(rows, topk, programs, splits, topk + pool)
 
 
-def fused_workspace_size(rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None) -> int:
+def fused_workspace_size(
+    rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: int = POOL
+) -> int:
     """Exact bytes of scratch a fused call of ``rows`` rows needs (independent of context length).
 
     ``layout`` does not change the size today; it is accepted so callers need not know that.
     """
-    return plan_fused(rows, topk, device, num_splits).nbytes
+    return plan_fused(rows, topk, device, num_splits, pool).nbytes
 
 
 def _carve(workspace: torch.Tensor, plan: FusedPlan):
@@ -108,13 +113,15 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
 def fused_indexer_topk(
     args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,
+    pool: int = POOL,
 ) -> IndexerTopKResult:
     """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
 
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
-    context split count (a power of two). ``score_only`` is a measurement variant that scores
-    every block but selects nothing (outputs are not valid).
+    context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
+    (small pools force frequent cuts, which tests use). ``score_only`` is a measurement variant
+    that scores every block but selects nothing (outputs are not valid).
     """
     layout = Layout(layout)
     ka = pack_args(args, layout)
@@ -124,13 +131,15 @@ def fused_indexer_topk(
         out = allocate_result(rows, topk, device)
     if rows == 0:
         return out
-    plan = plan_fused(rows, topk, device, num_splits)
+    cfg = tile_config(layout)
+    if pool < cfg.block_n:
+        raise ValueError(f"pool: must be at least the block size {cfg.block_n}")
+    plan = plan_fused(rows, topk, device, num_splits, pool)
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
     queue, buf_key, buf_pos, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
     queue.zero_()
-    cfg = tile_config(layout)
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), cfg.block_n) * cfg.block_n
     n_items = triton.cdiv(rows, 2) * plan.splits
@@ -140,13 +149,14 @@ def fused_indexer_topk(
         float(weight_scale), buf_key, buf_pos, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret,
+        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, MIN_ROOM=max(min(MIN_ROOM, pool), cfg.block_n),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )
     if plan.splits > 1 and not score_only:
         select_rows_kernel[(rows,)](
             seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
-            out_bits, out.raw_indices, out.physical_indices, out.counts, 0,
-            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, num_warps=SELECT_WARPS,
+            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
+            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
+            num_warps=SELECT_WARPS,
         )
     return out

@@ -1,10 +1,15 @@
-"""The legacy two-stage path: FP32 logits matrix, then an exact top-k stage.
+"""The legacy two-stage path: a ``[rows, width]`` score matrix, then an exact top-k stage.
 
 This is what serving engines run today (SGLang: a score kernel writing ``[rows, width]`` FP32
 logits into a 2 GiB slab, then a radix top-k that also maps positions to physical slots), in
-Triton, for all three layouts. Rows are processed in chunks so the logits never exceed a byte
+Triton, for all three layouts. Rows are processed in chunks so the matrix never exceeds a byte
 budget, as SGLang chunks rows under its slab. It is the baseline the fused path is measured
 against and the fallback the policy keeps for decode and graph capture.
+
+The matrix stores each score as its int32 order key (same 4 bytes as the fp32 logit, see
+:mod:`indexer_topk.kernels.logits`). The top-k stage runs ``torch.topk`` on it to learn each
+row's k-th key, then one exact pass per row takes every key above it and the lowest positions
+among keys equal to it, and sorts the result under the contract's order.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import triton
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
 from ..kernels.logits import logits_kernel
-from ..kernels.select import MODE_LOGITS, select_rows_kernel
+from ..kernels.select import MODE_KEYS, select_rows_kernel
 
 DEFAULT_LOGITS_BUDGET_BYTES = 2 << 30
 # Positions per score program: long enough to amortise the query load, short enough to spread
@@ -37,9 +42,11 @@ def rows_per_chunk(width: int, budget_bytes: int) -> int:
 
 
 def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_count=None) -> torch.Tensor:
-    """Score stage: FP32 logits ``[row_count, width]`` of rows ``row_start .. row_start + row_count - 1``.
+    """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
-    Only columns below each row's ``seq_len`` are written.
+    ``logits`` (int32 or float32 storage of that shape, reinterpreted as int32) is written in
+    full: score keys below each row's ``seq_len``, ``KEY_MIN`` past it. Decode a key with
+    :func:`indexer_topk.contract.scores_from_ordered_bits`.
     """
     layout = Layout(layout)
     ka = pack_args(args, layout)
@@ -48,7 +55,8 @@ def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_co
         row_count = rows - row_start
     width = logits_width(ka.page_table)
     if logits is None:
-        logits = torch.empty((row_count, width), dtype=torch.float32, device=ka.kc.device)
+        logits = torch.empty((row_count, width), dtype=torch.int32, device=ka.kc.device)
+    logits = logits.view(torch.int32)
     if row_count == 0 or width == 0:
         return logits
     cfg = tile_config(layout)
@@ -56,22 +64,35 @@ def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_co
     grid = (triton.cdiv(row_count, 2), triton.cdiv(width, span))
     logits_kernel[grid](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens,
-        min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0), span,
+        min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0), width, span,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, INTERPRET=ka.interpret,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
     return logits
 
 
-def legacy_select(logits, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
-    """Top-k stage: exact selection over each logits row, written to ``out`` rows ``row_start..``."""
-    row_count = logits.shape[0]
+def kth_keys(keys: torch.Tensor, topk: int):
+    """Each row's k-th largest key and how many keys equal to it the top k holds (int32 ``[rows]``)."""
+    if keys.shape[1] < topk:  # every row is shorter than topk: the select pass takes all
+        z = torch.zeros(keys.shape[0], dtype=torch.int32, device=keys.device)
+        return z, z
+    top = torch.topk(keys, topk, dim=1, sorted=False).values
+    kth = top.min(dim=1).values
+    need = topk - (top > kth[:, None]).sum(dim=1, dtype=torch.int32)
+    return kth, need
+
+
+def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
+    """Top-k stage over a key matrix from :func:`legacy_score`, written to ``out`` rows ``row_start..``."""
+    keys = keys.view(torch.int32)
+    row_count = keys.shape[0]
     if row_count == 0:
         return
+    kth, need = kth_keys(keys, topk)
     select_rows_kernel[(row_count,)](
-        logits, logits, seq_lens, logits.stride(0), seq_lens, page_table, page_table.stride(0),
-        out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start,
-        MODE=MODE_LOGITS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, num_warps=SELECT_WARPS,
+        keys, keys, seq_lens, keys.stride(0), seq_lens, page_table, page_table.stride(0),
+        out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
+        MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=True, num_warps=SELECT_WARPS,
     )
 
 
@@ -99,9 +120,9 @@ def legacy_indexer_topk(
         logits_budget_bytes = workspace.numel()
     chunk = min(rows + rows % 2, rows_per_chunk(width, logits_budget_bytes))
     if workspace is not None:
-        storage = workspace.view(-1)[: chunk * width * 4].view(torch.float32).view(chunk, width)
+        storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
-        storage = torch.empty((chunk, max(width, 1)), dtype=torch.float32, device=q.device)
+        storage = torch.empty((chunk, max(width, 1)), dtype=torch.int32, device=q.device)
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         logits = storage[:n]

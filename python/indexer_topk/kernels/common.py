@@ -19,6 +19,8 @@ INT32_MIN = -2147483648
 # The smallest key (NaN), as a constexpr: a literal -2147483648 in a kernel is the out-of-range
 # positive 2147483648 negated.
 KEY_MIN = tl.constexpr(-2147483648)
+# NaN's key: only bit patterns of negative NaNs map here otherwise, so no number does.
+KEY_NAN = tl.constexpr(-2147483647)
 NEG_INF_BITS = -8388608  # 0xFF800000 as int32
 CANONICAL_NAN_BITS = 0x7FC00000
 LOW32 = 4294967295
@@ -41,17 +43,20 @@ def layout_id(layout) -> int:
 
 @triton.jit
 def ordered_key(s):
-    """fp32 scores -> int32 keys in score order; NaN -> INT32_MIN (below -inf)."""
+    """fp32 scores -> int32 keys in score order; NaN -> KEY_NAN, just below -inf.
+
+    KEY_MIN itself is never a score's key: it marks "no entry" (padding in a key matrix).
+    """
     bits = s.to(tl.int32, bitcast=True)
     key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return tl.where(s != s, KEY_MIN, key)
+    return tl.where(s != s, KEY_NAN, key)
 
 
 @triton.jit
 def key_to_score_bits(key):
-    """Inverse of :func:`ordered_key` as int32 bits; INT32_MIN -> the canonical NaN."""
+    """Inverse of :func:`ordered_key` as int32 bits; KEY_NAN -> the canonical NaN."""
     bits = tl.where(key < 0, key ^ 0x7FFFFFFF, key)
-    return tl.where(key == KEY_MIN, 0x7FC00000, bits)
+    return tl.where(key <= KEY_NAN, 0x7FC00000, bits)
 
 
 @triton.jit

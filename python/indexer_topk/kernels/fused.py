@@ -64,6 +64,7 @@ def fused_topk_kernel(
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
+    MIN_ROOM: tl.constexpr,
 ):
     pid = tl.program_id(0)
     buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
@@ -94,39 +95,46 @@ def fused_topk_kernel(
         cnt1 = zero
         gate0 = zero + KEY_MIN
         gate1 = zero + KEY_MIN
-        for b in range(lo, hi, BLOCK_N):
-            pos = b + tl.arange(0, BLOCK_N)
-            s0, s1 = score_pair(
-                pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                LAYOUT, INTERPRET,
-            )
-            u0 = ordered_key(s0)
-            u1 = ordered_key(s1)
-            take0 = (pos < end0) & (u0 >= gate0)
-            take1 = (pos < end1) & (u1 >= gate1)
-            if SCORE_ONLY:
-                # Measurement variant: the scores are consumed (counted), nothing is selected.
-                cnt0 += tl.sum(take0.to(tl.int32), axis=0)
-                cnt1 += tl.sum(take1.to(tl.int32), axis=0)
-            else:
-                cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-            if not SCORE_ONLY:
-                if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
-                    tl.debug_barrier()
-                    if cnt0 > CAP - BLOCK_N:
-                        cnt0, gate0 = select_into(
-                            buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
-                        )
-                    if cnt1 > CAP - BLOCK_N:
-                        cnt1, gate1 = select_into(
-                            buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
-                        )
-                    tl.debug_barrier()
+        # Stream in segments that cannot overflow either buffer even if every score enters, so
+        # the inner loop carries no nested control flow and stays software-pipelined; cut the
+        # buffers back between segments.
+        seg_lo = lo
+        while seg_lo < hi:
+            room = CAP - tl.maximum(cnt0, cnt1)
+            seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
+            for b in range(seg_lo, seg_hi, BLOCK_N):
+                pos = b + tl.arange(0, BLOCK_N)
+                s0, s1 = score_pair(
+                    pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                    LAYOUT, INTERPRET,
+                )
+                u0 = ordered_key(s0)
+                u1 = ordered_key(s1)
+                take0 = (pos < end0) & (u0 >= gate0)
+                take1 = (pos < end1) & (u1 >= gate1)
+                if SCORE_ONLY:
+                    # Measurement variant: the scores are consumed (counted), nothing is kept.
+                    cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
+                    cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
+                else:
+                    cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                    cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+            seg_lo = seg_hi
+            if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
+                tl.debug_barrier()
+                if cnt0 > CAP - MIN_ROOM:
+                    cnt0, gate0 = select_into(
+                        buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                    )
+                if cnt1 > CAP - MIN_ROOM:
+                    cnt1, gate1 = select_into(
+                        buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
+                    )
+                tl.debug_barrier()
         tl.debug_barrier()
         if SCORE_ONLY:
-            tl.store(out_cnt + r0, cnt0)
-            tl.store(out_cnt + r1, cnt1, mask=v1)
+            tl.store(out_cnt + r0, cnt0 + len0)
+            tl.store(out_cnt + r1, cnt1 + len1, mask=v1)
         else:
             _finish_row(
                 buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,

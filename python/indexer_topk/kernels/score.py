@@ -15,10 +15,11 @@ pages. Each row has its own MMA, so a row's scores never depend on its partner, 
 kernels that call this tile with the same ``BLOCK_N`` and warp count produce bitwise-equal
 scores.
 
-MXFP4 operands are widened in registers to bf16 with the 2**e block scale folded in (exact:
-an e2m1 value times a power of two has at most two significant bits); FP8 operands feed the
-fp8 MMA directly. Under the Triton interpreter operands are widened to fp32, because the
-interpreter's bf16 dot is unreliable.
+MXFP4: the query is widened once per row to bf16 with its 2**e block scales folded in (exact:
+an e2m1 value times a power of two has at most two significant bits); key tiles go to
+``tl.dot_scaled`` as packed e2m1 with their ue8m0 scales, which widens them the same exact way
+inside the MMA pipeline. FP8 operands feed the fp8 MMA directly. Under the Triton interpreter
+every operand is widened to fp32 by hand, because the interpreter's bf16 dot is unreliable.
 """
 
 import triton
@@ -63,18 +64,26 @@ def load_weights(w_ptr, row, rvalid):
 
 @triton.jit
 def load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, m, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """Keys at (page, off) for a block: ``([BLOCK_N, 128] MMA operand, [BLOCK_N] fp32 scale)``."""
-    d = tl.arange(0, 128)[None, :]
+    """Keys at (page, off) for a block: ``(operand, block scales, [BLOCK_N] fp32 key scale)``.
+
+    FP8: the e4m3 tile ``[BLOCK_N, 128]`` and the per-key fp32 scale. MXFP4 on a GPU: the packed
+    e2m1 tile ``[BLOCK_N, 64]`` and its ue8m0 scales ``[BLOCK_N, 4]`` for ``tl.dot_scaled``;
+    under the interpreter: the widened fp32 tile (scales folded in).
+    """
     page64 = page.to(tl.int64)[:, None]
     o = off[:, None]
     mm = m[:, None]
+    ones = tl.full(off.shape, 1.0, tl.float32)
     if LAYOUT == 2:
+        d = tl.arange(0, 128)[None, :]
         raw = tl.load(kc_ptr + page64 * 8448 + o * 128 + d, mask=mm, other=0)
         k = raw.to(tl.float8e4nv, bitcast=True)
         if INTERPRET:
             k = k.to(tl.float32)
         kscale = tl.load(kf_ptr + page.to(tl.int64) * 2112 + 2048 + off, mask=m, other=0.0)
-    else:
+        return k, raw, kscale
+    elif INTERPRET:
+        d = tl.arange(0, 128)[None, :]
         if LAYOUT == 0:
             pay = page64 * 4096 + (d // 32) * 1024 + o * 16 + (d % 32) // 2
             sc = tl.load(ks_ptr + page64 * 256 + (d // 32) * 64 + (o % 16) * 4 + o // 16, mask=mm, other=127)
@@ -84,19 +93,29 @@ def load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, m, LAYOUT: tl.constexpr, IN
         byte = tl.load(kc_ptr + pay, mask=mm, other=0).to(tl.int32)
         code = (byte >> ((d & 1) * 4)) & 0xF
         k = e2m1_to_f32(code) * ue8m0_to_f32(sc.to(tl.int32))
-        if not INTERPRET:
-            k = k.to(tl.bfloat16)
-        kscale = tl.full(off.shape, 1.0, tl.float32)
-    return k, kscale
+        return k, byte, ones
+    else:
+        j = tl.arange(0, 64)[None, :]  # payload byte
+        c = tl.arange(0, 4)[None, :]  # 32-wide chunk
+        if LAYOUT == 0:
+            packed = tl.load(kc_ptr + page64 * 4096 + (j // 16) * 1024 + o * 16 + j % 16, mask=mm, other=0)
+            scales = tl.load(ks_ptr + page64 * 256 + c * 64 + (o % 16) * 4 + o // 16, mask=mm, other=127)
+        else:
+            packed = tl.load(kc_ptr + page64 * 4352 + o * 64 + j, mask=mm, other=0)
+            scales = tl.load(kc_ptr + page64 * 4352 + 4096 + o * 4 + c, mask=mm, other=127)
+        return packed, scales, ones
 
 
 @triton.jit
-def row_scores(k, kscale, qt, w, weight_scale, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """``[BLOCK_N]`` fp32 scores of one query row against a key tile."""
+def row_scores(k, kblk, kscale, qt, w, weight_scale, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
+    """``[BLOCK_N]`` fp32 scores of one query row against a key tile (see :func:`load_key_tile`)."""
     if INTERPRET:
         acc = tl.dot(k, qt, input_precision="ieee", out_dtype=tl.float32)
-    else:
+    elif LAYOUT == 2:
         acc = tl.dot(k, qt, out_dtype=tl.float32)
+    else:
+        # e2m1 keys with ue8m0 block scales against the bf16 query (its scales already folded)
+        acc = tl.dot_scaled(k, kblk, "e2m1", qt, None, "bf16", out_dtype=tl.float32)
     # relu that keeps NaN (a NaN dot must give a NaN score, as in the reference)
     acc = tl.where(acc < 0, 0.0, acc)
     s = tl.sum(acc * w[None, :], axis=1)
@@ -123,11 +142,11 @@ def score_pair(
     p0 = tl.load(pt0_ptr + col, mask=need0, other=-1)
     p1 = tl.load(pt1_ptr + col, mask=need1, other=-1)
     page = tl.where(need0, p0, p1)
-    k, kscale = load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, need0 | need1, LAYOUT, INTERPRET)
-    s0 = row_scores(k, kscale, qt0, w0, weight_scale, LAYOUT, INTERPRET)
-    s1 = row_scores(k, kscale, qt1, w1, weight_scale, LAYOUT, INTERPRET)
+    k, kblk, kscale = load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, need0 | need1, LAYOUT, INTERPRET)
+    s0 = row_scores(k, kblk, kscale, qt0, w0, weight_scale, LAYOUT, INTERPRET)
+    s1 = row_scores(k, kblk, kscale, qt1, w1, weight_scale, LAYOUT, INTERPRET)
     disagree = tl.sum((need0 & need1 & (p0 != p1)).to(tl.int32), axis=0)
     if disagree > 0:
-        k1, kscale1 = load_key_tile(kc_ptr, kf_ptr, ks_ptr, p1, off, need1, LAYOUT, INTERPRET)
-        s1 = row_scores(k1, kscale1, qt1, w1, weight_scale, LAYOUT, INTERPRET)
+        k1, kblk1, kscale1 = load_key_tile(kc_ptr, kf_ptr, ks_ptr, p1, off, need1, LAYOUT, INTERPRET)
+        s1 = row_scores(k1, kblk1, kscale1, qt1, w1, weight_scale, LAYOUT, INTERPRET)
     return s0, s1

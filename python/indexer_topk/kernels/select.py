@@ -14,11 +14,11 @@ them under the contract's order (int64 ``key << 32 | ~position``) and writes the
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN, key_to_score_bits, ordered_key
+from .common import KEY_MIN, key_to_score_bits
 
 COMP_MIN = tl.constexpr(-(2**63))
 
-MODE_LOGITS = 0  # fp32 scores, position = offset, valid below n
+MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
 MODE_BUFFER = 2  # (key, position) pairs, valid below n
 
@@ -28,8 +28,7 @@ def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOP
     """``(key int32, position int32, valid)`` of the entries at ``offs``."""
     valid = offs < n
     if MODE == 0:
-        s = tl.load(src_key + offs, mask=valid, other=0.0)
-        key = ordered_key(s)
+        key = tl.load(src_key + offs, mask=valid, other=0)
         pos = offs
     else:
         if MODE == 1:
@@ -87,10 +86,13 @@ def radix_threshold(
 def select_into(
     src_key, src_pos, seg_cnt_ptr, n, n_valid, k, dst_key, dst_pos,
     MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr,
+    KNOWN_T: tl.constexpr = False, known_t=0, known_need=0,
 ):
     """Write the top ``k`` valid entries (all of them if ``n_valid <= k``) to ``dst`` in storage order.
 
     ``dst`` may alias ``src`` (in-place compaction never writes ahead of what it has read).
+    With ``KNOWN_T`` the k-th largest key ``known_t`` and the number ``known_need`` of keys equal
+    to it that belong to the top k are given (from a top-k run elsewhere) instead of searched.
     Returns ``(count, gate)``: the number written and the smallest key a later entry (at a
     higher position) must reach to be able to enter this set.
     """
@@ -99,7 +101,11 @@ def select_into(
     shift = zero
     need = zero + n_valid
     if n_valid > k:
-        t, shift, need = radix_threshold(src_key, src_pos, seg_cnt_ptr, n, k, MODE, TOPK, CHUNK)
+        if KNOWN_T:
+            t = zero + known_t
+            need = zero + known_need
+        else:
+            t, shift, need = radix_threshold(src_key, src_pos, seg_cnt_ptr, n, k, MODE, TOPK, CHUNK)
     t_hi = t >> shift
     taken = zero
     eq_seen = zero
@@ -161,10 +167,15 @@ def finalize_row(
 @triton.jit
 def select_rows_kernel(
     src_key, src_pos, seg_cnt, stride_src, seq_lens, page_table, stride_pt,
-    out_bits, out_raw, out_phys, out_cnt, row_start,
+    out_bits, out_raw, out_phys, out_cnt, row_start, kth_key, kth_need,
     MODE: tl.constexpr, TOPK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    KNOWN_T: tl.constexpr,
 ):
-    """One program per row: top-k of a logits row (legacy) or of per-split lists (fused merge)."""
+    """One program per row: top-k of a key-matrix row (legacy) or of per-split lists (fused merge).
+
+    With ``KNOWN_T``, ``kth_key[i]`` / ``kth_need[i]`` give row ``i``'s k-th key and how many keys
+    equal to it are selected (from a stock top-k over the row).
+    """
     i = tl.program_id(0)
     row = row_start + i
     seq_len = tl.load(seq_lens + row)
@@ -182,8 +193,14 @@ def select_rows_kernel(
     orow = row.to(tl.int64) * TOPK
     dst_key = out_bits + orow
     dst_pos = out_raw + orow
+    known_t = 0
+    known_need = 0
+    if KNOWN_T:
+        known_t = tl.load(kth_key + i)
+        known_need = tl.load(kth_need + i)
     taken, gate = select_into(
-        src_key + base, src_pos + base, cnt_ptr, n, n_valid, TOPK, dst_key, dst_pos, MODE, TOPK, CHUNK
+        src_key + base, src_pos + base, cnt_ptr, n, n_valid, TOPK, dst_key, dst_pos, MODE, TOPK, CHUNK,
+        KNOWN_T, known_t, known_need,
     )
     tl.debug_barrier()
     finalize_row(

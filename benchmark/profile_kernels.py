@@ -1,0 +1,186 @@
+"""Where the time goes: stage timings and measurement variants of the legacy and fused kernels.
+
+Run on a GPU from the repository root::
+
+    PYTHONPATH=python python3 benchmark/profile_kernels.py [--layouts ...] [--context 768K] [--rows 1024]
+
+For each layout, on one DSv4-shaped prefill (one request, ``rows`` query tokens at the end of
+the context), it times side by side: the legacy path (total, score stage, top-k stage and
+``torch.topk(sorted=False)`` on the same logits), the fused path, the fused kernel with
+selection switched off (``score_only``: every block is scored, nothing selected) and the fused
+path on the increasing-score adversarial pattern. It also checks fused == legacy bitwise and
+legacy against the fp64 reference on a smaller ragged batch. Medians of CUDA-event timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+
+def parse_tokens(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1024, "M": 1024 * 1024}.get(s[-1], 1)
+    return int(float(s[:-1]) * mult) if s[-1] in "KM" else int(s)
+
+
+def bench_ms(fn, warmup=3, iters=10):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def peak_mib(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def same_bits(a, b):
+    return all(
+        torch.equal(x.view(torch.int32) if x.dtype == torch.float32 else x, y.view(torch.int32) if y.dtype == torch.float32 else y)
+        for x, y in zip(a, b)
+    )
+
+
+def check_correctness(layout, topk, device, log):
+    from indexer_topk.backends.fused import fused_indexer_topk
+    from indexer_topk.backends.legacy import legacy_indexer_topk
+    from indexer_topk.compare import compare_to_reference
+    from indexer_topk.reference import reference_indexer_topk
+    from indexer_topk.workload import make_workload
+
+    rows = []
+    for pattern in ("random", "increasing", "equal", "zero_plateau", "nan_rows"):
+        w = make_workload(layout, context_tokens=[131072, 20000, 300], rows_per_request=[5, 3, 2], topk=topk,
+                          seed=7, device=device, pattern=pattern)
+        args = w.args()
+        kw = dict(topk=topk, layout=w.layout, weight_scale=w.weight_scale)
+        leg = legacy_indexer_topk(args, **kw)
+        fu = fused_indexer_topk(args, **kw)
+        fu4 = fused_indexer_topk(args, **kw, num_splits=4)
+        ref = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=w.weight_scale)
+        cmp = compare_to_reference(leg, ref)
+        rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
+                   fused_split4_eq_legacy=same_bits(fu4, leg), legacy_vs_reference=bool(cmp.ok() if callable(cmp.ok) else cmp.ok),
+                   detail=cmp.summary() if hasattr(cmp, "summary") else str(cmp))
+        log(rec)
+        rows.append(rec)
+    return rows
+
+
+def time_layout(layout, ctx, n_rows, topk, device, log, iters):
+    from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size
+    from indexer_topk.backends.legacy import legacy_indexer_topk, legacy_score, legacy_select
+    from indexer_topk.contract import allocate_result
+    from indexer_topk.workload import make_workload
+
+    recs = []
+    flop = None
+    for pattern in ("random", "increasing"):
+        w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1,
+                          device=device, pattern=pattern)
+        args = w.args()
+        kw = dict(topk=topk, layout=w.layout, weight_scale=w.weight_scale)
+        flop = 2.0 * float(w.seq_lens.double().sum()) * 64 * 128
+        out_l = allocate_result(w.rows, topk, device)
+        out_f = allocate_result(w.rows, topk, device)
+        ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
+
+        def run_fused():
+            fused_indexer_topk(args, **kw, out=out_f, workspace=ws)
+
+        def run_legacy():
+            legacy_indexer_topk(args, **kw, out=out_l)
+
+        variants = {"fused": run_fused}
+        if pattern == "random":
+            variants["legacy"] = run_legacy
+            variants["fused_score_only"] = lambda: fused_indexer_topk(args, **kw, out=allocate_result(w.rows, topk, device), workspace=ws, score_only=True)
+        for name, fn in variants.items():
+            t0 = time.time()
+            ms = bench_ms(fn, iters=iters)
+            mem = peak_mib(fn)
+            rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=flop / ms / 1e9,
+                       peak_mib=mem, wall_s=time.time() - t0)
+            log(rec)
+            recs.append(rec)
+        if pattern == "random":
+            eq = same_bits(out_f, out_l)
+            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq))
+            logits = torch.empty((w.rows, w.page_table.shape[1] * 64), dtype=torch.float32, device=device)
+            ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits), iters=iters)
+            ms_k = bench_ms(lambda: legacy_select(logits, w.seq_lens, w.page_table, topk=topk, out=out_l), iters=iters)
+            ms_t = bench_ms(lambda: torch.topk(logits, topk, dim=1, sorted=False), iters=iters)
+            for name, ms in (("legacy_score", ms_s), ("legacy_select", ms_k), ("torch_topk", ms_t)):
+                rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms,
+                           tflops=flop / ms / 1e9 if name == "legacy_score" else None)
+                log(rec)
+                recs.append(rec)
+            del logits
+        del w, args, ws
+        torch.cuda.empty_cache()
+    return recs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layouts", nargs="+", default=["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+    p.add_argument("--context", default="768K")
+    p.add_argument("--rows", type=int, default=1024)
+    p.add_argument("--topk", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "profile.json"))
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("profile_kernels: needs a CUDA/HIP GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    records = []
+
+    def log(rec):
+        records.append(rec)
+        print(json.dumps(rec), flush=True)
+
+    if not a.skip_check:
+        for layout in a.layouts:
+            check_correctness(layout, a.topk, device, log)
+    for layout in a.layouts:
+        time_layout(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters)
+    with open(a.json, "w") as f:
+        json.dump(records, f, indent=1)
+    print(f"\n{torch.cuda.get_device_name()}  rows={a.rows} context={a.context} topk={a.topk}")
+    print(f"{'layout':14s} {'pattern':11s} {'variant':18s} {'ms':>8s} {'TFLOP/s':>8s} {'peak MiB':>9s}")
+    for r in records:
+        if "variant" in r:
+            tf = f"{r['tflops']:.0f}" if r.get("tflops") else "-"
+            pm = f"{r['peak_mib']:.1f}" if r.get("peak_mib") is not None else "-"
+            print(f"{r['layout']:14s} {r['pattern']:11s} {r['variant']:18s} {r['ms']:8.3f} {tf:>8s} {pm:>9s}")
+    bad = [r for r in records if r.get("fused_eq_legacy") is False or r.get("fused_eq_legacy_full") is False
+           or r.get("legacy_vs_reference") is False or r.get("fused_split4_eq_legacy") is False]
+    print(f"correctness failures: {len(bad)}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
