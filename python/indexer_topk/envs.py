@@ -1,0 +1,217 @@
+"""Typed environment flags, declared in one place.
+
+Read a flag with ``envs.NAME.get()``; override it in a test with
+``with envs.NAME.override(value): ...``. A value that does not parse logs a warning and the
+default is used instead, so a typo in a deployment never crashes a server. An empty value
+counts as unset (``FOO= cmd`` is the shell idiom for clearing a variable). Truth-testing a
+field (``if envs.NAME:``) raises, because a field object is always truthy and that bug would
+silently ignore the variable.
+
+Example::
+
+    from indexer_topk.envs import envs
+
+    if envs.SGLANG_DSV4_FP4_FUSED_TOPK.get():
+        ...
+    with envs.INDEXER_TOPK_TRITON_ROCM.override(True):
+        ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from contextlib import contextmanager
+from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
+
+logger = logging.getLogger("indexer_topk.envs")
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"1", "true", "on", "yes"})
+_FALSE = frozenset({"0", "false", "off", "no"})
+
+
+class EnvField(Generic[T]):
+    """One environment variable: its name (the attribute name), its type and its default.
+
+    ``default`` may be a zero-argument callable, resolved at each :meth:`get` (for defaults
+    that depend on the machine).
+    """
+
+    def __init__(self, default: Union[T, Callable[[], T]]):
+        self.default = default
+        self.name: str = ""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj, owner=None) -> "EnvField[T]":
+        return self
+
+    def __set__(self, obj, value) -> None:
+        raise AttributeError(f"use envs.{self.name}.set(...) or .override(...) to change {self.name}")
+
+    def __bool__(self) -> bool:
+        raise TypeError(f"Please use `envs.{self.name}.get()` instead of `envs.{self.name}`")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name}, default={self.default_value()!r})"
+
+    def default_value(self) -> T:
+        """The default, with a callable default resolved."""
+        return self.default() if callable(self.default) else self.default
+
+    def parse(self, raw: str) -> T:
+        """Convert the raw string to the field's type; raise ``ValueError`` if it is invalid."""
+        raise NotImplementedError
+
+    def format(self, value: Any) -> str:
+        """The string :meth:`set` writes for ``value``; a ``str`` is written unchanged."""
+        return value if isinstance(value, str) else str(value)
+
+    def get(self, environ: Optional[Mapping[str, str]] = None) -> T:
+        """The typed value from ``environ`` (default ``os.environ``), or the default.
+
+        Unset or empty gives the default silently; an invalid value logs a warning naming the
+        variable and gives the default.
+        """
+        env = os.environ if environ is None else environ
+        raw = env.get(self.name)
+        if raw is None or raw.strip() == "":
+            return self.default_value()
+        try:
+            return self.parse(raw)
+        except ValueError as exc:
+            default = self.default_value()
+            logger.warning("%s=%r is not valid (%s); using the default %r", self.name, raw, exc, default)
+            return default
+
+    def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        """Whether the variable is present in ``environ`` (default ``os.environ``), even if invalid."""
+        env = os.environ if environ is None else environ
+        return self.name in env
+
+    def raw(self, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+        """The unparsed string, or ``None`` when unset."""
+        env = os.environ if environ is None else environ
+        return env.get(self.name)
+
+    def set(self, value: Any) -> None:
+        """Write ``value`` to ``os.environ``; ``None`` removes the variable."""
+        if value is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self.format(value)
+
+    def clear(self) -> None:
+        """Remove the variable from ``os.environ``."""
+        os.environ.pop(self.name, None)
+
+    @contextmanager
+    def override(self, value: Any) -> Iterator["EnvField[T]"]:
+        """Set the variable for the duration of a ``with`` block, then restore it exactly.
+
+        ``None`` unsets it inside the block; a ``str`` is written verbatim, so tests can try
+        spellings and invalid values.
+        """
+        previous = os.environ.get(self.name)
+        self.set(value)
+        try:
+            yield self
+        finally:
+            if previous is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = previous
+
+
+class EnvBool(EnvField[bool]):
+    """true/1/on/yes and false/0/off/no, case-insensitive, surrounding spaces ignored."""
+
+    def parse(self, raw: str) -> bool:
+        value = raw.strip().lower()
+        if value in _TRUE:
+            return True
+        if value in _FALSE:
+            return False
+        raise ValueError("expected one of true/1/on/yes or false/0/off/no")
+
+    def format(self, value: Any) -> str:
+        if isinstance(value, bool):
+            return "1" if value else "0"
+        return super().format(value)
+
+
+class EnvInt(EnvField[int]):
+    """A base-10 integer, optionally bounded (inclusive)."""
+
+    def __init__(self, default, *, min_value: Optional[int] = None, max_value: Optional[int] = None):
+        super().__init__(default)
+        self.min_value = min_value
+        self.max_value = max_value
+
+    def parse(self, raw: str) -> int:
+        try:
+            value = int(raw.strip(), 10)
+        except ValueError:
+            raise ValueError("expected an integer") from None
+        if self.min_value is not None and value < self.min_value:
+            raise ValueError(f"expected at least {self.min_value}")
+        if self.max_value is not None and value > self.max_value:
+            raise ValueError(f"expected at most {self.max_value}")
+        return value
+
+
+class EnvStr(EnvField[Optional[str]]):
+    """A string; with ``choices``, matched case-insensitively and returned as spelled there."""
+
+    def __init__(self, default=None, *, choices: Optional[Sequence[str]] = None):
+        super().__init__(default)
+        self.choices: Optional[Tuple[str, ...]] = tuple(choices) if choices is not None else None
+
+    def parse(self, raw: str) -> str:
+        value = raw.strip()
+        if self.choices is None:
+            return value
+        for choice in self.choices:
+            if value.lower() == choice.lower():
+                return choice
+        raise ValueError(f"expected one of {', '.join(self.choices)}")
+
+
+class Envs:
+    """Every environment variable this package reads. Fields are read with ``.get()``."""
+
+    # ============================================================
+    # Path policy (read once, when the policy is built)
+    # ============================================================
+    # Kill switch of the fused score + top-k path (SGLang's name): false/0/off/no sends every call to legacy.
+    SGLANG_DSV4_FP4_FUSED_TOPK = EnvBool(True)
+    # Opt-in of our Triton fused path on AMD GPUs (off: AMD hosts use AITER's kernel or the legacy path).
+    INDEXER_TOPK_TRITON_ROCM = EnvBool(False)
+
+    # ============================================================
+    # Legacy path
+    # ============================================================
+    # MiB of FP32 logits the legacy path materialises at once; larger batches run in row chunks.
+    INDEXER_TOPK_LOGITS_BUDGET_MB = EnvInt(2048, min_value=1)
+
+    # ============================================================
+    # Logging
+    # ============================================================
+    # Level of the "indexer_topk" logger; unset leaves the level to the application.
+    INDEXER_TOPK_LOG_LEVEL = EnvStr(None, choices=("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"))
+
+    def fields(self) -> Tuple[EnvField, ...]:
+        """All declared fields, in declaration order."""
+        return tuple(v for v in vars(type(self)).values() if isinstance(v, EnvField))
+
+    def snapshot(self, environ: Optional[Mapping[str, str]] = None) -> dict:
+        """``{name: typed value}`` for every field (what the process would read now)."""
+        return {f.name: f.get(environ) for f in self.fields()}
+
+
+envs = Envs()
+
+__all__ = ["EnvBool", "EnvField", "EnvInt", "EnvStr", "Envs", "envs"]

@@ -1,0 +1,505 @@
+"""Which backend runs a call: probe the process once, decide, freeze, log one line.
+
+The rules
+---------
+* Eager prefill rows (EXTEND, MIXED, TARGET_VERIFY and other prefill modes, outside graph
+  capture) take the frozen *fused path* (:attr:`PathPolicy.fused_backend`).
+* Decode (DECODE, IDLE), anything during CUDA/HIP graph capture, and the kill switch
+  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` take ``"legacy"``: the fused path is not yet proven
+  under capture, and AITER's kernel refuses capture outright.
+* The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
+  for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
+  GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
+  NVIDIA -> ``"fused"`` (``"legacy"`` if Triton cannot be imported).
+* No GPU: the ``legacy`` and ``fused`` backends are Triton kernels, so they run only under
+  the Triton interpreter (``TRITON_INTERPRET=1``); without it every route is ``"reference"``.
+
+Everything the decision depends on is read once, into a :class:`Probe`, when the policy is
+built; later changes to the environment do not move it. That is what makes it safe to build
+before CUDA graph capture: a captured graph and the eager path it mirrors see the same choice.
+Only :func:`is_capturing`, which must reflect the moment of the call, is read per call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+from .contract import Layout, parse_layout
+from .envs import envs
+
+LOGGER_NAME = "indexer_topk"
+
+DEVICES = ("cuda", "hip", "cpu")
+AITER_ARCH = "gfx950"
+KILL_SWITCH = "SGLANG_DSV4_FP4_FUSED_TOPK"
+
+# SGLang ForwardMode names, lower-cased. Decode-like modes score one row per request against
+# the whole context, are graph-captured in serving, and stay on the legacy path.
+DECODE_MODES = frozenset({"decode", "idle"})
+PREFILL_MODES = frozenset(
+    {"extend", "mixed", "target_verify", "draft_extend", "draft_extend_v2", "split_prefill", "dllm_extend"}
+)
+
+_TRITON_TRUE = frozenset({"1", "true", "yes", "on", "y"})
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What this process can run, read once. Every field has a default so tests can build one.
+
+    Attributes
+    ----------
+    fused_enabled : bool
+        The kill switch ``SGLANG_DSV4_FP4_FUSED_TOPK`` (True unless set to false/0/off/no).
+    device : str
+        ``"cuda"`` (NVIDIA), ``"hip"`` (AMD) or ``"cpu"`` (no usable GPU).
+    device_name : str
+        e.g. ``"NVIDIA H200"``, ``"AMD Instinct MI355X"``, ``"cpu"``.
+    compute_capability : tuple of int, optional
+        NVIDIA ``(major, minor)``.
+    gfx_arch : str, optional
+        AMD architecture without feature suffixes, e.g. ``"gfx950"``.
+    triton_version : str, optional
+        ``None`` when Triton cannot be imported (see ``triton_error``).
+    triton_interpret : bool
+        ``TRITON_INTERPRET`` is on: Triton kernels run on the CPU interpreter.
+    aiter_symbol : bool
+        ``aiter.ops.flydsl.flydsl_pa_mqa_topk_fp4_prefill`` exists (looked up on AMD only).
+    aiter_error, torch_error, device_error, triton_error : str, optional
+        ``repr`` of the exception raised by the AITER lookup, by asking torch for a GPU, by
+        reading the GPU's properties, or by importing Triton.
+    triton_rocm : bool
+        ``INDEXER_TOPK_TRITON_ROCM``: our Triton fused path is opted in on AMD.
+    kill_switch_raw : str, optional
+        The kill switch's raw value, for the log line (``None``: unset).
+    """
+
+    fused_enabled: bool = True
+    device: str = "cpu"
+    device_name: str = "cpu"
+    compute_capability: Optional[Tuple[int, int]] = None
+    gfx_arch: Optional[str] = None
+    triton_version: Optional[str] = None
+    triton_interpret: bool = False
+    aiter_symbol: bool = False
+    aiter_error: Optional[str] = None
+    torch_error: Optional[str] = None
+    device_error: Optional[str] = None
+    triton_error: Optional[str] = None
+    triton_rocm: bool = False
+    kill_switch_raw: Optional[str] = None
+
+    def __post_init__(self):
+        if self.device not in DEVICES:
+            raise ValueError(f"device: expected one of {DEVICES}, got {self.device!r}")
+        if self.compute_capability is not None:
+            object.__setattr__(self, "compute_capability", tuple(int(x) for x in self.compute_capability))
+
+    @property
+    def errors(self) -> dict:
+        """The probe exceptions that were recorded, ``{field: repr}``."""
+        names = ("torch_error", "device_error", "triton_error", "aiter_error")
+        return {n: getattr(self, n) for n in names if getattr(self, n)}
+
+
+# ---------------------------------------------------------------------------------------------
+# Probing
+# ---------------------------------------------------------------------------------------------
+
+def _probe_device() -> dict:
+    """Device kind, name and architecture; exceptions are recorded, never raised."""
+    import torch
+
+    try:
+        hip = getattr(torch.version, "hip", None)
+        available = bool(torch.cuda.is_available())
+    except Exception as exc:  # noqa: BLE001
+        return {"device": "cpu", "device_name": "cpu", "torch_error": repr(exc)}
+    if not available:
+        return {"device": "cpu", "device_name": "cpu"}
+    kind = "hip" if hip else "cuda"
+    try:
+        index = torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        name = str(getattr(props, "name", "") or kind)
+        if kind == "hip":
+            arch = str(getattr(props, "gcnArchName", "") or "").split(":")[0] or None
+            return {"device": kind, "device_name": name, "gfx_arch": arch}
+        return {"device": kind, "device_name": name, "compute_capability": (int(props.major), int(props.minor))}
+    except Exception as exc:  # noqa: BLE001
+        return {"device": kind, "device_name": kind, "device_error": repr(exc)}
+
+
+def _probe_triton() -> dict:
+    try:
+        import triton
+
+        return {"triton_version": str(getattr(triton, "__version__", "unknown"))}
+    except Exception as exc:  # noqa: BLE001 - a broken install is "not available"
+        return {"triton_error": repr(exc)}
+
+
+def _probe_aiter() -> dict:
+    try:
+        from .backends.aiter import lookup_aiter_symbol
+
+        fn, error = lookup_aiter_symbol()
+    except Exception as exc:  # noqa: BLE001
+        return {"aiter_error": repr(exc)}
+    return {"aiter_symbol": fn is not None, "aiter_error": error}
+
+
+def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
+    """Read what this process can run. Never raises: a failing sub-probe means "not available".
+
+    Parameters
+    ----------
+    env : mapping, optional
+        Environment variables to read flags from (default ``os.environ``).
+
+    AITER is looked up only on AMD GPUs: it is a ROCm library, and importing it elsewhere
+    costs start-up time for nothing.
+    """
+    env = os.environ if env is None else env
+    fields: dict = {
+        "fused_enabled": envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env),
+        "kill_switch_raw": envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw(env),
+        "triton_rocm": envs.INDEXER_TOPK_TRITON_ROCM.get(env),
+        "triton_interpret": str(env.get("TRITON_INTERPRET", "")).strip().lower() in _TRITON_TRUE,
+    }
+    fields.update(_probe_device())
+    fields.update(_probe_triton())
+    if fields["device"] == "hip":
+        fields.update(_probe_aiter())
+    return Probe(**fields)
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture detection
+# ---------------------------------------------------------------------------------------------
+
+# (module, function) pairs, first found wins within a group. Only modules already imported
+# are consulted: each predicate reads a flag that lives in its own module, so a module that is
+# not loaded cannot report a capture, and importing SGLang's graph runner from inside a
+# forward pass would be slow and could close an import cycle.
+_SGLANG_CAPTURE_PREDICATES = (
+    (
+        ("sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode", "get_is_capture_mode"),
+        ("sglang.srt.model_executor.cuda_graph_runner", "get_is_capture_mode"),
+    ),
+    (("sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph", "is_in_tc_piecewise_cuda_graph"),),
+    (
+        ("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context", "is_in_breakable_cuda_graph"),
+        ("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph", "is_in_breakable_cuda_graph"),
+    ),
+)
+
+
+def _torch_capturing() -> bool:
+    import torch
+
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # noqa: BLE001 - a torch without a GPU runtime cannot be capturing
+        return False
+
+
+def _sglang_capturing() -> bool:
+    for group in _SGLANG_CAPTURE_PREDICATES:
+        for module_name, fn_name in group:
+            module = sys.modules.get(module_name)
+            fn = getattr(module, fn_name, None) if module is not None else None
+            if fn is None:
+                continue
+            try:
+                if fn():
+                    return True
+            except Exception:  # noqa: BLE001
+                # The predicate exists, so SGLang runs graphs here; when it cannot answer,
+                # the path that is safe under capture is the right guess.
+                return True
+            break
+    return False
+
+
+def is_capturing() -> bool:
+    """Whether the current call is being recorded into a CUDA/HIP graph.
+
+    True if ``torch.cuda.is_current_stream_capturing()``, or, where SGLang is loaded, if
+    ``get_is_capture_mode()``, ``is_in_tc_piecewise_cuda_graph()`` or
+    ``is_in_breakable_cuda_graph()`` says so. Missing predicates count as False. Cheap enough
+    to call per forward.
+    """
+    return _torch_capturing() or _sglang_capturing()
+
+
+def _mode_is_decode(forward_mode: Any) -> bool:
+    """Decode-like (decode, idle) vs prefill, for a string or an SGLang ``ForwardMode``.
+
+    An unknown mode name counts as decode-like: the legacy path is correct for every mode,
+    the fused path only for those listed in :data:`PREFILL_MODES`.
+    """
+    if forward_mode is None:
+        return False
+    if isinstance(forward_mode, str):
+        name = forward_mode.strip().lower()
+        return name in DECODE_MODES or name not in PREFILL_MODES
+    decode_or_idle = getattr(forward_mode, "is_decode_or_idle", None)
+    if callable(decode_or_idle):
+        return bool(decode_or_idle())
+    decode = getattr(forward_mode, "is_decode", None)
+    idle = getattr(forward_mode, "is_idle", None)
+    if callable(decode) or callable(idle):
+        return bool(callable(decode) and decode()) or bool(callable(idle) and idle())
+    name = getattr(forward_mode, "name", None)
+    if isinstance(name, str):
+        return _mode_is_decode(name)
+    raise TypeError(f"forward_mode: expected a string or a ForwardMode-like object, got {type(forward_mode).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The decision
+# ---------------------------------------------------------------------------------------------
+
+def can_use_aiter(probe: Probe) -> bool:
+    """AITER's fused kernel: an AMD gfx950 whose AITER exports ``flydsl_pa_mqa_topk_fp4_prefill``."""
+    return probe.device == "hip" and probe.gfx_arch == AITER_ARCH and probe.aiter_symbol
+
+
+def can_use_triton(probe: Probe) -> bool:
+    """Our Triton kernels: Triton imports, and a GPU is there or the interpreter is on."""
+    if probe.triton_version is None:
+        return False
+    if probe.device == "cpu":
+        return probe.triton_interpret
+    return probe.device_error is None
+
+
+def _why_not_aiter(probe: Probe) -> str:
+    if probe.gfx_arch is None:
+        return "the AMD GPU's architecture is unknown"
+    if probe.gfx_arch != AITER_ARCH:
+        return f"AITER's fused kernel needs {AITER_ARCH}, this GPU is {probe.gfx_arch}"
+    if probe.aiter_error:
+        return f"AITER could not be imported ({probe.aiter_error})"
+    return "the installed AITER lacks flydsl_pa_mqa_topk_fp4_prefill"
+
+
+def _decide(p: Probe) -> Tuple[str, str, str, bool]:
+    """``(fused_backend, reason, non_aiter_layout_backend, reference_only)``."""
+    if p.device == "cpu":
+        why_cpu = "no GPU" + (f" (torch raised {p.torch_error})" if p.torch_error else "")
+        if not p.triton_interpret:
+            return "reference", f"{why_cpu} and the Triton interpreter is off", "reference", True
+        if p.triton_version is None:
+            return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", "reference", True
+        if not p.fused_enabled:
+            return "legacy", f"{why_cpu}; kill switch {KILL_SWITCH} is off", "legacy", False
+        return "fused", f"{why_cpu}; Triton kernels run under the interpreter", "fused", False
+
+    if not p.fused_enabled:
+        return "legacy", f"kill switch {KILL_SWITCH} is off", "legacy", False
+
+    if p.device == "hip":
+        ours = "fused" if (p.triton_rocm and can_use_triton(p)) else "legacy"
+        if can_use_aiter(p):
+            return "aiter", f"AITER's fused FP4 kernel on {p.gfx_arch}", ours, False
+        why = _why_not_aiter(p)
+        if ours == "fused":
+            return "fused", f"{why}; our Triton path is opted in (INDEXER_TOPK_TRITON_ROCM=1)", "fused", False
+        if p.triton_rocm:
+            return "legacy", f"{why}; INDEXER_TOPK_TRITON_ROCM=1 but {_why_not_triton(p)}", "legacy", False
+        return "legacy", f"{why}; our Triton path on AMD is opt-in (INDEXER_TOPK_TRITON_ROCM=1)", "legacy", False
+
+    if not can_use_triton(p):
+        return "legacy", _why_not_triton(p), "legacy", False
+    return "fused", "our Triton fused kernel on NVIDIA", "fused", False
+
+
+def _why_not_triton(p: Probe) -> str:
+    if p.triton_version is None:
+        return f"Triton cannot be imported ({p.triton_error})"
+    if p.device_error:
+        return f"the GPU's properties could not be read ({p.device_error})"
+    return "Triton cannot run here"
+
+
+def _hardware_words(p: Probe) -> str:
+    if p.device == "cuda":
+        arch = f" sm_{p.compute_capability[0]}{p.compute_capability[1]}" if p.compute_capability else ""
+        hw = f"{p.device_name}{arch}"
+    elif p.device == "hip":
+        hw = f"{p.device_name} {p.gfx_arch or 'gfx?'}"
+        hw += ", aiter fused top-k " + ("found" if p.aiter_symbol else "absent")
+    else:
+        hw = "no GPU" + (", TRITON_INTERPRET=1" if p.triton_interpret else "")
+    triton = f"triton {p.triton_version}" if p.triton_version else "no triton"
+    return f"{hw}, {triton}"
+
+
+class PathPolicy:
+    """The frozen choice of backend for this process.
+
+    Parameters
+    ----------
+    probe : Probe, optional
+        What the process can run; :func:`probe_environment` is called when omitted.
+    logger : logging.Logger, optional
+        Where the one INFO line describing the decision goes (default: ``"indexer_topk"``).
+
+    Attributes
+    ----------
+    probe : Probe
+    fused_backend : str
+        ``"fused"``, ``"aiter"`` or ``"legacy"`` (``"reference"`` on a CPU without the Triton
+        interpreter): the backend eager prefill takes. For layouts other than
+        ``aiter_mxfp4`` on an AITER host, see :meth:`route`.
+    reason : str
+        Why, in words.
+    """
+
+    __slots__ = ("probe", "fused_backend", "reason", "_other_layout_backend", "_reference_only", "_frozen")
+
+    def __init__(self, probe: Optional[Probe] = None, *, logger: Optional[logging.Logger] = None):
+        probe = probe_environment() if probe is None else probe
+        fused, reason, other, reference_only = _decide(probe)
+        self.probe = probe
+        self.fused_backend = fused
+        self.reason = reason
+        self._other_layout_backend = other
+        self._reference_only = reference_only
+        self._frozen = True
+        (logger or logging.getLogger(LOGGER_NAME)).info("%s", self.log_line())
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError("PathPolicy is frozen once built; build a new one instead")
+        object.__setattr__(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"PathPolicy(fused_backend={self.fused_backend!r}, reason={self.reason!r})"
+
+    def log_line(self) -> str:
+        """The one-line summary logged at construction."""
+        p = self.probe
+        switch = f"{KILL_SWITCH} unset" if p.kill_switch_raw is None else f"{KILL_SWITCH}={p.kill_switch_raw.strip()}"
+        line = (
+            f"indexer-topk: fused top-k path = {self.fused_backend} "
+            f"({_hardware_words(p)}; kill switch {switch}): {self.reason}"
+        )
+        errors = p.errors
+        if errors:
+            line += " [probe errors: " + "; ".join(f"{k}={v}" for k, v in errors.items()) + "]"
+        return line
+
+    def route(
+        self,
+        *,
+        layout=None,
+        is_decode: bool = False,
+        capturing: Optional[bool] = None,
+        forward_mode: Any = None,
+        topk: Optional[int] = None,
+    ) -> str:
+        """The backend name for one call: ``"fused"``, ``"aiter"``, ``"legacy"`` or ``"reference"``.
+
+        Parameters
+        ----------
+        layout : str or Layout, optional
+            The call's layout; on an AITER host only ``aiter_mxfp4`` goes to AITER.
+        is_decode : bool
+            The call serves decode rows.
+        capturing : bool, optional
+            Whether a graph is being captured; ``None`` asks :func:`is_capturing`.
+        forward_mode : str or ForwardMode-like, optional
+            ``"extend"``, ``"mixed"``, ``"target_verify"``, ``"draft_extend"``, ``"decode"``,
+            ``"idle"``, ... or an object with ``is_decode()``; decode and idle count as decode.
+        topk : int, optional
+            The call's ``topk``; AITER's kernel takes only 512 and 1024.
+        """
+        layout = None if layout is None else parse_layout(layout)
+        if self._reference_only:
+            return "reference"
+        if is_decode or _mode_is_decode(forward_mode):
+            return "legacy"
+        if capturing is None:
+            capturing = is_capturing()
+        if capturing:
+            return "legacy"
+        backend = self.fused_backend
+        if backend == "aiter":
+            if layout is not None and layout is not Layout.AITER_MXFP4:
+                return self._other_layout_backend
+            if topk is not None and topk not in (512, 1024):
+                return self._other_layout_backend
+        return backend
+
+    def describe(self) -> dict:
+        """Probe fields, the decision, its reason and the route of each kind of call (for ``info``)."""
+        routes = {
+            f"prefill/{layout.value}": self.route(layout=layout, capturing=False) for layout in Layout
+        }
+        routes["decode"] = self.route(is_decode=True, capturing=False)
+        routes["capture"] = self.route(capturing=True)
+        return {
+            **dataclasses.asdict(self.probe),
+            "fused_backend": self.fused_backend,
+            "reason": self.reason,
+            "routes": routes,
+        }
+
+
+_DEFAULT: Optional[PathPolicy] = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def _apply_log_level() -> None:
+    level = envs.INDEXER_TOPK_LOG_LEVEL.get()
+    if level is not None:
+        logging.getLogger(LOGGER_NAME).setLevel(level)
+
+
+def default_policy() -> PathPolicy:
+    """The process-wide policy: built on first use, then frozen for the life of the process.
+
+    Build it (call this once) before any CUDA graph capture so captured and eager passes see
+    the same decision. Applies ``INDEXER_TOPK_LOG_LEVEL`` to the ``"indexer_topk"`` logger
+    first, so the decision line honours it. Thread-safe: the line is logged once.
+    """
+    global _DEFAULT
+    policy = _DEFAULT
+    if policy is not None:
+        return policy
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _apply_log_level()
+            _DEFAULT = PathPolicy()
+        return _DEFAULT
+
+
+def _clear_default_policy() -> None:
+    """Forget the process-wide policy (tests only; serving code never rebuilds it)."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        _DEFAULT = None
+
+
+default_policy.cache_clear = _clear_default_policy  # the functools.lru_cache spelling
+
+__all__ = [
+    "DECODE_MODES",
+    "PREFILL_MODES",
+    "PathPolicy",
+    "Probe",
+    "can_use_aiter",
+    "can_use_triton",
+    "default_policy",
+    "is_capturing",
+    "probe_environment",
+]

@@ -1,0 +1,1 @@
+"""Fake AITER package (lazy_broken variant) for the adapter and policy tests."""

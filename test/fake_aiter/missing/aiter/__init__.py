@@ -1,0 +1,1 @@
+"""Fake AITER package (missing variant) for the adapter and policy tests."""

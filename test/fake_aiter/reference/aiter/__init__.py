@@ -1,0 +1,1 @@
+"""Fake AITER package (reference variant) for the adapter and policy tests."""

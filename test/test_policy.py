@@ -1,0 +1,577 @@
+"""The path policy: flags, probing, routing, capture detection, the freeze and the log line."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+import fake_aiter
+import indexer_topk
+from indexer_topk import api, policy
+from indexer_topk.envs import EnvBool, EnvInt, EnvStr, envs
+from indexer_topk.policy import PathPolicy, Probe, is_capturing, probe_environment
+from indexer_topk.reference import reference_indexer_topk
+from indexer_topk.workload import make_workload
+
+LAYOUTS = ("aiter_mxfp4", "sglang_mxfp4", "sglang_fp8")
+
+H200 = dict(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0")
+B200 = dict(device="cuda", device_name="NVIDIA B200", compute_capability=(10, 0), triton_version="3.6.0")
+MI355X = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.4.0")
+MI300X = dict(device="hip", device_name="AMD Instinct MI300X", gfx_arch="gfx942", triton_version="3.4.0")
+CPU = dict(device="cpu", device_name="cpu", triton_version="3.9.0")
+
+
+def make_policy(**fields) -> PathPolicy:
+    return PathPolicy(Probe(**fields), logger=logging.getLogger("indexer_topk.test"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_fake_installed():
+    yield
+    assert fake_aiter.leftovers() == []
+
+
+@pytest.fixture(autouse=True)
+def no_capture(monkeypatch):
+    """Tests see no capture unless they patch it in (the CPU torch build raises here anyway)."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    for group in policy._SGLANG_CAPTURE_PREDICATES:
+        for module_name, _ in group:
+            monkeypatch.delitem(sys.modules, module_name, raising=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# envs
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", ["false", "0", "off", "no", "FALSE", " Off ", "No"])
+def test_kill_switch_spellings_disable(raw):
+    assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get({"SGLANG_DSV4_FP4_FUSED_TOPK": raw}) is False
+    assert probe_environment({"SGLANG_DSV4_FP4_FUSED_TOPK": raw}).fused_enabled is False
+
+
+@pytest.mark.parametrize("env", [{}, {"SGLANG_DSV4_FP4_FUSED_TOPK": "true"}, {"SGLANG_DSV4_FP4_FUSED_TOPK": "1"},
+                                 {"SGLANG_DSV4_FP4_FUSED_TOPK": "ON"}, {"SGLANG_DSV4_FP4_FUSED_TOPK": " yes"},
+                                 {"SGLANG_DSV4_FP4_FUSED_TOPK": ""}])
+def test_kill_switch_unset_or_true_enables(env, caplog):
+    with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+        assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env) is True
+    assert not caplog.records
+
+
+def test_kill_switch_garbage_warns_and_enables(caplog):
+    with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+        assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get({"SGLANG_DSV4_FP4_FUSED_TOPK": "maybe"}) is True
+    [record] = caplog.records
+    assert record.levelno == logging.WARNING
+    assert "SGLANG_DSV4_FP4_FUSED_TOPK" in record.getMessage() and "'maybe'" in record.getMessage()
+
+
+def test_env_field_truth_test_raises():
+    with pytest.raises(TypeError, match=r"envs\.INDEXER_TOPK_TRITON_ROCM\.get\(\)"):
+        bool(envs.INDEXER_TOPK_TRITON_ROCM)
+    with pytest.raises(AttributeError):
+        envs.INDEXER_TOPK_TRITON_ROCM = True
+
+
+def test_env_override_sets_and_restores(monkeypatch):
+    monkeypatch.setenv("INDEXER_TOPK_TRITON_ROCM", "off")
+    with envs.INDEXER_TOPK_TRITON_ROCM.override(True):
+        assert envs.INDEXER_TOPK_TRITON_ROCM.get() is True
+        with envs.INDEXER_TOPK_TRITON_ROCM.override(None):
+            assert not envs.INDEXER_TOPK_TRITON_ROCM.is_set()
+            assert envs.INDEXER_TOPK_TRITON_ROCM.get() is False
+    assert envs.INDEXER_TOPK_TRITON_ROCM.raw() == "off"
+    monkeypatch.delenv("INDEXER_TOPK_TRITON_ROCM")
+    with envs.INDEXER_TOPK_LOGITS_BUDGET_MB.override(64):
+        assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() == 64
+    assert not envs.INDEXER_TOPK_LOGITS_BUDGET_MB.is_set()
+
+
+def test_env_defaults_and_invalid_values(caplog):
+    assert envs.snapshot({}) == {
+        "SGLANG_DSV4_FP4_FUSED_TOPK": True,
+        "INDEXER_TOPK_TRITON_ROCM": False,
+        "INDEXER_TOPK_LOGITS_BUDGET_MB": 2048,
+        "INDEXER_TOPK_LOG_LEVEL": None,
+    }
+    assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get({"INDEXER_TOPK_LOGITS_BUDGET_MB": " 512 "}) == 512
+    assert envs.INDEXER_TOPK_LOG_LEVEL.get({"INDEXER_TOPK_LOG_LEVEL": "debug"}) == "DEBUG"
+    with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+        assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get({"INDEXER_TOPK_LOGITS_BUDGET_MB": "2GB"}) == 2048
+        assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get({"INDEXER_TOPK_LOGITS_BUDGET_MB": "0"}) == 2048
+        assert envs.INDEXER_TOPK_LOG_LEVEL.get({"INDEXER_TOPK_LOG_LEVEL": "loud"}) is None
+    assert len(caplog.records) == 3
+
+
+def test_env_field_types_standalone():
+    class Flags:
+        A = EnvBool(lambda: True)
+        B = EnvInt(3, max_value=5)
+        C = EnvStr("x")
+
+    assert Flags.A.name == "A" and Flags.A.get({}) is True and Flags.A.get({"A": "no"}) is False
+    assert Flags.B.get({"B": "6"}) == 3 and Flags.B.get({"B": "5"}) == 5
+    assert Flags.C.get({"C": "  raw value "}) == "raw value"
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing rules, one probe at a time
+# ---------------------------------------------------------------------------------------------
+
+def routes(p: PathPolicy) -> dict:
+    table = {layout: p.route(layout=layout, capturing=False) for layout in LAYOUTS}
+    table["none"] = p.route(capturing=False)
+    table["decode"] = p.route(is_decode=True, capturing=False)
+    table["capture"] = p.route(capturing=True)
+    return table
+
+
+def table(*, aiter, sglang, decode="legacy", capture="legacy", none=None):
+    return {"aiter_mxfp4": aiter, "sglang_mxfp4": sglang, "sglang_fp8": sglang,
+            "none": aiter if none is None else none, "decode": decode, "capture": capture}
+
+
+ROUTING = [
+    ("nvidia_sm90", H200, "fused", table(aiter="fused", sglang="fused")),
+    ("nvidia_sm100", B200, "fused", table(aiter="fused", sglang="fused")),
+    ("nvidia_no_triton", dict(H200, triton_version=None, triton_error="ImportError('no triton')"), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("nvidia_props_raise", dict(H200, compute_capability=None, device_error="RuntimeError('props')"), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("nvidia_kill_switch", dict(H200, fused_enabled=False, kill_switch_raw="off"), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("gfx950_aiter", dict(MI355X, aiter_symbol=True), "aiter", table(aiter="aiter", sglang="legacy")),
+    ("gfx950_aiter_triton_opt_in", dict(MI355X, aiter_symbol=True, triton_rocm=True), "aiter",
+     table(aiter="aiter", sglang="fused")),
+    ("gfx950_aiter_kill_switch", dict(MI355X, aiter_symbol=True, fused_enabled=False), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("gfx950_no_symbol", MI355X, "legacy", table(aiter="legacy", sglang="legacy")),
+    ("gfx950_no_symbol_opt_in", dict(MI355X, triton_rocm=True), "fused", table(aiter="fused", sglang="fused")),
+    ("gfx950_aiter_import_raises", dict(MI355X, aiter_error="RuntimeError('hip init')"), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("gfx950_opt_in_no_triton", dict(MI355X, triton_rocm=True, triton_version=None), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("gfx942_with_symbol", dict(MI300X, aiter_symbol=True), "legacy", table(aiter="legacy", sglang="legacy")),
+    ("gfx942_opt_in", dict(MI300X, triton_rocm=True), "fused", table(aiter="fused", sglang="fused")),
+    ("amd_arch_unknown", dict(MI355X, gfx_arch=None, device_error="RuntimeError('props')"), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("cpu_no_interpreter", CPU, "reference",
+     table(aiter="reference", sglang="reference", decode="reference", capture="reference")),
+    ("cpu_no_interpreter_kill_switch", dict(CPU, fused_enabled=False), "reference",
+     table(aiter="reference", sglang="reference", decode="reference", capture="reference")),
+    ("cpu_interpreter", dict(CPU, triton_interpret=True), "fused", table(aiter="fused", sglang="fused")),
+    ("cpu_interpreter_kill_switch", dict(CPU, triton_interpret=True, fused_enabled=False), "legacy",
+     table(aiter="legacy", sglang="legacy")),
+    ("cpu_interpreter_no_triton", dict(CPU, triton_interpret=True, triton_version=None), "reference",
+     table(aiter="reference", sglang="reference", decode="reference", capture="reference")),
+    ("cpu_torch_raised", dict(CPU, torch_error="RuntimeError('driver')"), "reference",
+     table(aiter="reference", sglang="reference", decode="reference", capture="reference")),
+]
+
+
+@pytest.mark.parametrize("fields,fused,expected", [r[1:] for r in ROUTING], ids=[r[0] for r in ROUTING])
+def test_routing_table(fields, fused, expected):
+    p = make_policy(**fields)
+    assert p.fused_backend == fused
+    assert routes(p) == expected
+    assert p.describe()["routes"] == {
+        "prefill/aiter_mxfp4": expected["aiter_mxfp4"],
+        "prefill/sglang_mxfp4": expected["sglang_mxfp4"],
+        "prefill/sglang_fp8": expected["sglang_fp8"],
+        "decode": expected["decode"],
+        "capture": expected["capture"],
+    }
+
+
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        (dict(H200, triton_version=None, triton_error="ImportError('no triton')"), "ImportError('no triton')"),
+        (dict(H200, fused_enabled=False), "kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off"),
+        (MI355X, "lacks flydsl_pa_mqa_topk_fp4_prefill"),
+        (dict(MI355X, aiter_error="RuntimeError('hip init')"), "RuntimeError('hip init')"),
+        (MI300X, "needs gfx950, this GPU is gfx942"),
+        (dict(MI300X, triton_rocm=True), "INDEXER_TOPK_TRITON_ROCM=1"),
+        (CPU, "no GPU and the Triton interpreter is off"),
+        (dict(CPU, triton_interpret=True), "interpreter"),
+    ],
+)
+def test_reason_says_why(fields, words):
+    assert words in make_policy(**fields).reason
+
+
+def test_aiter_host_keeps_unsupported_topk_off_aiter():
+    p = make_policy(**MI355X, aiter_symbol=True)
+    assert p.route(layout="aiter_mxfp4", topk=512, capturing=False) == "aiter"
+    assert p.route(layout="aiter_mxfp4", topk=1024, capturing=False) == "aiter"
+    assert p.route(layout="aiter_mxfp4", topk=2048, capturing=False) == "legacy"
+    opted = make_policy(**MI355X, aiter_symbol=True, triton_rocm=True)
+    assert opted.route(layout=indexer_topk.Layout.AITER_MXFP4, topk=2048, capturing=False) == "fused"
+
+
+def test_route_rejects_unknown_layout():
+    with pytest.raises(ValueError, match="layout"):
+        make_policy(**MI355X, aiter_symbol=True).route(layout="bf16", capturing=False)
+
+
+def test_probe_rejects_unknown_device():
+    with pytest.raises(ValueError, match="device"):
+        Probe(device="xpu")
+
+
+# ---------------------------------------------------------------------------------------------
+# Forward modes
+# ---------------------------------------------------------------------------------------------
+
+class FakeForwardMode:
+    """The parts of SGLang's ForwardMode the policy may use."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def is_decode(self):
+        return self.name == "DECODE"
+
+    def is_idle(self):
+        return self.name == "IDLE"
+
+
+class DecodeOnlyMode:
+    def __init__(self, decode):
+        self._decode = decode
+
+    def is_decode(self):
+        return self._decode
+
+
+@pytest.mark.parametrize(
+    "mode,expected",
+    [
+        ("extend", "aiter"), ("mixed", "aiter"), ("target_verify", "aiter"), ("draft_extend", "aiter"),
+        ("EXTEND", "aiter"), ("decode", "legacy"), ("idle", "legacy"), ("Decode", "legacy"),
+        ("no_such_mode", "legacy"),
+        (FakeForwardMode("EXTEND"), "aiter"), (FakeForwardMode("MIXED"), "aiter"),
+        (FakeForwardMode("TARGET_VERIFY"), "aiter"), (FakeForwardMode("DECODE"), "legacy"),
+        (FakeForwardMode("IDLE"), "legacy"), (DecodeOnlyMode(True), "legacy"), (DecodeOnlyMode(False), "aiter"),
+        (types.SimpleNamespace(name="DECODE"), "legacy"), (types.SimpleNamespace(name="EXTEND"), "aiter"),
+        (types.SimpleNamespace(is_decode_or_idle=lambda: True, is_decode=lambda: False), "legacy"),
+        (types.SimpleNamespace(is_decode_or_idle=lambda: False), "aiter"),
+    ],
+)
+def test_forward_modes(mode, expected):
+    p = make_policy(**MI355X, aiter_symbol=True)
+    assert p.route(layout="aiter_mxfp4", forward_mode=mode, capturing=False) == expected
+
+
+def test_forward_mode_of_unknown_type_raises():
+    with pytest.raises(TypeError, match="forward_mode"):
+        make_policy(**H200).route(forward_mode=3, capturing=False)
+
+
+def test_target_verify_is_prefill_only_when_not_captured():
+    p = make_policy(**H200)
+    assert p.route(forward_mode="target_verify", capturing=False) == "fused"
+    assert p.route(forward_mode="target_verify", capturing=True) == "legacy"
+
+
+# ---------------------------------------------------------------------------------------------
+# Capture
+# ---------------------------------------------------------------------------------------------
+
+def _install_predicate(monkeypatch, module_name, fn_name, fn):
+    module = types.ModuleType(module_name)
+    setattr(module, fn_name, fn)
+    monkeypatch.setitem(sys.modules, module_name, module)
+
+
+def test_torch_capture_routes_to_legacy(monkeypatch):
+    p = make_policy(**H200)
+    assert not is_capturing() and p.route() == "fused"
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    assert is_capturing()
+    assert p.route() == "legacy"
+    assert p.route(layout="sglang_fp8") == "legacy"
+    assert p.route(capturing=False) == "fused"  # an explicit answer wins over detection
+
+
+def test_torch_capture_probe_that_raises_counts_as_not_capturing(monkeypatch):
+    def boom():
+        raise RuntimeError("no CUDA runtime")
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", boom)
+    assert is_capturing() is False
+    assert make_policy(**H200).route() == "fused"
+
+
+SGLANG_PREDICATES = [
+    ("sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode", "get_is_capture_mode"),
+    ("sglang.srt.model_executor.cuda_graph_runner", "get_is_capture_mode"),
+    ("sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph", "is_in_tc_piecewise_cuda_graph"),
+    ("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph.context", "is_in_breakable_cuda_graph"),
+    ("sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph", "is_in_breakable_cuda_graph"),
+]
+
+
+@pytest.mark.parametrize("module_name,fn_name", SGLANG_PREDICATES, ids=[m.rsplit(".", 1)[1] for m, _ in SGLANG_PREDICATES])
+def test_sglang_capture_predicates(monkeypatch, module_name, fn_name):
+    p = make_policy(**MI355X, aiter_symbol=True)
+    state = {"on": False}
+    _install_predicate(monkeypatch, module_name, fn_name, lambda: state["on"])
+    assert not is_capturing() and p.route(layout="aiter_mxfp4") == "aiter"
+    state["on"] = True
+    assert is_capturing()
+    assert p.route(layout="aiter_mxfp4") == "legacy"
+
+
+def test_sglang_capture_mode_prefers_new_module(monkeypatch):
+    # Both spellings loaded: the newer module decides, the older re-export is not consulted.
+    _install_predicate(monkeypatch, SGLANG_PREDICATES[0][0], "get_is_capture_mode", lambda: False)
+    _install_predicate(monkeypatch, SGLANG_PREDICATES[1][0], "get_is_capture_mode", lambda: True)
+    assert is_capturing() is False
+
+
+def test_sglang_predicate_that_raises_counts_as_capturing(monkeypatch):
+    def broken():
+        raise RuntimeError("graph runner state unavailable")
+
+    _install_predicate(monkeypatch, SGLANG_PREDICATES[2][0], SGLANG_PREDICATES[2][1], broken)
+    assert is_capturing() is True
+    assert make_policy(**H200).route() == "legacy"
+
+
+def test_sglang_module_without_predicate_is_ignored(monkeypatch):
+    monkeypatch.setitem(sys.modules, SGLANG_PREDICATES[0][0], types.ModuleType(SGLANG_PREDICATES[0][0]))
+    assert is_capturing() is False
+
+
+# ---------------------------------------------------------------------------------------------
+# probe_environment
+# ---------------------------------------------------------------------------------------------
+
+def _fake_gpu(monkeypatch, *, hip=None, props=None, available=True, props_error=None):
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: available)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def get_device_properties(index):
+        assert index == 0
+        if props_error is not None:
+            raise props_error
+        return props
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", get_device_properties)
+
+
+def test_probe_nvidia(monkeypatch):
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    with fake_aiter.installed(monkeypatch, "reference"):
+        for name in [n for n in sys.modules if n == "aiter" or n.startswith("aiter.")]:
+            del sys.modules[name]  # importable, but not yet imported
+        p = probe_environment({})
+        assert "aiter" not in sys.modules  # AITER is not imported on NVIDIA
+    assert (p.device, p.device_name, p.compute_capability, p.gfx_arch) == ("cuda", "NVIDIA H200", (9, 0), None)
+    assert p.triton_version is not None and p.fused_enabled and not p.triton_interpret
+    assert (p.aiter_symbol, p.aiter_error, p.device_error, p.torch_error) == (False, None, None, None)
+    assert PathPolicy(p).fused_backend == "fused"
+
+
+@pytest.mark.parametrize(
+    "variant,symbol,error",
+    [
+        ("reference", True, None),
+        ("missing", False, None),
+        ("broken", False, "RuntimeError('fake aiter: HIP runtime failed to initialise')"),
+        ("lazy_broken", False, "ImportError(\"fake aiter: No module named 'flydsl'\")"),
+        ("absent", False, "ModuleNotFoundError"),
+    ],
+)
+def test_probe_amd_aiter_outcomes(monkeypatch, variant, symbol, error):
+    _fake_gpu(monkeypatch, hip="6.4", props=types.SimpleNamespace(name="AMD Instinct MI355X",
+                                                                  gcnArchName="gfx950:sramecc+:xnack-"))
+    with fake_aiter.installed(monkeypatch, variant):
+        p = probe_environment({})
+    assert (p.device, p.gfx_arch, p.compute_capability) == ("hip", "gfx950", None)
+    assert p.aiter_symbol is symbol
+    if error is None:
+        assert p.aiter_error is None
+    else:
+        assert p.aiter_error is not None and p.aiter_error.startswith(error)
+    assert PathPolicy(p).fused_backend == ("aiter" if symbol else "legacy")
+
+
+def test_probe_amd_gfx942_with_triton_opt_in(monkeypatch):
+    _fake_gpu(monkeypatch, hip="6.2", props=types.SimpleNamespace(name="AMD Instinct MI300X", gcnArchName="gfx942:sramecc+"))
+    with fake_aiter.installed(monkeypatch, "reference"):
+        p = probe_environment({"INDEXER_TOPK_TRITON_ROCM": "1"})
+    assert (p.gfx_arch, p.aiter_symbol, p.triton_rocm) == ("gfx942", True, True)
+    assert PathPolicy(p).fused_backend == "fused"
+
+
+def test_probe_device_properties_raise(monkeypatch):
+    _fake_gpu(monkeypatch, props_error=RuntimeError("device lost"))
+    p = probe_environment({})
+    assert p.device == "cuda" and p.device_error == "RuntimeError('device lost')"
+    pol = PathPolicy(p)
+    assert pol.fused_backend == "legacy" and "device lost" in pol.reason
+
+
+def test_probe_torch_raises(monkeypatch):
+    def boom():
+        raise RuntimeError("driver too old")
+
+    monkeypatch.setattr(torch.cuda, "is_available", boom)
+    p = probe_environment({})
+    assert (p.device, p.torch_error) == ("cpu", "RuntimeError('driver too old')")
+    assert PathPolicy(p).route(capturing=False) == "reference"
+
+
+def test_probe_triton_import_raises(monkeypatch):
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    monkeypatch.setitem(sys.modules, "triton", None)
+    p = probe_environment({})
+    assert p.triton_version is None and p.triton_error.startswith("ModuleNotFoundError")
+    assert PathPolicy(p).fused_backend == "legacy"
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("true", True), ("0", False), ("", False), (None, False)])
+def test_probe_cpu_triton_interpret(monkeypatch, value, on):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    env = {} if value is None else {"TRITON_INTERPRET": value}
+    p = probe_environment(env)
+    assert (p.device, p.triton_interpret) == ("cpu", on)
+    assert PathPolicy(p).route(capturing=False) == ("fused" if on else "reference")
+
+
+def test_probe_reads_flags_from_os_environ_by_default(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SGLANG_DSV4_FP4_FUSED_TOPK", "off")
+    monkeypatch.setenv("INDEXER_TOPK_TRITON_ROCM", "yes")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    p = probe_environment()
+    assert (p.fused_enabled, p.kill_switch_raw, p.triton_rocm, p.triton_interpret) == (False, "off", True, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Freeze and log line
+# ---------------------------------------------------------------------------------------------
+
+def test_decision_is_frozen_against_env_changes(monkeypatch):
+    _fake_gpu(monkeypatch, hip="6.4", props=types.SimpleNamespace(name="AMD Instinct MI355X", gcnArchName="gfx950"))
+    monkeypatch.delenv("SGLANG_DSV4_FP4_FUSED_TOPK", raising=False)
+    monkeypatch.delenv("INDEXER_TOPK_TRITON_ROCM", raising=False)
+    with fake_aiter.installed(monkeypatch, "reference"):
+        p = PathPolicy()
+    before = (p.fused_backend, p.reason, routes(p))
+    assert before[0] == "aiter" and before[2]["sglang_fp8"] == "legacy"
+    monkeypatch.setenv("SGLANG_DSV4_FP4_FUSED_TOPK", "false")
+    monkeypatch.setenv("INDEXER_TOPK_TRITON_ROCM", "1")
+    with fake_aiter.installed(monkeypatch, "missing"):
+        assert (p.fused_backend, p.reason, routes(p)) == before
+        # A policy built now does see the change: the freeze is per policy, not a cache of env.
+        assert PathPolicy().fused_backend == "legacy"
+    with pytest.raises(AttributeError, match="frozen"):
+        p.fused_backend = "fused"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.probe.fused_enabled = False
+
+
+def test_single_info_line_nvidia(caplog):
+    with caplog.at_level(logging.DEBUG, logger="indexer_topk"):
+        PathPolicy(Probe(**H200))
+    assert [(r.name, r.levelno) for r in caplog.records] == [("indexer_topk", logging.INFO)]
+    line = caplog.records[0].getMessage()
+    assert line.startswith(
+        "indexer-topk: fused top-k path = fused (NVIDIA H200 sm_90, triton 3.6.0; "
+        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset)"
+    )
+    assert "\n" not in line
+
+
+def test_info_line_kill_switch_and_probe_errors(caplog):
+    with caplog.at_level(logging.INFO, logger="indexer_topk"):
+        PathPolicy(Probe(**MI355X, fused_enabled=False, kill_switch_raw=" Off ",
+                         aiter_error="ImportError('line one\\nline two')"))
+    [record] = caplog.records
+    line = record.getMessage()
+    assert line.startswith("indexer-topk: fused top-k path = legacy (AMD Instinct MI355X gfx950")
+    assert "; kill switch SGLANG_DSV4_FP4_FUSED_TOPK=Off): kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off" in line
+    assert "aiter_error=ImportError('line one\\nline two')" in line
+    assert "\n" not in line
+
+
+def test_custom_logger_gets_the_line(caplog):
+    with caplog.at_level(logging.INFO, logger="custom.policy"):
+        p = PathPolicy(Probe(**CPU), logger=logging.getLogger("custom.policy"))
+    assert [r.name for r in caplog.records] == ["custom.policy"]
+    assert caplog.records[0].getMessage() == p.log_line()
+
+
+def test_describe_has_probe_decision_and_reason():
+    d = make_policy(**MI355X, aiter_symbol=True).describe()
+    assert d["device"] == "hip" and d["gfx_arch"] == "gfx950" and d["aiter_symbol"] is True
+    assert d["fused_backend"] == "aiter" and "gfx950" in d["reason"]
+    assert d["routes"]["prefill/aiter_mxfp4"] == "aiter" and d["routes"]["decode"] == "legacy"
+
+
+# ---------------------------------------------------------------------------------------------
+# default_policy and the public API
+# ---------------------------------------------------------------------------------------------
+
+def test_default_policy_is_built_once(monkeypatch, caplog):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("INDEXER_TOPK_LOG_LEVEL", raising=False)
+    policy.default_policy.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="indexer_topk"):
+            first = policy.default_policy()
+            second = policy.default_policy()
+        assert first is second
+        assert len([r for r in caplog.records if r.name == "indexer_topk"]) == 1
+    finally:
+        policy.default_policy.cache_clear()
+
+
+def test_default_policy_applies_log_level(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("INDEXER_TOPK_LOG_LEVEL", "warning")
+    pkg_logger = logging.getLogger("indexer_topk")
+    monkeypatch.setattr(pkg_logger, "level", pkg_logger.level)
+    policy.default_policy.cache_clear()
+    try:
+        policy.default_policy()
+        assert pkg_logger.level == logging.WARNING
+    finally:
+        policy.default_policy.cache_clear()
+
+
+def test_api_auto_goes_through_the_policy(monkeypatch):
+    calls = []
+    cpu_policy = make_policy(**CPU)
+
+    def fake_default_policy():
+        calls.append(1)
+        return cpu_policy
+
+    monkeypatch.setattr(policy, "default_policy", fake_default_policy)
+    wl = make_workload("sglang_mxfp4", context_tokens=(3000, 900), rows_per_request=(3, 2), topk=512, seed=3)
+    assert api.resolve_backend("auto", layout=wl.layout) == "reference"
+    got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="auto")
+    want = reference_indexer_topk(*wl.args(), **wl.kwargs())
+    assert len(calls) == 2
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and torch.equal(g.view(torch.int32) if g.is_floating_point() else g,
+                                                  w.view(torch.int32) if w.is_floating_point() else w)
+    assert int(got.counts.min()) < 512 < int(wl.seq_lens.max())  # short and long rows both covered
+
+
+def test_api_auto_routes_decode_to_legacy(monkeypatch):
+    monkeypatch.setattr(policy, "default_policy", lambda: make_policy(**H200))
+    assert api.resolve_backend("auto", layout="sglang_fp8") == "fused"
+    assert api.resolve_backend("auto", layout="sglang_fp8", is_decode=True) == "legacy"
