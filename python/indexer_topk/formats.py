@@ -71,7 +71,10 @@ def quantize_mxfp4(x: torch.Tensor):
     groups = xf.reshape(*xf.shape[:-1], -1, MX_GROUP)
     amax = groups.abs().amax(dim=-1)
     sf = torch.clamp(amax / E2M1_MAX, min=MIN_AMAX)
-    e = _ceil_log2(sf).clamp(1 - UE8M0_BIAS, 254 - UE8M0_BIAS)
+    e = _ceil_log2(sf)
+    # log2(inf) = inf: a group holding an infinity takes the top exponent (frexp gives 0 there).
+    e = torch.where(torch.isinf(sf), torch.full_like(e, 254 - UE8M0_BIAS), e)
+    e = e.clamp(1 - UE8M0_BIAS, 254 - UE8M0_BIAS)
     y = groups * torch.exp2(-e.to(torch.float32)).unsqueeze(-1)
     mag = _round_to_e2m1_codes(y.clamp(-E2M1_MAX, E2M1_MAX))
     sign = ((y < 0) & (mag != 0)).to(torch.uint8) << 3

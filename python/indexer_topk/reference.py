@@ -91,17 +91,19 @@ def reference_indexer_topk(
         pos_short = torch.arange(topk, device=dev).expand(len(rows), topk)
         pos_sel = torch.where(short, pos_short, pos_long)
         pos_sel = torch.where(slot_ok, pos_sel, torch.zeros_like(pos_sel))
-        if short.any():
+        v_short = torch.zeros((len(rows), topk), dtype=torch.int32, device=dev)
+        n_short = min(topk, longest)  # score no position past the block's longest row
+        if short.any() and n_short > 0:
             s_short = reference_scores(
                 q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout=layout,
-                weight_scale=weight_scale, rows=rows, start=0, stop=topk,
+                weight_scale=weight_scale, rows=rows, start=0, stop=n_short,
             )
-            v_short = ordered_score_bits(s_short)
-        else:
-            v_short = torch.zeros((len(rows), topk), dtype=torch.int32, device=dev)
+            v_short[:, :n_short] = ordered_score_bits(s_short)
         v_long = (best >> 32).to(torch.int32)
         vals = scores_from_ordered_bits(torch.where(short, v_short, v_long))
         pt = page_table[rows].long()
+        if pt.shape[1] == 0:  # a zero-width page table: every row is empty, p is masked below
+            pt = pt.new_zeros((len(rows), 1))
         page = torch.gather(pt, 1, (pos_sel // PAGE_SIZE).clamp(max=pt.shape[1] - 1))
         p = page * PAGE_SIZE + pos_sel % PAGE_SIZE
         values[rows] = torch.where(slot_ok, vals, torch.full_like(vals, float("-inf")))

@@ -1,0 +1,432 @@
+"""Every invalid argument raises ValueError naming it, before any backend is reached."""
+
+import functools
+import re
+
+import pytest
+import torch
+
+import indexer_topk.api as api
+from indexer_topk import IndexerTopKResult, Layout, allocate_result, indexer_topk, make_workload
+
+LAYOUTS = [x.value for x in Layout]
+NAMES = ("q", "q_scale", "k_cache", "k_scale", "weights", "page_table", "seq_lens")
+TOPK = 512
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    def fail(name):
+        pytest.fail(f"backend {name!r} was reached although the arguments are invalid")
+
+    monkeypatch.setattr(api, "_backend_fn", fail)
+
+
+@pytest.fixture
+def calls(monkeypatch):
+    """Replace every backend with a stub that records its calls."""
+    seen = []
+
+    def backend_fn(name):
+        def run(args, **kw):
+            seen.append((name, args, kw))
+            return "ran"
+
+        return run
+
+    monkeypatch.setattr(api, "_backend_fn", backend_fn)
+    return seen
+
+
+@functools.lru_cache(maxsize=None)
+def _small(layout):
+    wl = make_workload(layout, context_tokens=(300,), rows_per_request=2, topk=TOPK, seed=0)
+    assert wl.seq_lens.tolist() == [74, 75] and wl.page_table.shape == (2, 3) and wl.k_cache.shape[0] == 5
+    return wl.args()
+
+
+def small(layout):
+    """Fresh copies of two rows of lengths 74 and 75 over 2 used pages (3 page-table columns, 5
+    cache pages)."""
+    return {n: None if t is None else t.clone() for n, t in zip(NAMES, _small(layout))}
+
+
+def call(args, *, layout, **kw):
+    kw.setdefault("topk", TOPK)
+    kw.setdefault("backend", "reference")
+    return indexer_topk(**args, layout=layout, **kw)
+
+
+def expect(name, args, *, layout, message="", **kw):
+    with pytest.raises(ValueError, match=rf"^{re.escape(name)}: {message}"):
+        call(args, layout=layout, **kw)
+
+
+def present(layout):
+    args = small(layout)
+    return [n for n in NAMES if args[n] is not None]
+
+
+def wrong_dtype(t):
+    return t.to(torch.float64) if t.dtype != torch.float64 else t.to(torch.float32)
+
+
+def noncontiguous(t):
+    """Same shape, dtype and values, but not contiguous."""
+    if t.dim() == 1:
+        out = torch.empty(t.shape[0] * 2, dtype=t.dtype)[::2]
+    else:
+        out = torch.empty(tuple(reversed(t.shape)), dtype=t.dtype).permute(*reversed(range(t.dim())))
+    out.copy_(t)
+    assert not out.is_contiguous() and out.shape == t.shape
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Valid calls reach the backend
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_valid_call_reaches_the_backend(layout, calls):
+    args = small(layout)
+    for topk in (512, 1024, 2048):
+        assert call(dict(args), layout=layout, topk=topk) == "ran"
+    assert call(dict(args), layout=Layout(layout), weight_scale=2) == "ran"
+    assert [c[0] for c in calls] == ["reference"] * 4
+    assert calls[0][2]["layout"] is Layout(layout) and calls[0][2]["topk"] == 512
+    assert calls[-1][2]["weight_scale"] == 2.0 and isinstance(calls[-1][2]["weight_scale"], float)
+
+
+@pytest.mark.parametrize("backend", ["reference", "legacy", "fused", "aiter"])
+def test_every_named_backend_is_routed(backend, calls):
+    args = small("sglang_fp8")
+    call(args, layout="sglang_fp8", backend=backend)
+    assert calls[0][0] == backend
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype, shape, device, contiguity
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_wrong_dtype(layout, no_kernel):
+    for name in present(layout):
+        args = small(layout)
+        args[name] = wrong_dtype(args[name])
+        expect(name, args, layout=layout, message="expected dtype")
+    args = small(layout)
+    args["page_table"] = args["page_table"].long()
+    expect("page_table", args, layout=layout, message="expected dtype torch.int32")
+    args = small(layout)
+    args["seq_lens"] = args["seq_lens"].long()
+    expect("seq_lens", args, layout=layout, message="expected dtype torch.int32")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_wrong_shape(layout, no_kernel):
+    for name in present(layout):
+        if name == "page_table":
+            continue  # its width is free
+        args = small(layout)
+        args[name] = args[name][..., :-1].contiguous()
+        expect(name, args, layout=layout, message="expected shape")
+        args = small(layout)
+        args[name] = args[name].unsqueeze(-1)
+        expect(name, args, layout=layout, message="expected shape")
+    # rows are taken from q: every other per-row tensor must agree
+    for name in ("q_scale", "weights", "page_table", "seq_lens"):
+        args = small(layout)
+        if args[name] is None:
+            continue
+        args[name] = args[name][:1].contiguous()
+        expect(name, args, layout=layout, message="expected shape")
+    for bad in (torch.zeros(2, dtype=torch.int32), torch.zeros(2, 3, 1, dtype=torch.int32), [[0, 1, 2]] * 2):
+        args = small(layout)
+        args["page_table"] = bad
+        expect("page_table", args, layout=layout, message="expected an int32 tensor")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_wrong_device(layout, no_kernel):
+    for name in present(layout):
+        if name == "q":
+            continue
+        args = small(layout)
+        args[name] = torch.empty_like(args[name], device="meta")
+        expect(name, args, layout=layout, message="expected device cpu, got meta")
+    # q's device is the one every other tensor is held to
+    args = small(layout)
+    args["q"] = torch.empty_like(args["q"], device="meta")
+    with pytest.raises(ValueError, match="expected device meta, got cpu"):
+        call(args, layout=layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_noncontiguous(layout, no_kernel):
+    for name in present(layout):
+        args = small(layout)
+        args[name] = noncontiguous(args[name])
+        expect(name, args, layout=layout, message="expected a contiguous tensor")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_not_a_tensor(layout, no_kernel):
+    for name in ("q", "k_cache", "weights", "seq_lens"):
+        args = small(layout)
+        args[name] = None if name != "seq_lens" else args[name].tolist()
+        expect(name, args, layout=layout, message="expected a torch.Tensor")
+    args = small(layout)
+    args["q"] = torch.tensor(1.0)  # no rows dimension
+    expect("q", args, layout=layout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scales present or absent per layout
+# ---------------------------------------------------------------------------------------------
+
+def test_scales_that_must_be_none(no_kernel):
+    args = small("sglang_fp8")
+    args["q_scale"] = torch.zeros(2, 64, dtype=torch.int32)
+    expect("q_scale", args, layout="sglang_fp8", message="must be None for layout 'sglang_fp8'")
+    for layout in ("sglang_fp8", "sglang_mxfp4"):
+        args = small(layout)
+        args["k_scale"] = torch.zeros(5, 1, 4, 64, dtype=torch.uint8)
+        expect("k_scale", args, layout=layout, message=f"must be None for layout '{layout}'")
+
+
+@pytest.mark.parametrize("layout,name", [("aiter_mxfp4", "q_scale"), ("aiter_mxfp4", "k_scale"), ("sglang_mxfp4", "q_scale")])
+def test_scales_that_are_required(layout, name, no_kernel):
+    args = small(layout)
+    args[name] = None
+    expect(name, args, layout=layout, message="expected a torch.Tensor, got NoneType")
+
+
+def test_inputs_of_another_layout(no_kernel):
+    """A valid aiter batch called as sglang_mxfp4 fails on its first mismatching argument."""
+    args = small("aiter_mxfp4")
+    expect("q_scale", args, layout="sglang_mxfp4", message="expected dtype torch.int32")
+    args = small("sglang_mxfp4")
+    expect("q", args, layout="sglang_fp8", message="expected dtype torch.float8_e4m3fn")
+
+
+# ---------------------------------------------------------------------------------------------
+# Value checks: seq_lens and page ids
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seq_lens_values(layout, no_kernel):
+    args = small(layout)
+    args["seq_lens"] = torch.tensor([74, -1], dtype=torch.int32)
+    expect("seq_lens", args, layout=layout, message="negative length -1")
+    args = small(layout)
+    args["seq_lens"] = torch.tensor([3 * 64 + 1, 5], dtype=torch.int32)
+    expect("seq_lens", args, layout=layout, message=re.escape("length 193 exceeds the page table (3 pages x 64)"))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_seq_len_filling_the_page_table_is_valid(layout, calls):
+    args = small(layout)
+    args["seq_lens"] = torch.tensor([3 * 64, 0], dtype=torch.int32)
+    call(args, layout=layout)
+    assert len(calls) == 1
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("bad_id", [-1, -(2**31), 5, 2**31 - 1])
+def test_page_id_outside_the_cache_in_a_used_page(layout, bad_id, no_kernel):
+    args = small(layout)
+    args["page_table"][1, 1] = bad_id  # row 1 (75 positions) uses pages 0 and 1
+    expect("page_table", args, layout=layout, message=f"row 1 page 1 holds id {bad_id}, outside the cache of 5 pages")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_garbage_in_unused_page_table_columns_is_allowed(layout, calls):
+    args = small(layout)
+    args["page_table"][:, 2] = torch.tensor([-7, 10**6], dtype=torch.int32)  # column 2 unused by both rows
+    call(dict(args), layout=layout)
+    # an empty row uses no page at all
+    args["seq_lens"] = torch.tensor([0, 75], dtype=torch.int32)
+    args["page_table"][0, :] = -1
+    call(dict(args), layout=layout)
+    # a row of exactly 128 positions does not use column 2; one more position does
+    args["seq_lens"] = torch.tensor([128, 75], dtype=torch.int32)
+    args["page_table"][0, :2] = torch.tensor([3, 4], dtype=torch.int32)
+    call(dict(args), layout=layout)
+    assert len(calls) == 3
+    args["seq_lens"] = torch.tensor([129, 75], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^page_table: row 0 page 2 holds id -1,"):
+        call(dict(args), layout=layout)
+    assert len(calls) == 3
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_check_values_false_skips_only_the_value_checks(layout, calls):
+    args = small(layout)
+    args["seq_lens"] = torch.tensor([-3, 10**6], dtype=torch.int32)
+    args["page_table"][1, 0] = -1
+    call(dict(args), layout=layout, check_values=False)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match=r"^seq_lens: negative"):
+        call(dict(args), layout=layout)
+    # metadata checks still run
+    args = small(layout)
+    args["seq_lens"] = args["seq_lens"].long()
+    with pytest.raises(ValueError, match=r"^seq_lens: expected dtype"):
+        call(args, layout=layout, check_values=False)
+    assert len(calls) == 1
+
+
+def test_zero_rows_are_valid(calls):
+    args = {k: (None if v is None else v[:0]) for k, v in small("sglang_mxfp4").items()}
+    args["k_cache"] = small("sglang_mxfp4")["k_cache"]
+    call(args, layout="sglang_mxfp4")
+    assert len(calls) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalars: topk, layout, backend, weight_scale
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("topk", [0, 100, 4096, 511, -512, True, 512.0, "512", None, torch.tensor(512)])
+def test_unsupported_topk(topk, no_kernel):
+    expect("topk", small("sglang_fp8"), layout="sglang_fp8", topk=topk, message="unsupported value")
+
+
+@pytest.mark.parametrize("layout", ["fp4", "SGLANG_FP8", "", None, 3])
+def test_unsupported_layout(layout, no_kernel):
+    expect("layout", small("sglang_fp8"), layout=layout, message="unsupported layout")
+
+
+@pytest.mark.parametrize("backend", ["cuda", "", "Reference", "triton"])
+def test_unknown_backend(backend, no_kernel):
+    expect("backend", small("sglang_fp8"), layout="sglang_fp8", backend=backend, message="unknown backend")
+
+
+@pytest.mark.parametrize("weight_scale", [torch.tensor(1.0), "1.0", None, [1.0]])
+def test_weight_scale_must_be_a_python_number(weight_scale, no_kernel):
+    expect("weight_scale", small("sglang_fp8"), layout="sglang_fp8", weight_scale=weight_scale,
+           message="expected a Python float")
+
+
+def test_layout_is_checked_first(no_kernel):
+    args = small("sglang_fp8")
+    args["q"] = None
+    expect("layout", args, layout="nope", topk=3)
+    expect("topk", args, layout="sglang_fp8", topk=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# out=
+# ---------------------------------------------------------------------------------------------
+
+FIELDS = IndexerTopKResult._fields
+
+
+def good_out(rows=2):
+    return allocate_result(rows, TOPK, "cpu")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_out_accepted(layout, calls):
+    args = small(layout)
+    out = good_out()
+    call(dict(args), layout=layout, out=out)
+    assert calls[-1][2]["out"] is out
+    call(dict(args), layout=layout, out=tuple(out))
+    assert isinstance(calls[-1][2]["out"], IndexerTopKResult)
+    assert all(a is b for a, b in zip(calls[-1][2]["out"], out))
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_out_wrong_field(field, no_kernel):
+    layout = "sglang_mxfp4"
+    i = FIELDS.index(field)
+    good = good_out()
+    bad_versions = {
+        "expected dtype": wrong_dtype(good[i]),
+        "expected shape": good[i][..., :-1].contiguous(),
+        "expected device": torch.empty_like(good[i], device="meta"),
+        "expected a contiguous tensor": noncontiguous(good[i]),
+    }
+    for message, bad in bad_versions.items():
+        out = list(good_out())
+        out[i] = bad
+        expect(f"out.{field}", small(layout), layout=layout, out=IndexerTopKResult(*out), message=message)
+    # topk of the call decides the shape
+    out = allocate_result(2, 1024, "cpu")
+    expect("out.values", small(layout), layout=layout, out=out, message="expected shape")
+
+
+@pytest.mark.parametrize("bad", [[], (1, 2, 3), list(allocate_result(2, TOPK, "cpu")), "out"])
+def test_out_not_a_result(bad, no_kernel):
+    expect("out", small("sglang_fp8"), layout="sglang_fp8", out=bad, message="expected an IndexerTopKResult")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_out_aliasing_an_input(layout, calls):
+    args = small(layout)
+    out = good_out()._replace(counts=args["seq_lens"])
+    expect("out.counts", args, layout=layout, out=out, message="aliases an input tensor")
+
+    # raw_indices over a buffer that also holds the page table
+    args = small(layout)
+    buf = torch.zeros(2 * TOPK, dtype=torch.int32)
+    pt = buf[-6:].view(2, 3)
+    pt.copy_(args["page_table"])
+    args["page_table"] = pt
+    out = good_out()._replace(raw_indices=buf.view(2, TOPK))
+    expect("out.raw_indices", dict(args), layout=layout, out=out, message="aliases an input tensor")
+    # a neighbouring slice of the same buffer that does not overlap the page table is fine
+    buf2 = torch.zeros(2 * TOPK + 6, dtype=torch.int32)
+    pt2 = buf2[:6].view(2, 3)
+    pt2.copy_(args["page_table"])
+    args["page_table"] = pt2
+    out = good_out()._replace(physical_indices=buf2[6:].view(2, TOPK))
+    call(dict(args), layout=layout, out=out)
+    assert len(calls) == 1
+
+    # values over the bytes of the key cache
+    args = small(layout)
+    kbuf = args["k_cache"].reshape(-1)
+    if kbuf.numel() >= 2 * TOPK * 4:
+        out = good_out()._replace(values=kbuf[: 2 * TOPK * 4].view(torch.float32).view(2, TOPK))
+        expect("out.values", args, layout=layout, out=out, message="aliases an input tensor")
+    assert len(calls) == 1
+
+
+def test_out_values_aliasing_fp32_weights(no_kernel):
+    args = small("sglang_fp8")
+    buf = torch.zeros(2 * TOPK, dtype=torch.float32)
+    w = buf[100 : 100 + 128].view(2, 64)
+    w.copy_(args["weights"])
+    args["weights"] = w
+    out = good_out()._replace(values=buf.view(2, TOPK))
+    expect("out.values", args, layout="sglang_fp8", out=out, message="aliases an input tensor")
+
+
+def test_out_fields_aliasing_each_other(calls):
+    layout = "sglang_fp8"
+    same = torch.empty(2, TOPK, dtype=torch.int32)
+    out = good_out()._replace(raw_indices=same, physical_indices=same)
+    expect("out.raw_indices", small(layout), layout=layout, out=out,
+           message="aliases out.physical_indices")
+
+    buf = torch.empty(4 * TOPK + 2, dtype=torch.int32)
+    out = good_out()._replace(raw_indices=buf[: 2 * TOPK].view(2, TOPK), physical_indices=buf[1 : 2 * TOPK + 1].view(2, TOPK))
+    expect("out.raw_indices", small(layout), layout=layout, out=out, message="aliases out.physical_indices")
+
+    out = good_out()._replace(physical_indices=buf[: 2 * TOPK].view(2, TOPK), counts=buf[2 * TOPK - 1 : 2 * TOPK + 1])
+    expect("out.physical_indices", small(layout), layout=layout, out=out, message="aliases out.counts")
+
+    fbuf = torch.empty(2 * TOPK, dtype=torch.float32)
+    out = good_out()._replace(values=fbuf.view(2, TOPK), counts=fbuf[-2:].view(torch.int32))
+    expect("out.values", small(layout), layout=layout, out=out, message="aliases out.counts")
+
+    # adjacent, non-overlapping slices of one buffer are fine
+    out = good_out()._replace(
+        raw_indices=buf[: 2 * TOPK].view(2, TOPK),
+        physical_indices=buf[2 * TOPK : 4 * TOPK].view(2, TOPK),
+        counts=buf[4 * TOPK :],
+    )
+    call(small(layout), layout=layout, out=out)
+    assert len(calls) == 1  # and only this call reached the backend
