@@ -77,12 +77,13 @@ def check_correctness(layout, topk, device, log):
         leg = legacy_indexer_topk(args, **kw)
         fu = fused_indexer_topk(args, **kw)
         fu4 = fused_indexer_topk(args, **kw, num_splits=4)
+        fm1 = fused_indexer_topk(args, **kw, stream_mode=1, pool=256)
         ref, nxt = reference_with_boundary(args, topk=topk, layout=layout, weight_scale=w.weight_scale)
         # Hopper's fp8 MMA accumulates below fp32 precision (about 1e-3 relative on these dots)
         cmp = compare_to_reference(leg, ref, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table,
                                    rtol=2e-3 if layout == "sglang_fp8" else 1e-5)
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
-                   fused_split4_eq_legacy=same_bits(fu4, leg), legacy_vs_reference=bool(cmp.ok() if callable(cmp.ok) else cmp.ok),
+                   fused_split4_eq_legacy=same_bits(fu4, leg), fused_mode1_eq_legacy=same_bits(fm1, leg), legacy_vs_reference=bool(cmp.ok() if callable(cmp.ok) else cmp.ok),
                    detail=cmp.summary() if hasattr(cmp, "summary") else str(cmp))
         log(rec)
         rows.append(rec)
@@ -113,10 +114,19 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
         def run_legacy():
             legacy_indexer_topk(args, **kw, out=out_l)
 
-        variants = {"fused": run_fused}
+        ws1 = torch.empty(fused_workspace_size(w.rows, topk, layout, device, pool=2048), dtype=torch.uint8, device=device)
+        out_1 = allocate_result(w.rows, topk, device)
+        scratch_out = allocate_result(w.rows, topk, device)
+        variants = {
+            "fused": run_fused,
+            "fused_mode1": lambda: fused_indexer_topk(args, **kw, out=out_1, workspace=ws1, pool=2048, stream_mode=1),
+        }
         if pattern == "random":
             variants["legacy"] = run_legacy
-            variants["fused_score_only"] = lambda: fused_indexer_topk(args, **kw, out=allocate_result(w.rows, topk, device), workspace=ws, score_only=True)
+            variants["fused_score_only"] = lambda: fused_indexer_topk(
+                args, **kw, out=scratch_out, workspace=ws, score_only=True)
+            variants["mode1_score_only"] = lambda: fused_indexer_topk(
+                args, **kw, out=scratch_out, workspace=ws1, pool=2048, stream_mode=1, score_only=True)
         for name, fn in variants.items():
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
@@ -127,7 +137,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             recs.append(rec)
         if pattern == "random":
             eq = same_bits(out_f, out_l)
-            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq))
+            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq, mode1_eq_legacy_full=same_bits(out_1, out_l)))
             logits = torch.empty((w.rows, w.page_table.shape[1] * 64), dtype=torch.float32, device=device)
             ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits), iters=iters)
             ms_k = bench_ms(lambda: legacy_select(logits, w.seq_lens, w.page_table, topk=topk, out=out_l), iters=iters)
@@ -186,7 +196,8 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--sweep", nargs="*", default=[], metavar="BN,WARPS,LEGACY_STAGES,FUSED_STAGES",
-                   help="tile configs to time on the first layout")
+                   help="tile configs to time")
+    p.add_argument("--sweep-layouts", nargs="*", default=[])
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "profile.json"))
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -204,8 +215,9 @@ def main(argv=None):
             check_correctness(layout, a.topk, device, log)
     for layout in a.layouts:
         time_layout(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters)
-    if a.sweep:
-        sweep_configs(a.layouts[0], parse_tokens(a.context), a.rows, a.topk, device, log, a.iters, a.sweep)
+    for layout in a.sweep_layouts or a.layouts[:1]:
+        if a.sweep:
+            sweep_configs(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters, a.sweep)
     with open(a.json, "w") as f:
         json.dump(records, f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}  rows={a.rows} context={a.context} topk={a.topk}")
@@ -219,8 +231,9 @@ def main(argv=None):
             pm = f"{r['peak_mib']:.1f}" if r.get("peak_mib") is not None else "-"
             extra = f"  score {r['score_ms']:.3f} ms {r['score_tflops']:.0f} TF/s eq={r['fused_eq_legacy_full']}" if "score_ms" in r else ""
             print(f"{r['layout']:14s} {r['pattern']:11s} {r['variant']:18s} {r['ms']:8.3f} {tf:>8s} {pm:>9s}{extra}")
-    bad = [r for r in records if r.get("fused_eq_legacy") is False or r.get("fused_eq_legacy_full") is False
-           or r.get("legacy_vs_reference") is False or r.get("fused_split4_eq_legacy") is False]
+    flags = ("fused_eq_legacy", "fused_eq_legacy_full", "legacy_vs_reference", "fused_split4_eq_legacy",
+             "fused_mode1_eq_legacy", "mode1_eq_legacy_full")
+    bad = [r for r in records if any(r.get(f) is False for f in flags)]
     print(f"correctness failures: {len(bad)}")
     return 1 if bad else 0
 

@@ -59,7 +59,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: int = POOL) -> FusedPlan:
+def default_pool(topk: int, stream_mode: int = 0) -> int:
+    """Candidate room beyond ``topk``. Mode 0 cuts the buffer as one register tile, so
+    ``topk + pool`` is a power of two (at least ``topk + 1024``)."""
+    if stream_mode == 0:
+        return _next_pow2(topk + 1024) - topk
+    return POOL
+
+
+def plan_fused(
+    rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None
+) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when pairs are too few
     to occupy every SM."""
     if device is None:
@@ -77,11 +87,13 @@ def plan_fused(rows: int, topk: int, device=None, num_splits: Optional[int] = No
         if splits < 1 or splits & (splits - 1):
             raise ValueError(f"num_splits: expected a power of two, got {splits}")
     programs = max(1, min(slots, pairs * splits))
+    if pool is None:
+        pool = default_pool(topk)
     return FusedPlan(rows, topk, programs, splits, topk + pool)
 
 
 def fused_workspace_size(
-    rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: int = POOL
+    rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None
 ) -> int:
     """Exact bytes of scratch a fused call of ``rows`` rows needs (independent of context length).
 
@@ -113,14 +125,16 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
 def fused_indexer_topk(
     args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,
-    pool: int = POOL,
+    pool: Optional[int] = None, stream_mode: int = 0,
 ) -> IndexerTopKResult:
     """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
 
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
-    (small pools force frequent cuts, which tests use). ``score_only`` is a measurement variant
+    (small pools force frequent cuts, which tests use). ``stream_mode`` 0 (default) cuts the
+    candidate buffer inside the streaming loop as one register tile; 1 streams in segments and
+    cuts between them with the chunked selection. ``score_only`` is a measurement variant
     that scores every block but selects nothing (outputs are not valid).
     """
     layout = Layout(layout)
@@ -132,6 +146,10 @@ def fused_indexer_topk(
     if rows == 0:
         return out
     cfg = tile_config(layout)
+    if pool is None:
+        pool = default_pool(topk, stream_mode)
+    if stream_mode == 0 and (topk + pool) & (topk + pool - 1):
+        raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
     if pool < cfg.block_n:
         raise ValueError(f"pool: must be at least the block size {cfg.block_n}")
     plan = plan_fused(rows, topk, device, num_splits, pool)
@@ -149,7 +167,7 @@ def fused_indexer_topk(
         float(weight_scale), buf_key, buf_pos, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, MIN_ROOM=max(min(MIN_ROOM, pool), cfg.block_n),
+        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, MIN_ROOM=max(min(MIN_ROOM, pool), cfg.block_n), STREAM_MODE=stream_mode,
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )
     if plan.splits > 1 and not score_only:

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from .score import load_query_t, load_weights, score_pair
-from .select import finalize_row, select_into
+from .select import compact_tile, finalize_row, select_into
 from .common import KEY_MIN, ordered_key
 
 
@@ -64,7 +64,7 @@ def fused_topk_kernel(
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
-    MIN_ROOM: tl.constexpr,
+    MIN_ROOM: tl.constexpr, STREAM_MODE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
@@ -95,14 +95,10 @@ def fused_topk_kernel(
         cnt1 = zero
         gate0 = zero + KEY_MIN
         gate1 = zero + KEY_MIN
-        # Stream in segments that cannot overflow either buffer even if every score enters, so
-        # the inner loop carries no nested control flow and stays software-pipelined; cut the
-        # buffers back between segments.
-        seg_lo = lo
-        while seg_lo < hi:
-            room = CAP - tl.maximum(cnt0, cnt1)
-            seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
-            for b in range(seg_lo, seg_hi, BLOCK_N):
+        if STREAM_MODE == 0:
+            # One innermost loop over the blocks; a buffer about to overflow is cut back in
+            # registers (compact_tile has no loops, so the loop stays software-pipelined).
+            for b in range(lo, hi, BLOCK_N):
                 pos = b + tl.arange(0, BLOCK_N)
                 s0, s1 = score_pair(
                     pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
@@ -119,18 +115,48 @@ def fused_topk_kernel(
                 else:
                     cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
                     cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-            seg_lo = seg_hi
-            if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
-                tl.debug_barrier()
-                if cnt0 > CAP - MIN_ROOM:
-                    cnt0, gate0 = select_into(
-                        buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                    if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
+                        tl.debug_barrier()
+                        if cnt0 > CAP - BLOCK_N:
+                            cnt0, gate0 = compact_tile(buf0_key, buf0_pos, cnt0, TOPK, CAP)
+                        if cnt1 > CAP - BLOCK_N:
+                            cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
+                        tl.debug_barrier()
+        else:
+            # Segments that cannot overflow either buffer even if every score enters; the
+            # buffers are cut back between segments by the chunked selection.
+            seg_lo = lo
+            while seg_lo < hi:
+                room = CAP - tl.maximum(cnt0, cnt1)
+                seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
+                for b in range(seg_lo, seg_hi, BLOCK_N):
+                    pos = b + tl.arange(0, BLOCK_N)
+                    s0, s1 = score_pair(
+                        pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                        LAYOUT, INTERPRET,
                     )
-                if cnt1 > CAP - MIN_ROOM:
-                    cnt1, gate1 = select_into(
-                        buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
-                    )
-                tl.debug_barrier()
+                    u0 = ordered_key(s0)
+                    u1 = ordered_key(s1)
+                    take0 = (pos < end0) & (u0 >= gate0)
+                    take1 = (pos < end1) & (u1 >= gate1)
+                    if SCORE_ONLY:
+                        cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
+                        cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
+                    else:
+                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                seg_lo = seg_hi
+                if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
+                    tl.debug_barrier()
+                    if cnt0 > CAP - MIN_ROOM:
+                        cnt0, gate0 = select_into(
+                            buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                        )
+                    if cnt1 > CAP - MIN_ROOM:
+                        cnt1, gate1 = select_into(
+                            buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
+                        )
+                    tl.debug_barrier()
         tl.debug_barrier()
         if SCORE_ONLY:
             tl.store(out_cnt + r0, cnt0 + len0)

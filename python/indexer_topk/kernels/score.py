@@ -118,7 +118,8 @@ def row_scores(k, kblk, kscale, qt, w, weight_scale, LAYOUT: tl.constexpr, INTER
         acc = tl.dot_scaled(k, kblk, "e2m1", qt, None, "bf16", out_dtype=tl.float32)
     # relu that keeps NaN (a NaN dot must give a NaN score, as in the reference)
     acc = tl.where(acc < 0, 0.0, acc)
-    s = tl.sum(acc * w[None, :], axis=1)
+    # + 0.0: a head sum of only -0 terms is +0, as in the reference's sum
+    s = tl.sum(acc * w[None, :], axis=1) + 0.0
     if LAYOUT == 2:
         s = s * kscale
     return s * weight_scale

@@ -133,6 +133,57 @@ def select_into(
 
 
 @triton.jit
+def compact_tile(buf_key, buf_pos, count, TOPK: tl.constexpr, CAP: tl.constexpr):
+    """In-place cut of a candidate buffer (``TOPK < count <= CAP`` entries, position order) to
+    its top ``TOPK``, held in registers as one ``[CAP]`` tile (no loops: callers keep their
+    streaming loop innermost, which Triton needs to software-pipeline it).
+
+    Same selection as :func:`select_into`; returns ``(TOPK, gate)``.
+    """
+    offs = tl.arange(0, CAP)
+    valid = offs < count
+    key = tl.load(buf_key + offs, mask=valid, other=0)
+    pos = tl.load(buf_pos + offs, mask=valid, other=0)
+    b = key ^ KEY_MIN
+    bins = tl.arange(0, 512)
+    zero = tl.zeros([], dtype=tl.int32)
+    tb = zero
+    need = zero + TOPK
+    shift = zero
+    done = zero
+    for p in tl.static_range(4):
+        sh = 24 - 8 * p
+        if done == 0:
+            m = valid
+            if p > 0:
+                m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
+            hist = tl.histogram(tl.where(m, (b >> sh) & 0xFF, 256), 512)
+            hist = tl.where(bins < 256, hist, 0)
+            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+            dstar = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
+            above = tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
+            bucket = tl.sum(tl.where(bins == dstar, hist, 0), axis=0)
+            need = need - above
+            tb = tb | (dstar << sh)
+            shift = zero + sh
+            if bucket == need:
+                done = zero + 1
+    t = tb ^ KEY_MIN
+    hi = key >> shift
+    t_hi = t >> shift
+    eq = valid & (hi == t_hi)
+    eq_i = eq.to(tl.int32)
+    take = (valid & (hi > t_hi)) | (eq & ((tl.cumsum(eq_i, axis=0) - eq_i) < need))
+    take_i = take.to(tl.int32)
+    dst = tl.cumsum(take_i, axis=0) - take_i
+    tl.debug_barrier()
+    tl.store(buf_key + dst, key, mask=take)
+    tl.store(buf_pos + dst, pos, mask=take)
+    gate = tl.where(shift == 0, t + 1, (t >> shift) << shift)
+    return zero + TOPK, gate
+
+
+@triton.jit
 def finalize_row(
     src_key, src_pos, count, seq_len, pt_row_ptr,
     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
