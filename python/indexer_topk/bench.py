@@ -135,13 +135,32 @@ def triton_version() -> str:
         return "not installed"
 
 
+def source_revision() -> Optional[str]:
+    """``git describe --always --dirty`` of the checkout this package runs from, if it is one."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() or None if proc.returncode == 0 else None
+
+
 def environment(device) -> dict:
-    """Fields every record carries: ``gpu``, ``device``, ``torch_version``, ``triton_version``, ``timestamp``."""
+    """Fields every record carries: ``gpu``, ``device``, ``torch_version``, ``triton_version``,
+    ``indexer_topk_version``, ``source_revision`` (git, when run from a checkout), ``timestamp``."""
+    from . import __version__
+
     return {
         "gpu": device_name(device),
         "device": str(torch.device(device)),
         "torch_version": torch.__version__,
         "triton_version": triton_version(),
+        "indexer_topk_version": __version__,
+        "source_revision": source_revision(),
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -360,10 +379,11 @@ def run_backend(
 def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=None) -> dict:
     """Time the legacy path's two stages separately on one logits buffer allocated once.
 
-    Returns ``score_ms`` (:func:`legacy_score` writing FP32 ``[rows, width]`` logits),
-    ``select_ms`` (:func:`legacy_select` on those logits) and ``torch_topk_ms``
-    (``torch.topk(logits, topk, dim=1, sorted=False)`` on the same matrix); on failure
-    ``stage_error`` instead, with the times that were measured before it.
+    Returns ``score_ms`` (:func:`legacy_score` writing the 4-byte ``[rows, width]`` score
+    matrix), ``select_ms`` (:func:`legacy_select` on it), ``torch_topk_ms``
+    (``torch.topk(logits, topk, dim=1, sorted=False)`` on the same matrix, as legacy stores it:
+    ``logits_dtype``) and ``logits_mib``; on failure ``stage_error`` too, with the times
+    measured before it.
     """
     device = torch.device(device) if device is not None else w.q.device
     res: Dict[str, object] = {"score_ms": None, "select_ms": None, "torch_topk_ms": None}
@@ -374,6 +394,7 @@ def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=
         logits = legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, row_start=0, row_count=w.rows)
         out = allocate_result(w.rows, w.topk, device)
         res["logits_mib"] = logits.numel() * logits.element_size() / 2**20
+        res["logits_dtype"] = str(logits.dtype).replace("torch.", "")
 
         def score():
             legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits, row_start=0, row_count=w.rows)
@@ -502,12 +523,12 @@ def run_cases(
     seed: int = 0,
     device="cuda",
     env: Optional[dict] = None,
-    on_case: Optional[Callable[[BenchCase], None]] = None,
+    on_case: Optional[Callable[[BenchCase, List[dict]], None]] = None,
 ) -> List[dict]:
     """Benchmark every case; a failing case (OOM, error) becomes records with ``error`` set.
 
     Cases sharing a workload (same layout, context, rows, pattern) reuse its inputs.
-    ``on_case`` is called after each case (progress reporting).
+    ``on_case(case, records_so_far)`` is called after each case (progress, partial results).
     """
     env = dict(env or environment(device))
     clock = "CUDA events" if torch.device(device).type == "cuda" else "time.perf_counter"
@@ -550,7 +571,7 @@ def run_cases(
             r["case"] = case.name
         records.extend(recs)
         if on_case is not None:
-            on_case(case)
+            on_case(case, records)
     _release(device)
     return records
 
@@ -583,8 +604,12 @@ def table_rows(records: Iterable[dict]) -> List[Tuple[str, ...]]:
                 f"score {r['score_ms']:.2f} + select {_fmt(r.get('select_ms'), '.2f')} ms; "
                 f"torch.topk {_fmt(r.get('torch_topk_ms'), '.2f')} ms"
             )
+            if r.get("stage_error"):
+                note += f"; stages: {r['stage_error']}"
         elif r.get("stage_error"):
             note = f"stages: {r['stage_error']}"
+        elif r.get("workspace_mib") is not None:
+            note = f"workspace {r['workspace_mib']:.1f} MiB"
         out.append(
             (
                 str(r.get("layout")),
@@ -630,7 +655,8 @@ def write_markdown(records: Sequence[dict], path, *, env: dict, command: str) ->
             f"# indexer-topk benchmark: {env.get('gpu')}",
             "",
             f"- GPU: {env.get('gpu')}",
-            f"- torch {env.get('torch_version')}, triton {env.get('triton_version')}",
+            f"- torch {env.get('torch_version')}, triton {env.get('triton_version')}, "
+            f"indexer-topk {env.get('indexer_topk_version')} (source {env.get('source_revision') or 'unknown'})",
             f"- run at {env.get('timestamp')}",
             f"- command: `{command}`",
             f"- time: {timing}",
@@ -679,17 +705,19 @@ def write_plot(records: Sequence[dict], path, *, rows: int = PLOT_ROWS, topk: in
     series: Dict[Tuple[str, str], List[dict]] = {}
     for r in sel:
         series.setdefault((r["layout"], r["backend"]), []).append(r)
+    colours = {lay: f"C{i}" for i, lay in enumerate(sorted({lay for lay, _ in series}))}
+    styles = {"fused": "-", "legacy": "--", "aiter": "-.", "reference": ":"}
     for (layout, backend), rs in sorted(series.items()):
         rs = sorted(rs, key=lambda r: r["context_tokens"])
-        style = "-" if backend == "fused" else ("--" if backend == "legacy" else ":")
+        style = styles.get(backend, ":")
         label = f"{layout} / {backend}"
         xs = [r["context_tokens"] for r in rs]
         ts = [r.get("median_ms") for r in rs]
         ms = [r.get("peak_mib") for r in rs]
         if any(t is not None for t in ts):
-            ax_t.plot(xs, [float("nan") if t is None else t for t in ts], style, marker="o", label=label)
+            ax_t.plot(xs, [float("nan") if t is None else t for t in ts], style, color=colours[layout], marker="o", label=label)
         if any(m is not None for m in ms):
-            ax_m.plot(xs, [float("nan") if m is None else m for m in ms], style, marker="o", label=label)
+            ax_m.plot(xs, [float("nan") if m is None else m for m in ms], style, color=colours[layout], marker="o", label=label)
     for ax, ylabel in ((ax_t, "median time (ms)"), (ax_m, "peak memory above inputs/outputs (MiB)")):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("raw context (tokens)")
@@ -704,7 +732,7 @@ def write_plot(records: Sequence[dict], path, *, rows: int = PLOT_ROWS, topk: in
         ax_t.legend(fontsize=7)
     else:
         ax_t.text(0.5, 0.5, "no successful records", ha="center", va="center", transform=ax_t.transAxes)
-    fig.suptitle(title or f"indexer top-k: rows={rows}, topk={topk}")
+    fig.suptitle(f"{title or 'indexer top-k'}: rows={rows}, topk={topk}, random scores")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -821,22 +849,28 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     env = environment(device)
     command = " ".join([prog or "python benchmark/bench_indexer_topk.py", shlex.join(argv)]).strip()
     err = Console(stderr=True)
+    stem = Path(a.out_dir) / f"bench_{gpu_slug(env['gpu'])}"
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err, transient=True,
     ) as progress:
         task = progress.add_task("benchmark", total=len(cases))
 
-        def on_case(case):
+        def on_case(case, so_far):
             progress.update(task, advance=1, description=case.name)
+            # Keep what is measured if a long sweep is stopped part way.
+            write_json(so_far, stem.with_suffix(".json"))
+            if not err.is_terminal:
+                err.print(f"[{progress.tasks[0].completed}/{len(cases)}] {case.name}", highlight=False)
 
         records = run_cases(cases, backends, warmup=a.warmup, iters=a.iters, seed=a.seed, device=device, env=env, on_case=on_case)
 
-    stem = Path(a.out_dir) / f"bench_{gpu_slug(env['gpu'])}"
     json_path = write_json(records, stem.with_suffix(".json"))
     md_path = write_markdown(records, stem.with_suffix(".md"), env=env, command=command)
     png_path = write_plot(records, stem.with_suffix(".png"), title=f"indexer top-k on {env['gpu']}")
     console = Console()
+    if not console.is_terminal:  # piped output would fold the table at 80 columns
+        console = Console(width=200)
     console.print(f"wrote {json_path}, {md_path}, {png_path}")
     console.print(render_table(records, title=f"indexer top-k on {env['gpu']} (torch {env['torch_version']}, triton {env['triton_version']})"))
     disagree = [r for r in records if r.get("matches_legacy") is False]

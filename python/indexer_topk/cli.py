@@ -115,8 +115,14 @@ def _policy_summary(layout=None, topk=None) -> dict:
 def _policy_line(pol: dict) -> str:
     if not pol.get("available"):
         return f"policy: {pol.get('reason')}"
-    route = pol.get("route", pol.get("fused_backend"))
-    return f"policy: a prefill here runs on '{route}' ({pol.get('reason')})"
+    fused = pol.get("fused_backend")
+    route = pol.get("route", fused)
+    if route == fused:
+        return f"policy: a prefill here runs on '{route}': {pol.get('reason')}"
+    return (
+        f"policy: a prefill of this layout and topk runs on '{route}'; the process's fused path is "
+        f"'{fused}': {pol.get('reason')}"
+    )
 
 
 def _progress(enabled: bool):
@@ -236,11 +242,14 @@ def _memory_statement(runs: dict, w, device) -> dict:
         fp = fused.record.get("peak_mib") if fused is not None and fused.ok else None
         out.update(legacy_peak_mib=lp, fused_peak_mib=fp, method="CUDA peak above inputs and outputs")
         if lp is not None and fp is not None:
-            ratio = f"{lp / fp:,.0f}x less" if fp > 0.01 else "the fused call allocated nothing"
-            ws_txt = f" (plus its preallocated {_mib(ws)} workspace)" if ws is not None else ""
+            # Count the fused path's preallocated scratch against it: that is what it really holds.
+            fused_total = fp + (ws or 0) / 2**20
+            ratio = f", {lp / fused_total:,.0f}x less" if fused_total > 0.01 else ""
+            out.update(fused_total_mib=fused_total, saved_mib=lp - fused_total)
             out["line"] = (
-                f"memory: fused {fp:,.1f} MiB{ws_txt} vs legacy {lp:,.1f} MiB above inputs and outputs "
-                f"(legacy's FP32 score matrix is {_mib(logits_bytes)}): {lp - fp:,.1f} MiB saved, {ratio}"
+                f"memory above inputs and outputs: legacy {lp:,.1f} MiB (its score matrix: {_mib(logits_bytes)}); "
+                f"fused {fused_total:,.1f} MiB ({_mib(ws or 0)} preallocated workspace + {fp:,.1f} MiB allocated "
+                f"by the call): {lp - fused_total:,.1f} MiB saved{ratio}"
             )
         else:
             out["line"] = (
