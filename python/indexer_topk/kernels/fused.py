@@ -113,8 +113,11 @@ def fused_topk_kernel(
                     cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
                     cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
                 else:
-                    cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                    cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                    # Most blocks of a long row hold no survivor once the gates have risen: one
+                    # reduction for both rows spares them the prefix sums of the append.
+                    if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
+                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
                     if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
                         tl.debug_barrier()
                         if cnt0 > CAP - BLOCK_N:
