@@ -761,13 +761,6 @@ NO_GPU_MESSAGE = (
 )
 
 
-def _positive_int(text: str) -> int:
-    v = int(text)
-    if v < 0:
-        raise ValueError(f"expected a non-negative integer, got {text!r}")
-    return v
-
-
 def _choice(choices):
     def convert(x):
         if x not in choices:
