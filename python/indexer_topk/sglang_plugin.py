@@ -1,0 +1,484 @@
+"""SGLang plugin: serve DeepSeek-V4's C4 indexer top-k through :func:`indexer_topk.indexer_topk`.
+
+SGLang discovers this module through the ``sglang.srt.plugins`` entry point declared in
+``pyproject.toml`` and calls :func:`load` in every process that runs ``load_plugins()``.
+``load`` probes the installed SGLang for the exact symbols the hooks rely on and, when they
+are all present, registers two hooks with SGLang's ``HookRegistry``:
+
+``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.__init__`` (AFTER)
+    Freezes the path policy (:func:`indexer_topk.policy.default_policy`) when SGLang builds
+    a DSv4 attention backend: the device is selected by then and no graph is being captured,
+    so the policy's probes never run inside a capture.
+
+``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.forward_c4_indexer`` (AROUND)
+    For calls the policy routes off ``"legacy"`` on the two covered branches -- HIP with the
+    FP4 indexer (AITER layout) and the CUDA paged indexer over an FP4 or FP8 cache -- runs
+    SGLang's own query/weights preparation and index-K compression, then writes the physical
+    page indices (and the raw indices when SGLang asks for them) through our operator in one
+    call: no ``[rows, c4_context]`` logits buffer, no row chunks. Every other call (decode,
+    graph capture, the kill switch, the non-paged indexer, HiSparse, XPU, HIP FP8, ...) goes
+    to SGLang's original method unchanged.
+
+Importing this module never imports SGLang; without SGLang, :func:`load` logs and returns.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import sys
+import threading
+from typing import Any, List, Optional
+
+import torch
+
+from . import api as _api
+from .contract import SUPPORTED_TOPK, IndexerTopKResult
+
+logger = logging.getLogger(__name__)
+
+TARGET_SGLANG_VERSION = "0.5.23"
+INDEXER_MODULE = "sglang.srt.layers.attention.dsv4.indexer"
+MIXIN = "C4IndexerBackendMixin"
+FORWARD_TARGET = f"{INDEXER_MODULE}.{MIXIN}.forward_c4_indexer"
+INIT_TARGET = f"{INDEXER_MODULE}.{MIXIN}.__init__"
+_METADATA_MODULE = "sglang.srt.layers.attention.dsv4.metadata"
+
+# Parameters of SGLang 0.5.23's forward_c4_indexer the fused route reads or forwards.
+_FORWARD_PARAMS = (
+    "self", "x", "q_lora", "c4_indexer", "forward_batch", "alt_streams",
+    "enable_multi_stream", "q_lora_ready", "skip_compressor", "q_lora_quant",
+)
+# Module globals and mixin helpers the fused route calls, probed by name at load.
+_MODULE_SYMBOLS = (
+    "is_hip", "is_xpu", "envs", "get_global_indexer_capturer", "PagedIndexerMetadata",
+    "FP4RowgroupDecodeWorkspace",
+)
+_MIXIN_HELPERS = ("_forward_prepare_normal", "_forward_prepare_multi_stream", "_get_nonpaged_indexer_plan")
+
+# The INFO line the first call served in a process logs (docs/sglang.md quotes it).
+SERVING_LOG = "indexer_topk: serving DSv4 C4 indexer top-k (backend=%s, layout=%s, topk=%d, first call %d rows)"
+
+_C4_PAGE_SIZE = 64  # C4 slots per 256-token page, the operator's page size
+_FP4_SLOT_BYTES = 68  # CUDA FP4 index-K slot: 64 e2m1 bytes + 4 ue8m0 bytes
+_FP8_SLOT_BYTES = 132  # CUDA FP8 index-K slot: 128 e4m3 bytes + one fp32 scale
+
+
+class _PluginState:
+    """Process-wide plugin state; one instance, replaced only by tests."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.registered = False
+        self.indexer_module = None  # SGLang's dsv4 indexer module, once probed
+        self.policy = None  # the frozen PathPolicy
+        self.disabled: Optional[str] = None  # why the fused route is off for this process
+        self.served_first_call = False
+
+
+_STATE = _PluginState()
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+# ---------------------------------------------------------------------------------------------
+
+def load(*_args: Any, **_kwargs: Any) -> bool:
+    """Entry point of the ``sglang.srt.plugins`` group; SGLang calls it from ``load_plugins()``.
+
+    Accepts and ignores any arguments, so a loader that passes a context still works. Returns
+    True when the hooks were registered (SGLang's loader applies them right after), False
+    when SGLang is absent or lacks a hook target, in which case SGLang is left untouched and
+    the reason is logged.
+    """
+    with _STATE.lock:
+        if _STATE.registered:
+            return True
+        try:
+            from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+        except ImportError as exc:
+            if _installed("sglang"):
+                logger.warning("indexer_topk: SGLang has no plugin HookRegistry (%s); leaving SGLang untouched", exc)
+            else:
+                logger.info("indexer_topk: SGLang is not installed; the SGLang plugin does nothing")
+            return False
+        version = _sglang_version()
+        problems = probe_sglang()
+        if problems:
+            logger.warning(
+                "indexer_topk: SGLang %s does not match the DSv4 indexer hooks (built for %s): %s; "
+                "leaving SGLang's indexer untouched",
+                version, TARGET_SGLANG_VERSION, "; ".join(problems),
+            )
+            return False
+        HookRegistry.register(INIT_TARGET, _freeze_after_backend_init, HookType.AFTER)
+        HookRegistry.register(FORWARD_TARGET, _forward_c4_indexer_hook, HookType.AROUND)
+        _STATE.registered = True
+        logger.info(
+            "indexer_topk: registered DSv4 C4 indexer hooks on SGLang %s: %s, %s",
+            version, INIT_TARGET, FORWARD_TARGET,
+        )
+        return True
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken parent
+        return False
+
+
+def _sglang_version() -> str:
+    try:
+        from sglang.version import __version__
+
+        return str(__version__)
+    except Exception:  # a broken or partial install still gets probed by symbol
+        return "unknown"
+
+
+def probe_sglang() -> List[str]:
+    """Check the installed SGLang for every symbol the hooks use; returns the problems found.
+
+    Imports SGLang's DSv4 indexer module (``HookRegistry.apply_hooks`` would import it anyway).
+    An empty list means the hooks can be registered.
+    """
+    try:
+        module = importlib.import_module(INDEXER_MODULE)
+    except Exception as exc:  # ImportError, or a dependency failing at import
+        return [f"cannot import {INDEXER_MODULE} ({type(exc).__name__}: {exc})"]
+    problems = [f"{INDEXER_MODULE}.{name} is missing" for name in _MODULE_SYMBOLS if not hasattr(module, name)]
+    mixin = getattr(module, MIXIN, None)
+    if not isinstance(mixin, type):
+        return problems + [f"{INDEXER_MODULE}.{MIXIN} is missing"]
+    forward = mixin.__dict__.get("forward_c4_indexer")
+    if not callable(forward):
+        problems.append(f"{FORWARD_TARGET} is missing")
+    else:
+        params = tuple(inspect.signature(forward).parameters)
+        missing = [p for p in _FORWARD_PARAMS if p not in params]
+        if missing:
+            problems.append(f"{FORWARD_TARGET} lacks parameters {missing}")
+    if "__init__" not in mixin.__dict__:
+        problems.append(f"{INIT_TARGET} is missing")
+    problems += [f"{MIXIN}.{name} is missing" for name in _MIXIN_HELPERS if not callable(getattr(mixin, name, None))]
+    if not problems:
+        _STATE.indexer_module = module
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy: frozen once per process, before any graph capture
+# ---------------------------------------------------------------------------------------------
+
+def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
+    """AFTER hook on the backend mixin's ``__init__``: SGLang builds attention backends
+    (target, draft and per-step MTP backends alike) before it captures any graph."""
+    frozen_policy()
+    return None
+
+
+def frozen_policy():
+    """The process's path policy, built on first use and never rebuilt; None if unavailable.
+
+    Called from the backend constructor hook, so the policy's probes run outside capture; a
+    call that would first build it during a capture is refused by :func:`_route`.
+    """
+    if _STATE.policy is not None or _STATE.disabled is not None:
+        return _STATE.policy
+    with _STATE.lock:
+        if _STATE.policy is not None or _STATE.disabled is not None:
+            return _STATE.policy
+        try:
+            from indexer_topk import policy as policy_module
+
+            _STATE.policy = policy_module.default_policy()  # logs the policy's one decision line
+        except Exception as exc:
+            _STATE.disabled = f"no path policy ({type(exc).__name__}: {exc})"
+            logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
+        return _STATE.policy
+
+
+def _capturing_now() -> bool:
+    """The policy's capture test, plus SGLang's own capture-mode flag (0.5.23 keeps it in
+    ``runner_utils.capture_mode``, which the indexer's metadata module imports by name)."""
+    from indexer_topk.policy import is_capturing
+
+    if is_capturing():
+        return True
+    metadata_module = sys.modules.get(_METADATA_MODULE)
+    get_is_capture_mode = getattr(metadata_module, "get_is_capture_mode", None)
+    return bool(get_is_capture_mode()) if callable(get_is_capture_mode) else False
+
+
+def _route(*, layout: str, topk: int, is_decode: bool, capturing: bool, forward_mode) -> str:
+    """``"legacy"`` (SGLang's own path) or the backend our operator runs this call with.
+
+    Decode, graph capture and the kill switch keep SGLang's path whatever backend the policy
+    would name for the package's own API (on a CPU without the Triton interpreter it names
+    ``"reference"`` for every call). The policy is never built inside a capture.
+    """
+    if is_decode or capturing:
+        return "legacy"
+    policy = frozen_policy()
+    if policy is None or _STATE.disabled is not None:
+        return "legacy"
+    probe = getattr(policy, "probe", None)
+    if probe is not None and not getattr(probe, "fused_enabled", True):
+        return "legacy"
+    return policy.route(layout=layout, topk=topk, is_decode=False, capturing=False, forward_mode=forward_mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# The forward_c4_indexer hook
+# ---------------------------------------------------------------------------------------------
+
+class _Call:
+    """What the fused route needs to know about one covered call, decided before any work."""
+
+    __slots__ = ("layout", "backend", "aiter", "fp4")
+
+    def __init__(self, layout: str, backend: str, aiter: bool, fp4: bool) -> None:
+        self.layout, self.backend, self.aiter, self.fp4 = layout, backend, aiter, fp4
+
+
+def _forward_c4_indexer_hook(original, *args, **kwargs):
+    """AROUND hook: our operator for covered calls the policy routes off legacy, else SGLang's."""
+    forward_batch = kwargs.get("forward_batch")
+    if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle():
+        return original(*args, **kwargs)  # the per-step decode path pays one attribute check
+    signature = _SIGNATURES.get(original)
+    if signature is None:
+        signature = _SIGNATURES[original] = inspect.signature(original)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError:
+        return original(*args, **kwargs)
+    bound.apply_defaults()
+    a = bound.arguments
+    call = _plan_call(a)
+    if call is None:
+        return original(*args, **kwargs)
+    return _run_fused(original, a, call)
+
+
+_SIGNATURES: dict = {}
+
+
+def _plan_call(a) -> Optional[_Call]:
+    """A :class:`_Call` when this call is covered and routed off legacy; None means: SGLang's path.
+
+    Reads only metadata SGLang has already built, so declining costs a few attribute reads.
+    """
+    ix = _STATE.indexer_module
+    backend_self, c4_indexer, forward_batch = a["self"], a["c4_indexer"], a["forward_batch"]
+    mode = forward_batch.forward_mode
+    if ix is None or mode.is_idle():
+        return None
+    if getattr(backend_self, "debug_use_external_c4_sparse_indices", False):
+        return None
+    if getattr(backend_self, "hisparse_coordinator", None) is not None:
+        return None
+    metadata = getattr(backend_self, "forward_metadata", None)
+    indexer_metadata = getattr(metadata, "indexer_metadata", None)
+    core = getattr(metadata, "core_metadata", None)
+    if not isinstance(indexer_metadata, ix.PagedIndexerMetadata) or core is None:
+        return None
+    if getattr(indexer_metadata, "compress_ratio", 4) != 4 or indexer_metadata.compressed_page_size != _C4_PAGE_SIZE:
+        return None
+
+    fp4 = bool(c4_indexer.use_fp4_indexer)
+    aiter = fp4 and ix.is_hip()
+    if not aiter:
+        # CUDA paged branch only: HIP FP8 may read a preshuffled cache, XPU has its own kernel.
+        if ix.is_hip() or ix.is_xpu():
+            return None
+        if fp4 and ix.envs.SGLANG_OPT_USE_TILELANG_INDEXER.get():
+            return None  # SGLang raises for this combination; keep its error
+    page_indices = core.c4_sparse_page_indices
+    if page_indices is None or page_indices.dim() != 2 or page_indices.shape[1] not in SUPPORTED_TOPK:
+        return None
+
+    is_decode = mode.is_decode()
+    if aiter and mode.is_target_verify() and isinstance(
+        getattr(metadata, "fp4_decode_workspace", None), ix.FP4RowgroupDecodeWorkspace
+    ):
+        is_decode = True  # SGLang scores these rows as decode rows
+    capturing = bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)) or _capturing_now()
+    layout = "aiter_mxfp4" if aiter else ("sglang_mxfp4" if fp4 else "sglang_fp8")
+    topk = page_indices.shape[1]
+    backend = _route(layout=layout, topk=topk, is_decode=is_decode, capturing=capturing, forward_mode=mode)
+    if backend == "legacy":
+        return None
+
+    pool = backend_self.token_to_kv_pool
+    layer_id = c4_indexer.layer_id
+    if aiter:
+        payload = pool.get_index_k_fp4_payload_buffer(layer_id)
+        scale = pool.get_index_k_fp4_scale_buffer(layer_id)
+        if tuple(payload.shape[1:]) != (1, 4, _C4_PAGE_SIZE, 16) or tuple(scale.shape[1:]) != (1, 4, _C4_PAGE_SIZE):
+            return None
+    else:
+        cache = pool.get_index_k_with_scale_buffer(layer_id=layer_id)
+        slot = _FP4_SLOT_BYTES if fp4 else _FP8_SLOT_BYTES
+        if cache.dim() != 2 or cache.shape[1] != _C4_PAGE_SIZE * slot:
+            return None
+        if _nonpaged_applies(a, indexer_metadata):
+            return None  # SGLang's non-paged indexer is not one of the covered branches
+    return _Call(layout, backend, aiter, fp4)
+
+
+def _nonpaged_applies(a, indexer_metadata) -> bool:
+    """Whether SGLang would take its non-paged indexer here (it caches the plan it builds)."""
+    backend_self = a["self"]
+    rows = _num_queries(a, positions=backend_self.forward_metadata.core_metadata.positions)
+    page_table = _match_rows(indexer_metadata.page_table, rows, 0)
+    c4_seq_lens = _match_rows(indexer_metadata.compressed_seq_lens, rows, 1)
+    plan = backend_self._get_nonpaged_indexer_plan(
+        c4_indexer=a["c4_indexer"], forward_batch=a["forward_batch"], indexer_metadata=indexer_metadata,
+        page_table=page_table, c4_seq_lens=c4_seq_lens, query_rows=rows,
+    )
+    return plan is not None
+
+
+def _num_queries(a, *, positions) -> int:
+    return min(a["x"].shape[0], a["q_lora"].shape[0], positions.shape[0])
+
+
+def _match_rows(tensor: torch.Tensor, rows: int, value: int) -> torch.Tensor:
+    """SGLang's ``match_num_queries``: truncate, or pad the leading dim with ``value``."""
+    if tensor.shape[0] == rows:
+        return tensor
+    if tensor.shape[0] > rows:
+        return tensor[:rows]
+    pad = (0, 0) * (tensor.dim() - 1) + (0, rows - tensor.shape[0])
+    return torch.nn.functional.pad(tensor, pad, value=value)
+
+
+def _prepare(a, call: _Call):
+    """SGLang's own query/weights preparation and index-K compression, as the original runs them."""
+    backend_self, forward_batch = a["self"], a["forward_batch"]
+    metadata = backend_self.forward_metadata
+    positions = metadata.core_metadata.positions
+    if call.aiter:
+        widened = getattr(metadata, "fp4_q_positions", None)
+        if widened is not None and widened.shape == positions.shape:
+            positions = widened
+    x, q_lora, q_lora_quant = a["x"], a["q_lora"], a["q_lora_quant"]
+    rows = _num_queries(a, positions=positions)
+    if x.shape[0] != rows:
+        x = x[:rows]
+    if q_lora.shape[0] != rows:
+        q_lora = q_lora[:rows]
+        q_lora_quant = None
+    if positions.shape[0] != rows:
+        positions = positions[:rows]
+    if a["enable_multi_stream"]:
+        return backend_self._forward_prepare_multi_stream(
+            x=x, q_lora=q_lora, c4_indexer=a["c4_indexer"], positions=positions,
+            forward_batch=forward_batch, alt_streams=a["alt_streams"], q_lora_ready=a["q_lora_ready"],
+        )
+    assert a["q_lora_ready"] is None
+    return backend_self._forward_prepare_normal(
+        x=x, q_lora=q_lora, c4_indexer=a["c4_indexer"], positions=positions, forward_batch=forward_batch,
+        skip_compressor=a["skip_compressor"], q_lora_quant=q_lora_quant,
+    )
+
+
+def _operator_inputs(a, call: _Call, q_indexer, weights):
+    """Map SGLang's prepared tensors and pools onto the operator's layout (see ``contract.Layout``).
+
+    HIP FP4 passes raw bf16 weights and ``c4_indexer.weight_scale`` (as SGLang hands them to
+    AITER); the CUDA query kernels already folded ``weight_scale`` (and FP8's query scale)
+    into fp32 weights, so the scalar there is 1.
+    """
+    pool = a["self"].token_to_kv_pool
+    c4_indexer = a["c4_indexer"]
+    if call.aiter:
+        q_fp4, q_scale = q_indexer
+        k_cache = pool.get_index_k_fp4_payload_buffer(c4_indexer.layer_id).view(torch.uint8)
+        k_scale = pool.get_index_k_fp4_scale_buffer(c4_indexer.layer_id).view(torch.uint8)
+        return (q_fp4.view(torch.uint8), q_scale.view(torch.uint8), k_cache, k_scale,
+                weights.contiguous(), float(c4_indexer.weight_scale))
+    cache = pool.get_index_k_with_scale_buffer(layer_id=c4_indexer.layer_id).view(torch.uint8)
+    weights = weights.squeeze(2).float()
+    if call.fp4:
+        q_fp4, q_sf = q_indexer
+        return q_fp4.view(torch.uint8), q_sf, cache, None, weights, 1.0
+    return q_indexer, None, cache, None, weights, 1.0
+
+
+def _exact_out(t: Optional[torch.Tensor], shape, dtype) -> Optional[torch.Tensor]:
+    if t is not None and tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.is_contiguous():
+        return t
+    return None
+
+
+def _run_fused(original, a, call: _Call):
+    ix = _STATE.indexer_module
+    backend_self, c4_indexer = a["self"], a["c4_indexer"]
+    metadata = backend_self.forward_metadata
+    indexer_metadata, core = metadata.indexer_metadata, metadata.core_metadata
+
+    q_indexer, weights = _prepare(a, call)
+    q, q_scale, k_cache, k_scale, weights, weight_scale = _operator_inputs(a, call, q_indexer, weights)
+    rows = q.shape[0]
+    # Padded rows score nothing on the AITER path and one position on the CUDA path, as in SGLang.
+    c4_seq_lens = _match_rows(indexer_metadata.compressed_seq_lens, rows, 0 if call.aiter else 1)
+    page_table = _match_rows(indexer_metadata.page_table, rows, 0)
+    page_indices = _match_rows(core.c4_sparse_page_indices, rows, -1)
+    topk = page_indices.shape[1]
+
+    capturer = ix.get_global_indexer_capturer()
+    raw_indices = core.c4_sparse_raw_indices
+    if raw_indices is None and capturer is not None:
+        raw_indices = torch.empty_like(page_indices)
+    raw_rows = raw_indices[:rows] if raw_indices is not None else None
+
+    device = q.device
+    phys_out = _exact_out(page_indices, (rows, topk), torch.int32)
+    raw_out = _exact_out(raw_rows, (rows, topk), torch.int32)
+    out = IndexerTopKResult(
+        torch.empty((rows, topk), dtype=torch.float32, device=device),
+        raw_out if raw_out is not None else torch.empty((rows, topk), dtype=torch.int32, device=device),
+        phys_out if phys_out is not None else torch.empty((rows, topk), dtype=torch.int32, device=device),
+        torch.empty((rows,), dtype=torch.int32, device=device),
+    )
+    try:
+        _api.indexer_topk(
+            q, q_scale, k_cache, k_scale, weights,
+            page_table.to(torch.int32).contiguous(), c4_seq_lens.reshape(-1).to(torch.int32).contiguous(),
+            topk=topk, layout=call.layout, weight_scale=weight_scale, backend=call.backend,
+            out=out, check_values=False,
+        )
+    except Exception as exc:
+        return _demote_and_rerun(original, a, call, exc)
+    if phys_out is None:
+        page_indices.copy_(out.physical_indices)
+    if raw_rows is not None and raw_out is None:
+        raw_rows.copy_(out.raw_indices)
+    if not _STATE.served_first_call:
+        _STATE.served_first_call = True
+        logger.info(SERVING_LOG, call.backend, call.layout, topk, rows)
+    if capturer is not None:
+        compress_layer_id = backend_self.token_to_kv_pool.layer_mapping[c4_indexer.layer_id].compress_layer_id
+        capturer.capture(compress_layer_id, raw_indices)
+    return None
+
+
+def _demote_and_rerun(original, a, call: _Call, exc: Exception):
+    """Our operator failed after SGLang's preparation ran: turn the fused route off for this
+    process and score this call on SGLang's path. The index-K compression already ran, so the
+    original is asked to skip it (and run single-stream, which recomputes only the query)."""
+    _STATE.disabled = f"{call.backend} backend failed ({type(exc).__name__}: {exc})"
+    logger.exception(
+        "indexer_topk: %s; SGLang's DSv4 indexer path serves the rest of this process", _STATE.disabled
+    )
+    kwargs = {k: v for k, v in a.items() if k != "self"}
+    kwargs.update(skip_compressor=True, enable_multi_stream=False, q_lora_ready=None)
+    return original(a["self"], **kwargs)
+
+
+__all__ = ["load", "probe_sglang", "frozen_policy", "TARGET_SGLANG_VERSION"]

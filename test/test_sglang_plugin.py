@@ -1,0 +1,459 @@
+"""The SGLang plugin, tested on SGLang's released source.
+
+The test downloads the SGLang wheel (``pip download sglang==0.5.23 --no-deps``), unpacks it
+into ``.sglang-src/`` (reused across runs) and imports SGLang's DSv4 indexer from it, with
+import-only stubs for absent dependencies and reference-backed doubles of the GPU kernels
+(see ``sglang_doubles``). The plugin is loaded by SGLang's own ``load_plugins()`` through the
+package's ``sglang.srt.plugins`` entry point, and SGLang's own ``forward_c4_indexer`` runs
+each call: once hooked, once as SGLang's unhooked method. Routing uses the real path policy
+(built from an H200 or gfx950 probe) with our GPU backends' routes served by the exact
+``"reference"`` backend, so the outcome does not depend on the Triton kernels; the
+subprocess tests use the real ``default_policy()`` unmodified, and the enabled one runs our
+Triton fused kernel under the interpreter.
+
+Skipped only when the wheel cannot be downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import indexer_topk.api as api
+import indexer_topk.policy as policy_module
+from indexer_topk import sglang_plugin
+from indexer_topk.policy import Probe
+
+import sglang_fetch
+from sglang_doubles import (
+    H200,
+    MI355X_AITER,
+    ReferenceRoutes,
+    SceneSpec,
+    build_scene,
+    open_sglang,
+    rows_differing,
+    same_selection,
+)
+
+# SGLang's import chain warns about CPU-only quantisation backends and its own deprecations.
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+
+TEST_DIR = Path(__file__).resolve().parent
+REPO = TEST_DIR.parent
+LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200, "sglang_fp8": H200}
+
+
+@pytest.fixture(scope="module")
+def sglang_paths():
+    try:
+        return sglang_fetch.fetch_sglang_source()
+    except sglang_fetch.SourceUnavailable as exc:
+        pytest.skip(f"SGLang {sglang_fetch.SGLANG_VERSION} wheel unavailable: {exc}")
+
+
+@pytest.fixture(scope="module")
+def sg(sglang_paths):
+    env = open_sglang(sglang_paths)
+    yield env
+    env.close()
+
+
+@pytest.fixture
+def served(monkeypatch):
+    """Calls of our operator made by the plugin: one ``(backend, rows, topk, layout)`` each."""
+    calls = []
+    real = api.indexer_topk
+
+    def counted(*args, **kwargs):
+        calls.append((kwargs["backend"], args[0].shape[0], kwargs["topk"], kwargs["layout"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "indexer_topk", counted)
+    return calls
+
+
+def _ensure_entry_point(monkeypatch, sg) -> None:
+    """Use the installed distribution's entry point; register the same one if the package is not installed."""
+    eps = importlib.metadata.entry_points(group="sglang.srt.plugins")
+    if any(ep.name == "indexer_topk" for ep in eps):
+        return
+    ep = importlib.metadata.EntryPoint("indexer_topk", "indexer_topk.sglang_plugin:load", "sglang.srt.plugins")
+    monkeypatch.setattr(sg.plugins, "entry_points", lambda group: [ep] if group == "sglang.srt.plugins" else [])
+
+
+@pytest.fixture
+def load(sg, monkeypatch):
+    """``load(probe)``: SGLang's loader loads the plugin; the policy is the real one for ``probe``."""
+    mixin = sg.indexer.C4IndexerBackendMixin
+    saved = {name: mixin.__dict__[name] for name in ("__init__", "forward_c4_indexer")}
+    monkeypatch.setattr(sglang_plugin, "_STATE", sglang_plugin._PluginState())
+    sg.calls.clear()
+
+    def _load(probe: Probe = H200):
+        policy = ReferenceRoutes(probe)
+        monkeypatch.setattr(policy_module, "default_policy", lambda: policy)
+        _ensure_entry_point(monkeypatch, sg)
+        monkeypatch.setattr(sg.plugins, "_plugins_loaded", False)
+        sg.plugins.load_plugins()
+        return policy
+
+    yield _load
+    sg.hook_registry.HookRegistry.reset()
+    for name, fn in saved.items():
+        setattr(mixin, name, fn)
+
+
+def _scene(sg, **kw):
+    return build_scene(sg, SceneSpec(**kw))
+
+
+# ---------------------------------------------------------------------------------------------
+# Without SGLang, and the loader itself
+# ---------------------------------------------------------------------------------------------
+
+def test_without_sglang_import_and_load_do_nothing():
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO)\n"
+        "import indexer_topk.sglang_plugin as p\n"
+        "assert not any(m == 'sglang' or m.startswith('sglang.') for m in sys.modules)\n"
+        "sys.modules['sglang'] = None  # as if SGLang were not installed\n"
+        "print(p.load())\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+    assert "indexer_topk: SGLang is not installed" in proc.stderr
+
+
+def test_loader_registers_both_hooks(sg, load, caplog):
+    caplog.set_level(logging.INFO)
+    load()
+    registry = sg.hook_registry.HookRegistry
+    assert sglang_plugin.FORWARD_TARGET in registry._patched
+    assert sglang_plugin.INIT_TARGET in registry._patched
+    mixin = sg.indexer.C4IndexerBackendMixin
+    assert hasattr(mixin.forward_c4_indexer, "__wrapped__") and hasattr(mixin.__init__, "__wrapped__")
+    assert sg.version.__version__ == sglang_plugin.TARGET_SGLANG_VERSION
+    assert f"indexer_topk: registered DSv4 C4 indexer hooks on SGLang {sg.version.__version__}" in caplog.text
+    assert "Executed general plugin: indexer_topk" in caplog.text
+
+
+def test_plugins_allowlist_without_us_leaves_sglang_untouched(sg, load, monkeypatch):
+    monkeypatch.setenv("SGLANG_PLUGINS", "some_other_plugin")
+    load()
+    assert not hasattr(sg.indexer.C4IndexerBackendMixin.forward_c4_indexer, "__wrapped__")
+
+
+def test_missing_hook_symbol_leaves_sglang_untouched(sg, load, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
+    monkeypatch.delattr(sg.indexer.C4IndexerBackendMixin, "_forward_prepare_multi_stream")
+    load()
+    assert not hasattr(sg.indexer.C4IndexerBackendMixin.forward_c4_indexer, "__wrapped__")
+    assert sglang_plugin.FORWARD_TARGET not in sg.hook_registry.HookRegistry._hooks
+    assert "C4IndexerBackendMixin._forward_prepare_multi_stream is missing" in caplog.text
+    assert "leaving SGLang's indexer untouched" in caplog.text
+
+
+def test_policy_frozen_when_sglang_builds_the_backend(sg, load):
+    policy = load()
+    assert sglang_plugin._STATE.policy is None
+    _scene(sg, layout="sglang_fp8")  # SGLang's backend __init__ runs here
+    assert sglang_plugin._STATE.policy is policy
+    assert not policy.routes  # frozen before any call was routed
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefill: served by our operator, identical to SGLang's own path
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("raw", [False, True], ids=["pages", "pages+raw"])
+@pytest.mark.parametrize("layout", ["aiter_mxfp4", "sglang_mxfp4", "sglang_fp8"])
+def test_prefill_matches_sglang_without_logits(sg, load, served, layout, raw):
+    policy = load(LAYOUT_PROBE[layout])
+    scene = _scene(sg, layout=layout, raw_indices=raw, seed=len(layout) + raw)
+    sg.calls.clear()
+    pages, raws = scene.forward()
+    fused_calls = dict(sg.calls)
+    sg.calls.clear()
+    legacy_pages, legacy_raws = scene.forward(original=True)
+
+    assert served == [("reference", scene.rows, 512, layout)]  # one call, every row: no chunks
+    assert policy.routes == {("aiter" if layout == "aiter_mxfp4" else "fused"): 1}
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    assert (pages[scene.rows:] == -1).all()  # rows past the batch untouched
+    if raw:
+        assert same_selection(raws, legacy_raws), rows_differing(raws, legacy_raws)
+    # No logits kernel and no logits buffer on our route; SGLang's own route needs both.
+    assert sg.calls.logits_calls() == 1
+    assert fused_calls.get("forward_indexer_compressor") == 1
+    assert not any(k in fused_calls for k in sg.calls.LOGITS + ("fp4_hip._alloc_logits",))
+    # SGLang's own query quantisation ran on both routes.
+    quant = "aiter.rope_rotate_activation" if layout == "aiter_mxfp4" else (
+        "jit.q_indexer_fp4_quant" if layout == "sglang_mxfp4" else "jit.q_indexer_fp8_quant")
+    assert fused_calls[quant] == 1
+
+
+@pytest.mark.parametrize("layout", ["aiter_mxfp4", "sglang_fp8"])
+def test_prefill_sglang_chunks_rows_we_do_not(sg, load, served, layout):
+    load(LAYOUT_PROBE[layout])
+    scene = _scene(sg, layout=layout, chunk_rows=8, seed=7)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert sg.calls.logits_calls() == 0 and len(served) == 1 and served[0][1] == scene.rows
+    legacy_pages, _ = scene.forward(original=True)
+    assert sg.calls.logits_calls() == -(-scene.rows // 8)  # SGLang's path: one logits call per chunk
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+def test_prefill_matches_sglang_torch_fp8_logits(sg, load, served):
+    """SGLang's whole legacy path is its own code here: its torch FP8 logits and torch top-k."""
+    load(H200)
+    scene = _scene(sg, layout="sglang_fp8", keys="gapped", contexts=(2900, 2404, 300), extend=(9, 6, 3),
+                   sglang_torch_logits=True, raw_indices=True, seed=3)
+    pages, raws = scene.forward()
+    assert len(served) == 1 and sg.calls["indexer.fp8_paged_mqa_logits_torch"] == 0
+    legacy_pages, legacy_raws = scene.forward(original=True)
+    assert sg.calls["indexer.fp8_paged_mqa_logits_torch"] == 1
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    assert same_selection(raws, legacy_raws)
+
+
+def test_topk_1024(sg, load, served):
+    load(H200)
+    scene = _scene(sg, layout="sglang_mxfp4", topk=1024, contexts=(4900, 1000), extend=(6, 3), seed=11)
+    pages, _ = scene.forward()
+    legacy_pages, _ = scene.forward(original=True)
+    assert served[0][2] == 1024
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+def test_target_verify_rows_are_prefill_rows(sg, load, served):
+    """MTP verification run eagerly scores like prefill (one row per draft token)."""
+    load(H200)
+    scene = _scene(sg, layout="sglang_mxfp4", mode="TARGET_VERIFY", extend=(4, 4, 4), seed=13)
+    pages, _ = scene.forward()
+    legacy_pages, _ = scene.forward(original=True)
+    assert len(served) == 1
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+def test_indexer_capturer_gets_the_raw_indices(sg, load, served, monkeypatch):
+    """SGLang's top-k capturer (routing replay) records raw indices on our route too."""
+    load(MI355X_AITER)
+    captured = []
+    capturer = type("Capturer", (), {"capture": lambda self, layer, raw: captured.append((layer, raw.clone()))})()
+    monkeypatch.setattr(sg.indexer, "get_global_indexer_capturer", lambda: capturer)
+    scene = _scene(sg, layout="aiter_mxfp4", seed=17)
+    pages, _ = scene.forward()
+    legacy_pages, _ = scene.forward(original=True)
+    assert len(served) == 1 and len(captured) == 2 and captured[0][0] == 0
+    rows = scene.rows
+    assert same_selection(captured[0][1][:rows], captured[1][1][:rows])
+    assert same_selection(pages, legacy_pages)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode, capture, kill switch, non-paged, failure: SGLang's own path
+# ---------------------------------------------------------------------------------------------
+
+def _assert_sglang_served(sg, scene, served):
+    pages, _ = scene.forward()
+    assert served == []
+    assert sg.calls.logits_calls() == 1
+    legacy_pages, _ = scene.forward(original=True)
+    assert torch.equal(pages, legacy_pages)
+
+
+@pytest.mark.parametrize("layout", ["aiter_mxfp4", "sglang_fp8"])
+def test_decode_stays_on_sglang(sg, load, served, layout):
+    load(LAYOUT_PROBE[layout])
+    scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1))
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+
+
+def test_hip_verify_on_rowgroup_decode_workspace_stays_on_sglang(sg, load, served):
+    """SGLang scores a target-verify as decode rows when HIP built a row-group decode workspace."""
+    load(MI355X_AITER)
+    scene = _scene(sg, layout="aiter_mxfp4", mode="TARGET_VERIFY", extend=(4, 4, 4))
+    ws = sg.fp4_hip.FP4RowgroupDecodeWorkspace(scene.metadata.indexer_metadata.page_table, 256, None, 4)
+    scene.metadata.fp4_decode_workspace = ws
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [] and sg.calls.logits_calls() == 1
+
+
+@pytest.mark.parametrize("how", ["torch_stream_capture", "sglang_capture_mode", "breakable_cuda_graph",
+                                 "prefill_cuda_graph_metadata"])
+def test_capture_stays_on_sglang(sg, load, served, how):
+    policy = load(H200)
+    scene = _scene(sg, layout="sglang_fp8", use_prefill_cuda_graph=how == "prefill_cuda_graph_metadata")
+    sg.calls.clear()
+    if how == "torch_stream_capture":
+        sg.capturing[0] = True
+        try:
+            pages, _ = scene.forward()
+        finally:
+            sg.capturing[0] = False
+    elif how == "sglang_capture_mode":
+        with sg.capture_mode.model_capture_mode():
+            pages, _ = scene.forward()
+    elif how == "breakable_cuda_graph":
+        with sg.bcg_context.enable_breakable_cuda_graph():
+            pages, _ = scene.forward()
+    else:
+        pages, _ = scene.forward()
+    assert served == [] and sg.calls.logits_calls() == 1
+    assert not policy.routes  # capture is decided before the policy is asked
+    legacy_pages, _ = scene.forward(original=True)
+    assert torch.equal(pages, legacy_pages)
+
+
+def test_kill_switch_stays_on_sglang(sg, load, served):
+    policy = load(Probe(**{**H200.__dict__, "fused_enabled": False, "kill_switch_raw": "false"}))
+    assert policy.fused_backend == "legacy"
+    scene = _scene(sg, layout="sglang_fp8")
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+
+
+def test_nonpaged_indexer_stays_on_sglang(sg, load, served, monkeypatch):
+    """SGLang's non-paged CUDA FP8 indexer (large single-request EXTEND) is not a covered branch."""
+    load(H200)
+    monkeypatch.setattr(sg.indexer, "is_cuda", lambda: True)
+    monkeypatch.setattr(sg.indexer, "get_parallel", lambda: type("P", (), {"attn_cp_size": 1})())
+    monkeypatch.setenv("SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS", "1")
+    scene = _scene(sg, layout="sglang_fp8", contexts=(2900,), extend=(10,), seed=5)
+    scene.forward_batch.extend_start_loc = torch.zeros(1, dtype=torch.int32)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [] and sg.calls["deep_gemm.fp8_mqa_logits"] == 1
+    scene.metadata.indexer_metadata.nonpaged_plan = None
+    monkeypatch.setenv("SGLANG_OPT_DSV4_NONPAGED_INDEXER", "false")
+    paged_pages, _ = scene.forward()  # now the paged branch, served by us
+    assert len(served) == 1
+    assert same_selection(pages, paged_pages), rows_differing(pages, paged_pages)
+
+
+def test_operator_failure_falls_back_once_and_for_all(sg, load, served, monkeypatch, caplog):
+    load(H200)
+    scene = _scene(sg, layout="sglang_fp8")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel launch failed")
+
+    monkeypatch.setattr(api, "indexer_topk", broken)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert "kernel launch failed" in caplog.text
+    # SGLang re-scored the call without compressing index keys a second time.
+    assert sg.calls["forward_indexer_compressor"] == 1 and sg.calls.logits_calls() == 1
+    assert sglang_plugin._STATE.disabled
+    pages_again, _ = scene.forward()
+    assert sg.calls.logits_calls() == 2  # later calls go straight to SGLang
+    legacy_pages, _ = scene.forward(original=True)
+    assert torch.equal(pages, legacy_pages) and torch.equal(pages_again, legacy_pages)
+
+
+# ---------------------------------------------------------------------------------------------
+# As a deployment loads it: a fresh process, the installed entry point, the real policy
+# ---------------------------------------------------------------------------------------------
+
+def _run_scene(sglang_paths, env_overrides, layout="sglang_fp8"):
+    if not any(ep.name == "indexer_topk" for ep in importlib.metadata.entry_points(group="sglang.srt.plugins")):
+        pytest.fail("indexer-topk is not installed (pip install -e .): SGLang cannot discover its entry point")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SGLANG_DSV4_FP4_FUSED_TOPK")}
+    env.update(env_overrides)
+    env["PYTHONPATH"] = os.pathsep.join([str(TEST_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang_doubles.run_scene", *map(str, sglang_paths), "--layout", layout],
+        capture_output=True, text=True, timeout=300, env=env, cwd=str(TEST_DIR),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+def test_installed_package_serves_prefill_with_triton_fused(sglang_paths):
+    """Install the package, start SGLang: nothing else. Here the policy picks our Triton fused
+    kernel (the interpreter stands in for a GPU) and the documented log lines appear."""
+    result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1"})
+    assert result == {"operator_calls": {"fused": 1}, "logits_calls_hooked": 0, "same_selection": True,
+                      "hooked": True}
+    assert "indexer-topk: fused top-k path = fused (no GPU, TRITON_INTERPRET=1" in log
+    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset" in log
+    assert "indexer_topk: serving DSv4 C4 indexer top-k (backend=fused, layout=sglang_fp8, topk=512" in log
+
+
+def test_kill_switch_env_var_in_a_fresh_process(sglang_paths):
+    result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1", "SGLANG_DSV4_FP4_FUSED_TOPK": "false"})
+    assert result == {"operator_calls": {}, "logits_calls_hooked": 1, "same_selection": True, "hooked": True}
+    assert "indexer-topk: fused top-k path = legacy (" in log
+    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK=false" in log
+    assert "indexer_topk: serving DSv4 C4 indexer top-k" not in log
+
+
+# ---------------------------------------------------------------------------------------------
+# The documentation says what the code does
+# ---------------------------------------------------------------------------------------------
+
+DOC = REPO / "docs" / "sglang.md"
+
+
+def _doc_commands(prefix: str):
+    lines, current = [], ""
+    for raw in DOC.read_text().splitlines():
+        line = raw.strip()
+        if current:
+            current += " " + line.rstrip("\\").strip()
+        elif line.startswith(prefix):
+            current = line.rstrip("\\").strip()
+        if current and not line.endswith("\\"):
+            lines.append(current)
+            current = ""
+    return lines
+
+
+def test_doc_launch_lines_parse_with_sglang(sg):
+    import argparse
+    import shlex
+
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    commands = _doc_commands("sglang serve")
+    assert len(commands) >= 7
+    seen = set()
+    for command in commands:
+        argv = shlex.split(command)[2:]
+        args = parser.parse_args(argv)  # raises on a flag or choice SGLang 0.5.23 does not know
+        seen.add(args.model_path)
+    assert seen == {"deepseek-ai/DeepSeek-V4-Flash", "deepseek-ai/DeepSeek-V4-Pro"}
+    text = DOC.read_text()
+    for flags in ("--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+                  "--speculative-num-draft-tokens 4", "--enable-prefill-cp --cp-strategy interleave",
+                  "--enable-two-batch-overlap"):
+        assert flags in text
+
+
+def test_doc_log_lines_are_the_ones_the_code_logs():
+    from indexer_topk.policy import KILL_SWITCH, PathPolicy
+
+    text = DOC.read_text()
+    h200 = dict(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.5.1")
+    mi355 = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.5.1")
+    for probe in (Probe(**h200), Probe(**mi355, aiter_symbol=True), Probe(**mi355),
+                  Probe(**h200, fused_enabled=False, kill_switch_raw="false")):
+        assert PathPolicy(probe).log_line() in text
+    assert sglang_plugin.SERVING_LOG % ("fused", "sglang_fp8", 512, 8192) in text
+    assert f"{KILL_SWITCH}=false sglang serve" in text
+    assert "leaving SGLang's indexer untouched" in text
