@@ -311,6 +311,7 @@ def test_torch_capture_probe_that_raises_counts_as_not_capturing(monkeypatch):
 
 
 SGLANG_PREDICATES = [
+    ("sglang.srt.model_executor.runner_utils.capture_mode", "get_is_capture_mode"),
     ("sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode", "get_is_capture_mode"),
     ("sglang.srt.model_executor.cuda_graph_runner", "get_is_capture_mode"),
     ("sglang.srt.model_executor.runner_backend_utils.tc_piecewise_cuda_graph", "is_in_tc_piecewise_cuda_graph"),
@@ -319,7 +320,7 @@ SGLANG_PREDICATES = [
 ]
 
 
-@pytest.mark.parametrize("module_name,fn_name", SGLANG_PREDICATES, ids=[m.rsplit(".", 1)[1] for m, _ in SGLANG_PREDICATES])
+@pytest.mark.parametrize("module_name,fn_name", SGLANG_PREDICATES, ids=[".".join(m.rsplit(".", 2)[-2:]) for m, _ in SGLANG_PREDICATES])
 def test_sglang_capture_predicates(monkeypatch, module_name, fn_name):
     p = make_policy(**MI355X, aiter_symbol=True)
     state = {"on": False}

@@ -190,6 +190,8 @@ def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
 # forward pass would be slow and could close an import cycle.
 _SGLANG_CAPTURE_PREDICATES = (
     (
+        # SGLang 0.5.23 keeps the flag in runner_utils; older trees in the graph runner.
+        ("sglang.srt.model_executor.runner_utils.capture_mode", "get_is_capture_mode"),
         ("sglang.srt.model_executor.cuda_graph_runner_utils.capture_mode", "get_is_capture_mode"),
         ("sglang.srt.model_executor.cuda_graph_runner", "get_is_capture_mode"),
     ),
