@@ -1,0 +1,465 @@
+"""Workloads, runners and checks shared by the legacy and fused backend tests.
+
+Cases are small named workloads (hashable, so results are built once per test run and shared
+between tests and files). Checks are exact: the contract's structure element by element,
+kernel against kernel bit for bit, kernel against the fp64 reference under
+:func:`indexer_topk.compare.compare_to_reference` with the boundary next-values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from indexer_topk.backends.fused import fused_indexer_topk
+from indexer_topk.backends.legacy import legacy_indexer_topk
+from indexer_topk.compare import bitwise_equal, compare_to_reference, reference_with_boundary
+from indexer_topk.contract import CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerTopKResult, Layout, order_keys
+from indexer_topk.workload import PATTERNS, Workload, make_workload
+
+LAYOUTS = [x.value for x in Layout]
+ALL_PATTERNS = list(PATTERNS)
+
+# Sentinels a correct call must overwrite: a signalling NaN with a payload, and a byte pattern.
+NAN_SENTINEL_BITS = 0x7FBADBAD
+INDEX_SENTINEL = 0x5A5A5A5A
+GUARD_BYTE = 0xA5
+NEG_INF_BITS = -8388608  # 0xFF800000
+
+
+# ---------------------------------------------------------------------------------------------
+# Cases
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Case:
+    """A workload recipe: :func:`make_workload` arguments plus edits applied afterwards.
+
+    ``seq_lens``: replace the row lengths (each no longer than the row's original length, so the
+    page table stays valid). ``reverse_rows``: give each listed row its own copy of its pages in
+    reverse page order (keys byte-identical at the new slots, so the scores do not change).
+    ``nonfinite_scales`` (sglang_fp8 only): this fraction of the cache's slots each gets a key
+    scale of +inf, of -inf and of NaN, so rows hold scattered +-inf and NaN scores.
+    """
+
+    name: str
+    layout: str
+    pattern: str = "random"
+    context_tokens: Tuple[int, ...] = (4000, 1000)
+    rows_per_request: Tuple[int, ...] = (3, 2)
+    topk: int = 32
+    seed: int = 0
+    seq_lens: Optional[Tuple[int, ...]] = None
+    reverse_rows: Tuple[int, ...] = ()
+    nonfinite_scales: float = 0.0
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def reverse_row_pages(wl: Workload, row: int) -> Workload:
+    """A copy of ``wl`` whose row ``row`` reads its keys from new pages in reverse page order.
+
+    The row's ``n`` used pages are copied byte for byte to ``n`` new pages appended to the cache,
+    the last logical page first, and the row's page table points at them: logical page ``p``
+    lives in physical page ``N + n - 1 - p``. Other rows (of the same request too) still read the
+    original pages, so a row pair may disagree on every page it needs.
+    """
+    n = -(-int(wl.seq_lens[row]) // PAGE_SIZE)
+    pages = wl.page_table[row, :n].long()
+    first_new = wl.k_cache.shape[0]
+    k_cache = torch.cat([wl.k_cache, wl.k_cache[pages.flip(0)]]).contiguous()
+    k_scale = None if wl.k_scale is None else torch.cat([wl.k_scale, wl.k_scale[pages.flip(0)]]).contiguous()
+    page_table = wl.page_table.clone()
+    page_table[row, :n] = torch.arange(
+        first_new + n - 1, first_new - 1, -1, dtype=torch.int32, device=page_table.device
+    )
+    return Workload(
+        wl.layout, wl.q, wl.q_scale, k_cache, k_scale, wl.weights, page_table.contiguous(), wl.seq_lens,
+        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
+    )
+
+
+@functools.lru_cache(maxsize=None)
+def build(case: Case, device: str) -> Workload:
+    """The workload of ``case`` on ``device`` (cached: tests must not modify it)."""
+    wl = make_workload(
+        case.layout, context_tokens=case.context_tokens, rows_per_request=list(case.rows_per_request),
+        topk=case.topk, seed=case.seed, device=device, pattern=case.pattern,
+    )
+    if case.seq_lens is not None:
+        lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
+        assert lens.shape == wl.seq_lens.shape, "one length per row"
+        assert bool((lens <= wl.seq_lens).all()), "edited lengths must not exceed the originals"
+        wl.seq_lens = lens
+    for row in case.reverse_rows:
+        wl = reverse_row_pages(wl, row)
+    if case.nonfinite_scales:
+        wl = with_nonfinite_key_scales(wl, case.nonfinite_scales, case.seed)
+    return wl
+
+
+def with_nonfinite_key_scales(wl: Workload, fraction: float, seed: int) -> Workload:
+    """A copy of an sglang_fp8 ``wl`` whose per-key fp32 scales are +inf, -inf or NaN at random
+    slots (``fraction`` of all slots each). A score is ``s * scale``: +-inf where ``s != 0`` and
+    NaN where ``s == 0``, in the kernels as in the reference."""
+    assert wl.layout is Layout.SGLANG_FP8
+    pages = wl.k_cache.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+    slots = torch.randperm(pages * PAGE_SIZE, generator=gen)
+    n = int(fraction * pages * PAGE_SIZE)
+    k_cache = wl.k_cache.clone()
+    scales = k_cache.view(pages, -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]  # [pages, 64]
+    for i, value in enumerate((float("inf"), float("-inf"), float("nan"))):
+        chosen = slots[i * n : (i + 1) * n].to(k_cache.device)
+        scales[chosen // PAGE_SIZE, chosen % PAGE_SIZE] = value
+    return Workload(
+        wl.layout, wl.q, wl.q_scale, k_cache, wl.k_scale, wl.weights, wl.page_table, wl.seq_lens,
+        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
+    )
+
+
+def without_rows(wl: Workload):
+    """The call arguments of ``wl`` with every per-row tensor cut to zero rows (the cache kept)."""
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = wl.args()
+    cut = lambda t: None if t is None else t[:0]  # noqa: E731
+    return (cut(q), cut(q_scale), k_cache, k_scale, cut(weights), cut(page_table), cut(seq_lens))
+
+
+def call_kwargs(wl: Workload) -> dict:
+    return {"topk": wl.topk, "layout": wl.layout, "weight_scale": wl.weight_scale}
+
+
+def run_legacy(wl: Workload, **kw) -> IndexerTopKResult:
+    return legacy_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+
+
+def run_fused(wl: Workload, **kw) -> IndexerTopKResult:
+    """A fused call; ``pool=None`` (or no ``pool``) leaves the backend's default pool."""
+    if kw.get("pool", 0) is None:
+        del kw["pool"]
+    return fused_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+
+
+def small_pool(topk: int) -> int:
+    """The smallest candidate pool the fused backend takes: at least one 128-position block,
+    with ``topk + pool`` a power of two (the register-tile cut needs that). The buffer is then
+    cut back after every block or two."""
+    cap = 1 << (topk + 128 - 1).bit_length()
+    return cap - topk
+
+
+@functools.lru_cache(maxsize=None)
+def legacy_result(case: Case, device: str) -> IndexerTopKResult:
+    """Legacy outputs of ``case`` with default settings (cached: do not modify)."""
+    return run_legacy(build(case, device))
+
+
+@functools.lru_cache(maxsize=None)
+def fused_result(case: Case, device: str, num_splits=None, pool=None) -> IndexerTopKResult:
+    """Fused outputs of ``case`` with a fresh workspace (cached: do not modify)."""
+    return run_fused(build(case, device), num_splits=num_splits, pool=pool)
+
+
+@functools.lru_cache(maxsize=None)
+def reference_result(case: Case, device: str):
+    """``(expected, next_values)`` of ``case`` from the fp64 reference (cached)."""
+    return reference_for(build(case, device))
+
+
+def reference_for(wl: Workload):
+    return reference_with_boundary(wl.args(), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+
+
+def reference_rtol(layout, device) -> float:
+    """Score tolerance against the fp64 reference.
+
+    The interpreter widens every operand to fp32 and accumulates in fp32, as do the MXFP4 MMAs
+    (exact products of e2m1 x bf16); Hopper's fp8 MMA accumulates below fp32 precision.
+    """
+    if Layout(layout) is Layout.SGLANG_FP8 and torch.device(device).type == "cuda":
+        return 2e-3
+    return 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks
+# ---------------------------------------------------------------------------------------------
+
+def _bits(values: torch.Tensor) -> torch.Tensor:
+    return values.contiguous().view(torch.int32)
+
+
+def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
+    """Where two results first differ, for assertion messages."""
+    a = IndexerTopKResult(*(t.cpu() for t in a))
+    b = IndexerTopKResult(*(t.cpu() for t in b))
+    if a.values.shape != b.values.shape:
+        return f"shapes differ: {list(a.values.shape)} vs {list(b.values.shape)}"
+    bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
+    if bad_counts:
+        r = bad_counts[0]
+        return f"{len(bad_counts)} count(s) differ; row {r}: {int(a.counts[r])} vs {int(b.counts[r])}"
+    for name, x, y in (
+        ("values", _bits(a.values), _bits(b.values)),
+        ("raw_indices", a.raw_indices, b.raw_indices),
+        ("physical_indices", a.physical_indices, b.physical_indices),
+    ):
+        diff = (x != y).nonzero()
+        if len(diff):
+            r, j = (int(v) for v in diff[0])
+            rows = sorted(set(diff[:, 0].tolist()))
+            return (
+                f"{name} differ in {len(diff)} slot(s) of rows {rows[:8]}; row {r} slot {j}: "
+                f"value {float(a.values[r, j])!r} vs {float(b.values[r, j])!r}, "
+                f"raw {int(a.raw_indices[r, j])} vs {int(b.raw_indices[r, j])}, "
+                f"physical {int(a.physical_indices[r, j])} vs {int(b.physical_indices[r, j])}"
+            )
+    return "identical"
+
+
+def assert_bitwise(actual: IndexerTopKResult, expected: IndexerTopKResult, what: str = "") -> None:
+    """All four outputs identical bit for bit (NaN payloads and the sign of zero included)."""
+    assert bitwise_equal(actual, expected), f"{what}: {first_difference(actual, expected)}"
+
+
+def exact_tie_free_boundaries(expected: IndexerTopKResult, next_values: torch.Tensor) -> torch.Tensor:
+    """``next_values`` with the near-tie exception withdrawn where the boundary tie is exact.
+
+    Where the reference's (k-1)-th, k-th and (k+1)-th scores are one and the same fp32 number
+    (NaN included), the boundary falls inside a group of identical scores (equal keys, an
+    exact-zero plateau, NaN rows), which a kernel computes identically, so the contract's tie
+    rule (lower position first) decides the set: such rows must match exactly. (A three-way
+    tie of distinct keys by rounding alone is too unlikely to matter.) Setting their next value
+    to -inf makes :func:`compare_to_reference` demand the reference's set there.
+    """
+    vals, counts = expected.values, expected.counts
+    topk = vals.shape[1]
+    if topk < 2:
+        return next_values
+
+    def same(a, b):
+        a, b = a.contiguous(), b.contiguous()
+        return (a.view(torch.int32) == b.view(torch.int32)) | (torch.isnan(a) & torch.isnan(b))
+
+    kth, before = vals[:, topk - 1], vals[:, topk - 2]
+    exact = same(kth, next_values) & same(before, kth) & (counts.long() == topk)
+    return torch.where(exact, torch.full_like(next_values, float("-inf")), next_values)
+
+
+def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=None, rtol=None) -> None:
+    """``result`` agrees with the fp64 reference under the kernel-vs-reference rule, with exact
+    ties at the selection boundary broken by the lower position and zeros signed as there."""
+    if expected is None:
+        expected = reference_for(wl)
+    exp, nxt = expected
+    if rtol is None:
+        rtol = reference_rtol(wl.layout, wl.q.device)
+    cmp = compare_to_reference(
+        result, exp, next_values=exact_tie_free_boundaries(exp, nxt), seq_lens=wl.seq_lens,
+        page_table=wl.page_table, rtol=rtol,
+    )
+    assert cmp.ok, f"{cmp.summary()}; " + "; ".join(cmp.messages)
+    # +0 ranks above -0: a zero score must carry the reference's sign
+    a, e = result.values.cpu(), exp.values.cpu()
+    both_zero = (a == 0) & (e == 0)
+    assert torch.equal(torch.signbit(a[both_zero]), torch.signbit(e[both_zero])), "sign of a zero score differs"
+
+
+def assert_contract(result: IndexerTopKResult, wl: Workload) -> None:
+    """The contract's structure, element by element, without the reference.
+
+    counts = min(seq_len, topk); selected positions distinct, inside [0, seq_len) and mapped to
+    physical slots through the row's page table; rows with seq_len <= topk hold positions
+    0..seq_len-1 ascending; longer rows are strictly descending in the contract's order; NaN
+    scores are the canonical quiet NaN; past counts every slot is -1 / -1 / -inf; and no
+    sentinel from a preallocated output survives.
+    """
+    values, raw, phys, counts = (t.cpu() for t in result)
+    lens = wl.seq_lens.cpu().long()
+    pt = wl.page_table.cpu().long()
+    topk = values.shape[1]
+    assert torch.equal(counts.long(), lens.clamp(max=topk)), f"counts {counts.tolist()} for lengths {lens.tolist()}"
+    bits = _bits(values)
+    assert not bool((bits == NAN_SENTINEL_BITS).any()), "a value slot was never written"
+    assert not bool((raw == INDEX_SENTINEL).any()), "a raw index slot was never written"
+    assert not bool((phys == INDEX_SENTINEL).any()), "a physical index slot was never written"
+    slot = torch.arange(topk)[None, :]
+    valid = slot < counts.long()[:, None]
+    pad = ~valid
+    assert bool((raw[pad] == -1).all()), "raw_indices padding must be -1"
+    assert bool((phys[pad] == -1).all()), "physical_indices padding must be -1"
+    assert bool((bits[pad] == NEG_INF_BITS).all()), "values padding must be -inf"
+    nan = torch.isnan(values)
+    assert bool((bits[nan] == CANONICAL_NAN_BITS).all()), "NaN scores must be the canonical quiet NaN"
+    for r in range(values.shape[0]):
+        n = int(counts[r])
+        pos = raw[r, :n].long()
+        if n == 0:
+            continue
+        assert bool((pos >= 0).all()) and bool((pos < lens[r]).all()), f"row {r}: position out of range"
+        want_phys = pt[r, pos // PAGE_SIZE] * PAGE_SIZE + pos % PAGE_SIZE
+        assert torch.equal(phys[r, :n].long(), want_phys), f"row {r}: physical indices off the page table"
+        if lens[r] <= topk:
+            assert torch.equal(pos, torch.arange(n)), f"row {r}: a short row must list positions 0..{n - 1}"
+        else:
+            keys = order_keys(values[r, :n], pos)
+            assert bool((keys[1:] < keys[:-1]).all()), f"row {r}: not strictly descending in the contract order"
+
+
+# ---------------------------------------------------------------------------------------------
+# Poisoned and guarded buffers
+# ---------------------------------------------------------------------------------------------
+
+def poisoned_result(rows: int, topk: int, device) -> IndexerTopKResult:
+    """Output tensors filled with sentinels: NaN-with-payload values, 0x5A5A5A5A indices and counts."""
+    values = torch.full((rows, topk), NAN_SENTINEL_BITS, dtype=torch.int32, device=device).view(torch.float32)
+    fill = lambda shape: torch.full(shape, INDEX_SENTINEL, dtype=torch.int32, device=device)  # noqa: E731
+    return IndexerTopKResult(values, fill((rows, topk)), fill((rows, topk)), fill((rows,)))
+
+
+class GuardedResult:
+    """Outputs that are slices in the middle of larger sentinel-filled buffers.
+
+    ``out`` is what the call gets; :meth:`assert_guards_intact` checks that nothing before or
+    after any slice was written.
+    """
+
+    def __init__(self, rows: int, topk: int, device, guard: int = 1000):
+        self.guard = guard
+        self.bases = []
+        parts = []
+        for n, sentinel in (
+            (rows * topk, NAN_SENTINEL_BITS),
+            (rows * topk, INDEX_SENTINEL),
+            (rows * topk, INDEX_SENTINEL),
+            (rows, INDEX_SENTINEL),
+        ):
+            base = torch.full((guard + n + guard,), sentinel, dtype=torch.int32, device=device)
+            self.bases.append((base, n, sentinel))
+            parts.append(base[guard : guard + n])
+        self.out = IndexerTopKResult(
+            parts[0].view(torch.float32).view(rows, topk),
+            parts[1].view(rows, topk),
+            parts[2].view(rows, topk),
+            parts[3],
+        )
+
+    def assert_guards_intact(self) -> None:
+        g = self.guard
+        for (base, n, sentinel), name in zip(self.bases, IndexerTopKResult._fields):
+            before, after = base[:g], base[g + n :]
+            assert bool((before == sentinel).all()), f"out.{name}: written before its start"
+            assert bool((after == sentinel).all()), f"out.{name}: written past its end"
+
+
+class GuardedWorkspace:
+    """A uint8 workspace of ``nbytes`` in the middle of a larger buffer, all of it garbage.
+
+    The workspace itself starts full of ``GUARD_BYTE`` too: a backend must not depend on its
+    scratch being zeroed.
+    """
+
+    def __init__(self, nbytes: int, device, guard: int = 4096):
+        self.guard = guard
+        self.nbytes = nbytes
+        self.base = torch.full((guard + nbytes + guard,), GUARD_BYTE, dtype=torch.uint8, device=device)
+        self.workspace = self.base[guard : guard + nbytes]
+
+    def assert_guards_intact(self) -> None:
+        g = self.guard
+        before, after = self.base[:g], self.base[g + self.nbytes :]
+        bad_before = (before != GUARD_BYTE).nonzero().flatten()
+        bad_after = (after != GUARD_BYTE).nonzero().flatten()
+        if len(bad_before):
+            last = g - int(bad_before[-1])
+            raise AssertionError(f"{len(bad_before)} byte(s) written before the workspace, the last at -{last}")
+        if len(bad_after):
+            first = int(bad_after[0])
+            raise AssertionError(f"{len(bad_after)} byte(s) written past the workspace, the first at +{first}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared case matrix (small topk and short contexts: the interpreter is slow)
+# ---------------------------------------------------------------------------------------------
+
+def pattern_cases():
+    """Every layout on two patterns, and every pattern on one layout (sglang_mxfp4)."""
+    cases = []
+    for layout in LAYOUTS:
+        for pattern in ("random", "zero_plateau"):
+            cases.append(Case(f"{layout}-{pattern}", layout, pattern))
+    for pattern in ALL_PATTERNS:
+        if pattern not in ("random", "zero_plateau"):
+            cases.append(Case(f"sglang_mxfp4-{pattern}", "sglang_mxfp4", pattern, seed=1))
+    return cases
+
+
+def edge_length_case(layout: str, topk: int = 32) -> Case:
+    """Nine rows (odd: the last row's partner is a phantom) of two requests; lengths edited to
+    0, topk - 1, topk, topk + 1, 1 and long, so every pair mixes two kinds."""
+    # request 0: 5 rows of C4 length 599..600; request 1: 4 rows of C4 length 324..325
+    lens = (0, topk - 1, topk, topk + 1, 600, 1, 0, 324, topk + 1)
+    return Case(
+        f"{layout}-edge_lengths", layout, "random", context_tokens=(2400, 1300), rows_per_request=(5, 4),
+        topk=topk, seed=2, seq_lens=lens,
+    )
+
+
+def mixed_requests_case(layout: str, topk: int = 32) -> Case:
+    """Seven one-row requests: every pair holds rows of two requests with different page tables;
+    C4 lengths 600, 0, topk, topk + 1, 325, 175 and 12 (the last row has a phantom partner)."""
+    ctx = (2400, 3, 4 * topk, 4 * (topk + 1) + 3, 1300, 700, 50)
+    return Case(
+        f"{layout}-mixed_requests", layout, "random", context_tokens=ctx, rows_per_request=(1,) * len(ctx),
+        topk=topk, seed=3,
+    )
+
+
+def reversed_pages_case(layout: str, topk: int = 32) -> Case:
+    """Rows 1 and 4 read their pages in reverse order (row 1's partner, row 0, keeps the
+    original order, so the pair disagrees on every page); row 4 has a phantom partner."""
+    return Case(
+        f"{layout}-reversed_pages", layout, "random", context_tokens=(3000, 1200), rows_per_request=(3, 2),
+        topk=topk, seed=4, reverse_rows=(1, 4),
+    )
+
+
+def unreversed(case: Case) -> Case:
+    """The same workload without the page reversal."""
+    return dataclasses.replace(case, name=case.name + "-plain", reverse_rows=())
+
+
+def nonfinite_case(topk: int = 32) -> Case:
+    """sglang_fp8 rows with 6% of the key scales each +inf, -inf and NaN: more +inf scores than
+    topk (the boundary falls inside them), -inf and NaN scores among the rest, and a short row
+    (row 3) that lists some of each. The scores before scaling are all positive (decreasing
+    pattern), so no rounding can flip the sign of an infinity."""
+    return Case(
+        "sglang_fp8-nonfinite", "sglang_fp8", "decreasing", context_tokens=(2400, 1300), rows_per_request=(3, 2),
+        topk=topk, seed=14, seq_lens=(599, 599, 600, topk - 1, 325), nonfinite_scales=0.06,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# DeepSeek-V4 shapes, for the GPU tests (shared by both files, so results are built once)
+# ---------------------------------------------------------------------------------------------
+
+def gpu_128k_case(layout: str, topk: int) -> Case:
+    """Two requests of 128K and 96K tokens, nine query rows (four pairs and a phantom partner)."""
+    return Case(
+        f"gpu128k-{layout}-{topk}", layout, context_tokens=(131072, 98307), rows_per_request=(5, 4),
+        topk=topk, seed=10,
+    )
+
+
+def gpu_adversarial_case(pattern: str) -> Case:
+    """64 query rows at the end of one 256K-token request."""
+    return Case(
+        f"gpu256k-{pattern}", "sglang_mxfp4", pattern, context_tokens=(262144,), rows_per_request=(64,),
+        topk=2048, seed=11,
+    )

@@ -1,0 +1,414 @@
+"""The fused streaming backend: bit-identical to the legacy backend under every launch geometry.
+
+Both backends score with the same tile, so the fused outputs must equal the legacy outputs bit
+for bit, whatever the context split (exact merge kernel) and the candidate pool (in-kernel
+compactions). Small topk and short contexts keep these fast under the Triton interpreter; on a
+GPU the same tests run compiled. Tests marked ``gpu`` use DeepSeek-V4 shapes.
+"""
+
+import inspect
+
+import pytest
+import torch
+
+from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size, plan_fused
+from indexer_topk.contract import allocate_result
+
+from kernel_cases import (
+    LAYOUTS,
+    Case,
+    GuardedResult,
+    GuardedWorkspace,
+    assert_bitwise,
+    assert_contract,
+    assert_matches_reference,
+    build,
+    edge_length_case,
+    fused_result,
+    gpu_128k_case,
+    gpu_adversarial_case,
+    legacy_result,
+    mixed_requests_case,
+    nonfinite_case,
+    pattern_cases,
+    reference_result,
+    reversed_pages_case,
+    run_fused,
+    run_legacy,
+    small_pool,
+    without_rows,
+)
+
+PATTERN_CASES = pattern_cases()
+SPLITS = [None, 1, 2, 4]
+POOLS = ["small_pool", "default_pool"]
+
+
+def split_id(s):
+    return "auto_splits" if s is None else f"splits{s}"
+
+
+def pool_for(which: str, topk: int):
+    """``small_pool``: a cut every block or two; ``default_pool``: the backend's own (None)."""
+    return small_pool(topk) if which == "small_pool" else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Bit-identical to legacy
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", PATTERN_CASES, ids=str)
+def test_matches_legacy(case, device):
+    """Every layout on random and zero-plateau scores, every adversarial pattern on one layout:
+    default launch (automatic splits, full pool) equals legacy bit for bit."""
+    res = fused_result(case, device)
+    assert_contract(res, build(case, device))
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+
+
+@pytest.mark.parametrize("num_splits", [None, 1], ids=split_id)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_edge_lengths(layout, num_splits, device):
+    """Empty rows, rows shorter than, equal to and one longer than topk, an odd row count:
+    equal to legacy and to the contract, split or not."""
+    case = edge_length_case(layout)
+    wl = build(case, device)
+    res = fused_result(case, device, num_splits)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_of_different_requests_share_a_pair(layout, device):
+    """One-row requests: each pair spans two page tables and two lengths."""
+    case = mixed_requests_case(layout)
+    res = fused_result(case, device)
+    assert_contract(res, build(case, device))
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+
+
+@pytest.mark.parametrize("num_splits", [None, 1], ids=split_id)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reversed_page_order(layout, num_splits, device):
+    """Rows reading their pages in reverse physical order, one of them beside a partner with the
+    original order (the pair disagrees on every page): equal to legacy, split or not."""
+    case = reversed_pages_case(layout)
+    res = fused_result(case, device, num_splits)
+    assert_contract(res, build(case, device))
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch geometry: context splits and the candidate pool
+# ---------------------------------------------------------------------------------------------
+
+GEOMETRY_CASES = [
+    Case("sglang_fp8-zero_plateau-7rows", "sglang_fp8", "zero_plateau", context_tokens=(4400, 1000),
+         rows_per_request=(4, 3), seed=6),
+    edge_length_case("sglang_fp8"),
+    Case("aiter_mxfp4-nan_rows-7rows", "aiter_mxfp4", "nan_rows", context_tokens=(2400, 1000),
+         rows_per_request=(4, 3), seed=6),
+]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("num_splits", SPLITS, ids=split_id)
+@pytest.mark.parametrize("case", GEOMETRY_CASES, ids=str)
+def test_splits_and_pool(case, num_splits, pool, device):
+    """Context splits (with the exact merge) and a small pool (a cut every block or two) change
+    no bit of the outputs: on exact-zero ties at the selection boundary, on edge lengths, and
+    on rows whose every score is NaN."""
+    res = fused_result(case, device, num_splits, pool_for(pool, case.topk))
+    assert_contract(res, build(case, device))
+    assert_bitwise(res, legacy_result(case, device), f"{split_id(num_splits)}, {pool}")
+
+
+@pytest.mark.parametrize(
+    "num_splits, pool", [(None, "default_pool"), (1, "small_pool"), (4, "small_pool")],
+    ids=["auto_splits-default_pool", "splits1-small_pool", "splits4-small_pool"],
+)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf * 0
+def test_nonfinite_scores(num_splits, pool, device):
+    """Scattered +inf, -inf and NaN scores (non-finite key scales), through cuts and merges."""
+    case = nonfinite_case()
+    res = fused_result(case, device, num_splits, pool_for(pool, case.topk))
+    assert_contract(res, build(case, device))
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+
+
+@pytest.mark.parametrize(
+    "pattern, num_splits", [("increasing", 1), ("random", 2)], ids=["increasing-splits1", "random-splits2"]
+)
+def test_long_rows_compact_with_the_full_pool(pattern, num_splits, device):
+    """Rows of 5000 positions: more per split than the default candidate buffer holds, so it
+    fills and is cut back inside the stream (on increasing scores every new score enters)."""
+    case = Case(f"long-{pattern}", "aiter_mxfp4", pattern, context_tokens=(20000,), rows_per_request=(3,), seed=7)
+    wl = build(case, device)
+    # more positions per split than the candidate buffer holds
+    assert int(wl.seq_lens.min()) // num_splits > plan_fused(wl.rows, wl.topk, device, num_splits).cap
+    res = run_fused(wl, num_splits=num_splits)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.parametrize("topk", [16, 64])
+def test_other_topk(topk, device):
+    """topk 16 and 64 with a small pool and automatic splits."""
+    case = Case(f"topk{topk}", "sglang_mxfp4", "random", context_tokens=(3000, 700), rows_per_request=(2, 3),
+                topk=topk, seed=8)
+    wl = build(case, device)
+    res = run_fused(wl, pool=small_pool(topk))
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+def test_zero_rows(device):
+    """A call without rows returns empty outputs."""
+    wl = build(mixed_requests_case("sglang_mxfp4"), device)
+    res = fused_indexer_topk(without_rows(wl), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    assert res.values.shape == (0, wl.topk) and res.counts.shape == (0,)
+
+
+def test_invalid_geometry_is_rejected(device):
+    """A pool below the block size and a split count that is not a power of two raise."""
+    wl = build(edge_length_case("sglang_fp8"), device)
+    with pytest.raises(ValueError, match="pool"):
+        run_fused(wl, pool=64)
+    with pytest.raises(ValueError, match="num_splits"):
+        run_fused(wl, num_splits=3)
+
+
+# ---------------------------------------------------------------------------------------------
+# The workspace and preallocated outputs
+# ---------------------------------------------------------------------------------------------
+
+def test_workspace_size_is_context_independent(device):
+    """The scratch size depends on rows, topk, splits and pool, never on the context length."""
+    for splits in SPLITS:
+        for pool in (small_pool(32), None):
+            n = fused_workspace_size(9, 32, "sglang_fp8", device, splits, pool)
+            assert n == plan_fused(9, 32, device, splits, pool).nbytes
+            assert n == fused_workspace_size(9, 32, "aiter_mxfp4", device, splits, pool)
+    assert fused_workspace_size(9, 32, None, device, 4) > fused_workspace_size(9, 32, None, device, 1)
+
+
+def test_workspace_too_small_is_rejected(device):
+    """A workspace one byte short of the plan raises before any kernel runs."""
+    wl = build(edge_length_case("sglang_fp8"), device)
+    n = fused_workspace_size(wl.rows, wl.topk, wl.layout, device, 2)
+    ws = torch.zeros(n - 1, dtype=torch.uint8, device=device)
+    with pytest.raises(ValueError, match="workspace"):
+        run_fused(wl, num_splits=2, workspace=ws)
+
+
+@pytest.mark.parametrize(
+    "num_splits, pool", [(1, "default_pool"), (4, "small_pool")], ids=["splits1-default_pool", "splits4-small_pool"]
+)
+def test_guarded_outputs_and_workspace(num_splits, pool, device):
+    """Outputs and workspace are slices of larger garbage-filled buffers: every output element
+    is overwritten per the contract, and no byte outside the outputs or the workspace changes."""
+    case = edge_length_case("sglang_fp8")
+    wl = build(case, device)
+    pool = pool_for(pool, wl.topk)
+    out = GuardedResult(wl.rows, wl.topk, device)
+    ws = GuardedWorkspace(fused_workspace_size(wl.rows, wl.topk, wl.layout, device, num_splits, pool), device)
+    res = run_fused(wl, out=out.out, workspace=ws.workspace, num_splits=num_splits, pool=pool)
+    assert res.values.data_ptr() == out.out.values.data_ptr()
+    out.assert_guards_intact()
+    ws.assert_guards_intact()
+    assert_contract(out.out, wl)
+    assert_bitwise(out.out, legacy_result(case, device), "into guarded outputs")
+
+
+def test_workspace_reuse(device):
+    """One workspace through three calls with different inputs (layouts, patterns): each call's
+    outputs equal those of a call with its own fresh workspace."""
+    a = PATTERN_CASES[0]  # aiter_mxfp4-random
+    b = next(c for c in PATTERN_CASES if c.name == "sglang_fp8-zero_plateau")
+    wa, wb = build(a, device), build(b, device)
+    assert (wa.rows, wa.topk) == (wb.rows, wb.topk)
+    ws = GuardedWorkspace(fused_workspace_size(wa.rows, wa.topk, None, device), device)
+    for case, wl in ((a, wa), (b, wb), (a, wa)):
+        res = run_fused(wl, workspace=ws.workspace)
+        assert_bitwise(res, fused_result(case, device), f"{case.name} through a reused workspace")
+    ws.assert_guards_intact()
+
+
+def test_outputs_reused_across_calls(device):
+    """Outputs written by a call with long rows, then reused by a call with short and empty rows:
+    no stale element survives."""
+    long_case = PATTERN_CASES[0]  # five rows, all longer than topk
+    short_case = Case("short-5rows", "sglang_mxfp4", context_tokens=(100, 3, 140), rows_per_request=(2, 1, 2), seed=9)
+    wl_long, wl_short = build(long_case, device), build(short_case, device)
+    assert wl_long.rows == wl_short.rows
+    out = allocate_result(wl_long.rows, wl_long.topk, device)
+    run_fused(wl_long, out=out)
+    run_fused(wl_short, out=out)
+    assert_contract(out, wl_short)
+    assert_bitwise(out, run_legacy(wl_short), "outputs reused")
+
+
+DETERMINISM_CASE = Case("det-zero_plateau", "sglang_mxfp4", "zero_plateau", context_tokens=(2400,),
+                        rows_per_request=(3,), seed=5)
+
+
+def test_deterministic(device):
+    """Five calls with four splits and a small pool (merge and compactions) on a tie-heavy
+    workload give bit-identical outputs."""
+    wl = build(DETERMINISM_CASE, device)
+    pool = small_pool(wl.topk)
+    first = run_fused(wl, num_splits=4, pool=pool)
+    for i in range(4):
+        assert_bitwise(run_fused(wl, num_splits=4, pool=pool), first, f"repeat {i + 1}")
+
+
+@pytest.mark.skipif(
+    "stream_mode" not in inspect.signature(fused_indexer_topk).parameters, reason="one stream mode only"
+)
+@pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
+def test_segmented_stream_mode(num_splits, device):
+    """The segmented stream (cuts between segments by the chunked selection) with a small pool:
+    equal to legacy bit for bit on exact-zero ties."""
+    case = GEOMETRY_CASES[0]
+    wl = build(case, device)
+    res = run_fused(wl, num_splits=num_splits, pool=small_pool(wl.topk), stream_mode=1)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "segmented stream")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: DeepSeek-V4 shapes
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_128k_matches_legacy(layout, topk, device):
+    """A 128K-token context: fused with the real pool, automatic splits and eight splits equals
+    legacy bit for bit, and legacy agrees with the reference."""
+    case = gpu_128k_case(layout, topk)
+    wl = build(case, device)
+    legacy = legacy_result(case, device)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    for num_splits in (None, 8):
+        res = run_fused(wl, num_splits=num_splits)
+        assert_contract(res, wl)
+        assert_bitwise(res, legacy, split_id(num_splits))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["increasing", "equal", "zero_plateau", "nan_rows"])
+def test_gpu_adversarial_full_shape(pattern, device):
+    """64 rows of a 256K-token request under adversarial patterns: fused equals legacy bit for
+    bit, and legacy agrees with the reference."""
+    case = gpu_adversarial_case(pattern)
+    wl = build(case, device)
+    legacy = legacy_result(case, device)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    res = run_fused(wl)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy, "fused vs legacy")
+
+
+@pytest.mark.gpu
+def test_gpu_two_streams(device):
+    """Two workloads launched concurrently on two streams, each with its own workspace and
+    outputs, give the same bits as sequential calls."""
+    cases = [
+        Case("gpu-stream-a", "sglang_fp8", context_tokens=(131072,), rows_per_request=(16,), topk=2048, seed=20),
+        Case("gpu-stream-b", "aiter_mxfp4", "zero_plateau", context_tokens=(65536, 40000), rows_per_request=(5, 4),
+             topk=1024, seed=21),
+    ]
+    wls = [build(c, device) for c in cases]
+    sequential = [run_fused(wl) for wl in wls]
+    for a, b in zip(sequential, (legacy_result(c, device) for c in cases)):
+        assert_bitwise(a, b, "sequential fused vs legacy")
+    workspaces = [torch.empty(fused_workspace_size(wl.rows, wl.topk, wl.layout, device), dtype=torch.uint8,
+                              device=device) for wl in wls]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for rep in range(5):
+        outs = [allocate_result(wl.rows, wl.topk, device) for wl in wls]
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for s, wl, ws, out in zip(streams, wls, workspaces, outs):
+            with torch.cuda.stream(s):
+                run_fused(wl, workspace=ws, out=out)
+        torch.cuda.synchronize()
+        for out, want, c in zip(outs, sequential, cases):
+            assert_bitwise(out, want, f"{c.name} on its own stream, round {rep}")
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic(device):
+    """100 calls with automatic splits (work items taken in a different order each time) give
+    bit-identical outputs."""
+    case = Case("gpu-det", "aiter_mxfp4", "zero_plateau", context_tokens=(65536, 32768), rows_per_request=(8, 8),
+                topk=2048, seed=13)
+    wl = build(case, device)
+    ws = torch.empty(fused_workspace_size(wl.rows, wl.topk, wl.layout, device), dtype=torch.uint8, device=device)
+    first = run_fused(wl, workspace=ws)
+    assert_bitwise(first, legacy_result(case, device), "fused vs legacy")
+    for i in range(99):
+        assert_bitwise(run_fused(wl, workspace=ws), first, f"repeat {i + 1}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 8], ids=split_id)
+def test_gpu_empty_rows_among_long_rows(num_splits, device):
+    """Empty, short and 128K-token rows side by side in pairs: equal to legacy and the reference."""
+    lens = (0, 32766, 0, 511, 512, 513, 29999, 0, 1, 30000, 0)
+    case = Case("gpu-empty-long", "sglang_mxfp4", context_tokens=(131072, 120003), rows_per_request=(6, 5),
+                topk=512, seed=22, seq_lens=lens)
+    wl = build(case, device)
+    legacy = legacy_result(case, device)
+    assert_contract(legacy, wl)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    res = run_fused(wl, num_splits=num_splits)
+    assert_bitwise(res, legacy, split_id(num_splits))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_single_row(layout, device):
+    """One row of a 128K-token context (decode-like: automatic splits spread it over the GPU)."""
+    case = Case(f"gpu-1row-{layout}", layout, context_tokens=(131072,), rows_per_request=(1,), topk=2048, seed=23)
+    wl = build(case, device)
+    assert plan_fused(1, 2048, device).splits > 1
+    legacy = legacy_result(case, device)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    res = run_fused(wl)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy, "fused vs legacy")
+
+
+@pytest.mark.gpu
+def test_gpu_4097_rows(device):
+    """4097 rows (2049 pairs, the last with a phantom partner) of two requests."""
+    case = Case("gpu-4097", "sglang_fp8", context_tokens=(20000, 12000), rows_per_request=(2049, 2048),
+                topk=512, seed=24)
+    wl = build(case, device)
+    assert wl.rows == 4097
+    legacy = legacy_result(case, device)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    res = run_fused(wl)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy, "fused vs legacy")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [None, 8], ids=split_id)
+def test_gpu_guarded_outputs_and_workspace(num_splits, device):
+    """At a 128K-token context: garbage-filled guarded outputs and workspace, nothing written
+    outside them, every output element written."""
+    case = gpu_128k_case("sglang_fp8", 2048)
+    wl = build(case, device)
+    out = GuardedResult(wl.rows, wl.topk, device)
+    ws = GuardedWorkspace(fused_workspace_size(wl.rows, wl.topk, wl.layout, device, num_splits), device)
+    run_fused(wl, out=out.out, workspace=ws.workspace, num_splits=num_splits)
+    out.assert_guards_intact()
+    ws.assert_guards_intact()
+    assert_contract(out.out, wl)
+    assert_bitwise(out.out, legacy_result(case, device), "into guarded outputs")

@@ -1,0 +1,249 @@
+"""The legacy backend (score matrix + exact top-k) against the fp64 reference and its contract.
+
+Small topk and short contexts keep these fast under the Triton interpreter; on a GPU the same
+tests run compiled. Tests marked ``gpu`` use DeepSeek-V4 shapes and need a CUDA device.
+"""
+
+import pytest
+import torch
+
+from indexer_topk.backends.legacy import legacy_indexer_topk, logits_width
+from indexer_topk.contract import PAGE_SIZE
+
+from kernel_cases import (
+    LAYOUTS,
+    Case,
+    GuardedResult,
+    GuardedWorkspace,
+    assert_bitwise,
+    assert_contract,
+    assert_matches_reference,
+    build,
+    edge_length_case,
+    gpu_128k_case,
+    gpu_adversarial_case,
+    legacy_result,
+    mixed_requests_case,
+    nonfinite_case,
+    pattern_cases,
+    poisoned_result,
+    reference_result,
+    reversed_pages_case,
+    run_legacy,
+    unreversed,
+    without_rows,
+)
+
+PATTERN_CASES = pattern_cases()
+
+
+# ---------------------------------------------------------------------------------------------
+# Against the reference
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", PATTERN_CASES, ids=str)
+def test_matches_reference(case, device):
+    """Every layout on random and zero-plateau scores, every adversarial pattern on one layout:
+    the legacy outputs agree with the fp64 reference and satisfy the contract."""
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_edge_lengths(layout, device):
+    """Empty rows, rows shorter than, equal to and one longer than topk, and an odd row count."""
+    case = edge_length_case(layout)
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+    assert res.counts.tolist() == [0, 31, 32, 32, 32, 1, 0, 32, 32]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rows_of_different_requests_share_a_pair(layout, device):
+    """One-row requests: each row pair spans two page tables and two lengths."""
+    case = mixed_requests_case(layout)
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_reversed_page_order(layout, device):
+    """A row whose pages run in reverse physical order selects the same positions and scores as
+    with the original pages, and maps them through its own page table."""
+    case = reversed_pages_case(layout)
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+    plain = legacy_result(unreversed(case), device)
+    for name in ("values", "raw_indices", "counts"):
+        a, b = getattr(res, name), getattr(plain, name)
+        if name == "values":
+            a, b = a.view(torch.int32), b.view(torch.int32)
+        assert torch.equal(a, b), f"{name} changed with the page order"
+    plain_pages = build(unreversed(case), device).k_cache.shape[0]
+    for row in case.reverse_rows:
+        # the row reads new pages, in descending physical order, through its own page table
+        n_pages = -(-int(wl.seq_lens[row]) // PAGE_SIZE)
+        pages = wl.page_table[row, :n_pages].long().cpu()
+        assert int(pages.min()) >= plain_pages
+        assert torch.equal(pages, torch.arange(int(pages[0]), int(pages[0]) - n_pages, -1))
+        raw = res.raw_indices[row].long()
+        want = wl.page_table[row].long()[raw // PAGE_SIZE] * PAGE_SIZE + raw % PAGE_SIZE
+        assert torch.equal(res.physical_indices[row].long(), want)
+        assert not torch.equal(res.physical_indices[row], plain.physical_indices[row])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's inf * 0
+def test_nonfinite_scores(device):
+    """Key scales of +inf, -inf and NaN give scattered +-inf and NaN scores: infinities tied at the
+    selection boundary go to the lower positions, NaN ranks below -inf, and a short row lists
+    its -inf and NaN scores in place."""
+    case = nonfinite_case()
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+    short = res.values[3, : wl.topk - 1]
+    assert bool(torch.isnan(short).any()) and bool((short == float("-inf")).any())
+
+
+def test_all_rows_shorter_than_topk(device):
+    """topk wider than the whole logits matrix: every row returns positions 0..seq_len-1."""
+    case = Case("short-topk256", "sglang_fp8", context_tokens=(500, 400, 4), rows_per_request=(2, 1, 1), topk=256)
+    wl = build(case, device)
+    assert logits_width(wl.page_table) < case.topk
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+def test_zero_rows(device):
+    """A call without rows returns empty outputs."""
+    wl = build(mixed_requests_case("sglang_mxfp4"), device)
+    res = legacy_indexer_topk(without_rows(wl), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    assert res.values.shape == (0, wl.topk) and res.raw_indices.shape == (0, wl.topk)
+    assert res.counts.shape == (0,)
+
+
+# ---------------------------------------------------------------------------------------------
+# Chunking and the caller-owned workspace
+# ---------------------------------------------------------------------------------------------
+
+def test_tiny_budget_chunks_rows(device):
+    """A logits budget of one byte forces two-row chunks (the last one a single row): the
+    outputs are bit-identical to a single chunk."""
+    case = edge_length_case("aiter_mxfp4")
+    wl = build(case, device)
+    whole = legacy_result(case, device)
+    chunked = run_legacy(wl, logits_budget_bytes=1)
+    assert_bitwise(chunked, whole, "chunked by two rows")
+    chunked3 = run_legacy(wl, logits_budget_bytes=3 * logits_width(wl.page_table) * 4 + 1)
+    assert_bitwise(chunked3, whole, "budget of three rows")
+
+
+def test_caller_workspace_and_guards(device):
+    """A caller-owned workspace of two rows of logits (so four chunks for seven rows) inside a
+    guarded buffer: identical outputs, and not a byte written outside the workspace."""
+    case = mixed_requests_case("sglang_mxfp4")
+    wl = build(case, device)
+    nbytes = 2 * logits_width(wl.page_table) * 4
+    ws = GuardedWorkspace(nbytes, device)
+    res = run_legacy(wl, workspace=ws.workspace, logits_budget_bytes=64)
+    ws.assert_guards_intact()
+    assert_bitwise(res, legacy_result(case, device), "two-row workspace")
+
+
+# ---------------------------------------------------------------------------------------------
+# Preallocated outputs
+# ---------------------------------------------------------------------------------------------
+
+def test_poisoned_outputs_are_overwritten(device):
+    """Outputs prefilled with sentinels: every element is written, padding past counts is
+    -1 / -inf, and the result is bit-identical to a fresh call."""
+    case = edge_length_case("sglang_fp8")
+    wl = build(case, device)
+    out = poisoned_result(wl.rows, wl.topk, device)
+    res = run_legacy(wl, out=out)
+    assert res.values.data_ptr() == out.values.data_ptr()
+    assert_contract(out, wl)
+    assert_bitwise(out, legacy_result(case, device), "into poisoned outputs")
+
+
+def test_output_guard_bands(device):
+    """Outputs that are slices of larger sentinel buffers: nothing outside them is written."""
+    case = mixed_requests_case("aiter_mxfp4")
+    wl = build(case, device)
+    g = GuardedResult(wl.rows, wl.topk, device)
+    run_legacy(wl, out=g.out, logits_budget_bytes=1)
+    g.assert_guards_intact()
+    assert_contract(g.out, wl)
+    assert_bitwise(g.out, legacy_result(case, device), "into guarded outputs")
+
+
+def test_deterministic(device):
+    """Five calls on a tie-heavy workload give bit-identical outputs."""
+    case = Case("det-zero_plateau", "sglang_mxfp4", "zero_plateau", context_tokens=(2400,), rows_per_request=(3,),
+                seed=5)
+    wl = build(case, device)
+    first = run_legacy(wl)
+    for i in range(4):
+        assert_bitwise(run_legacy(wl), first, f"repeat {i + 1}")
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: DeepSeek-V4 shapes
+# ---------------------------------------------------------------------------------------------
+
+GPU_TOPKS = [512, 1024, 2048]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", GPU_TOPKS)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_128k_matches_reference(layout, topk, device):
+    """A 128K-token context (two requests, nine rows): legacy agrees with the reference."""
+    case = gpu_128k_case(layout, topk)
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["increasing", "equal", "zero_plateau", "nan_rows"])
+def test_gpu_adversarial_full_shape(pattern, device):
+    """64 rows of a 256K-token request under adversarial score patterns: legacy agrees with the
+    reference."""
+    case = gpu_adversarial_case(pattern)
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.gpu
+def test_gpu_chunked_matches_whole(device):
+    """A budget of four rows of logits gives the same bits as one chunk on long rows."""
+    case = Case("gpu-chunk", "sglang_fp8", context_tokens=(131072,), rows_per_request=(13,), topk=2048, seed=12)
+    wl = build(case, device)
+    whole = run_legacy(wl)
+    chunked = run_legacy(wl, logits_budget_bytes=4 * logits_width(wl.page_table) * 4)
+    assert_bitwise(chunked, whole, "chunked by four rows")
+    assert_contract(whole, wl)
+
+
+@pytest.mark.gpu
+def test_gpu_deterministic(device):
+    """100 calls on a moderate configuration give bit-identical outputs."""
+    case = Case("gpu-det", "aiter_mxfp4", context_tokens=(65536, 32768), rows_per_request=(8, 8), topk=2048, seed=13)
+    wl = build(case, device)
+    first = run_legacy(wl)
+    for i in range(99):
+        assert_bitwise(run_legacy(wl), first, f"repeat {i + 1}")
