@@ -28,6 +28,7 @@ SGLANG_MXFP4_SLOT_BYTES = 64 + 4
 SGLANG_FP8_SLOT_BYTES = 128 + 4
 
 CANONICAL_NAN_BITS = 0x7FC00000
+WORKSPACE_ALIGN = 16  # the kernels view scratch as int32 / fp32 arrays
 
 
 class Layout(str, enum.Enum):
@@ -306,3 +307,5 @@ def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> N
         raise ValueError("workspace: expected a contiguous tensor")
     if workspace.numel() < nbytes:
         raise ValueError(f"workspace: {workspace.numel()} bytes given, {nbytes} needed")
+    if workspace.data_ptr() % WORKSPACE_ALIGN:
+        raise ValueError(f"workspace: must start on a {WORKSPACE_ALIGN}-byte boundary")

@@ -68,7 +68,7 @@ def quantize_mxfp4(x: torch.Tensor):
     if x.shape[-1] % MX_GROUP != 0:
         raise ValueError(f"x: last dimension must be a multiple of {MX_GROUP}")
     xf = x.to(torch.float32)
-    groups = xf.reshape(*xf.shape[:-1], -1, MX_GROUP)
+    groups = xf.reshape(*xf.shape[:-1], xf.shape[-1] // MX_GROUP, MX_GROUP)
     amax = groups.abs().amax(dim=-1)
     sf = torch.clamp(amax / E2M1_MAX, min=MIN_AMAX)
     e = _ceil_log2(sf)
@@ -78,7 +78,7 @@ def quantize_mxfp4(x: torch.Tensor):
     y = groups * torch.exp2(-e.to(torch.float32)).unsqueeze(-1)
     mag = _round_to_e2m1_codes(y.clamp(-E2M1_MAX, E2M1_MAX))
     sign = ((y < 0) & (mag != 0)).to(torch.uint8) << 3
-    codes = (mag | sign).reshape(*xf.shape[:-1], -1)
+    codes = (mag | sign).reshape(xf.shape)
     packed = codes[..., 0::2] | (codes[..., 1::2] << 4)
     return packed.contiguous(), (e + UE8M0_BIAS).to(torch.uint8)
 

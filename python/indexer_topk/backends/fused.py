@@ -59,6 +59,17 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+def lane_slots(topk: int, block_n: int):
+    """Stream mode 2: slots per lane ``S`` and blocks between overflow checks ``CHECK``.
+
+    After a cut each lane holds at most ``ceil(topk / block_n)`` entries; ``CHECK`` more blocks
+    add at most one entry per lane each, so ``S = ceil(topk / block_n) + CHECK`` never overflows.
+    """
+    kept = -(-topk // block_n)
+    s = _next_pow2(kept + 8)
+    return s, s - kept
+
+
 def default_pool(topk: int, stream_mode: int = 0) -> int:
     """Candidate room beyond ``topk``. Mode 0 cuts the buffer as one register tile, so
     ``topk + pool`` is a power of two (at least ``topk + 1024``)."""
@@ -68,7 +79,8 @@ def default_pool(topk: int, stream_mode: int = 0) -> int:
 
 
 def plan_fused(
-    rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None
+    rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
+    stream_mode: int = 0, block_n: int = 128,
 ) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when pairs are too few
     to occupy every SM."""
@@ -87,19 +99,24 @@ def plan_fused(
         if splits < 1 or splits & (splits - 1):
             raise ValueError(f"num_splits: expected a power of two, got {splits}")
     programs = max(1, min(slots, pairs * splits))
+    if stream_mode == 2:
+        s, _check = lane_slots(topk, block_n)
+        return FusedPlan(rows, topk, programs, splits, block_n * s)
     if pool is None:
-        pool = default_pool(topk)
+        pool = default_pool(topk, stream_mode)
     return FusedPlan(rows, topk, programs, splits, topk + pool)
 
 
 def fused_workspace_size(
-    rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None
+    rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
+    stream_mode: int = 0,
 ) -> int:
     """Exact bytes of scratch a fused call of ``rows`` rows needs (independent of context length).
 
     ``layout`` does not change the size today; it is accepted so callers need not know that.
     """
-    return plan_fused(rows, topk, device, num_splits, pool).nbytes
+    block_n = tile_config(Layout(layout)).block_n if layout is not None else 128
+    return plan_fused(rows, topk, device, num_splits, pool, stream_mode, block_n).nbytes
 
 
 def _carve(workspace: torch.Tensor, plan: FusedPlan):
@@ -134,7 +151,8 @@ def fused_indexer_topk(
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
     (small pools force frequent cuts, which tests use). ``stream_mode`` 0 (default) cuts the
     candidate buffer inside the streaming loop as one register tile; 1 streams in segments and
-    cuts between them with the chunked selection. ``score_only`` is a measurement variant
+    cuts between them with the chunked selection; 2 keeps lane-private buffers (no cross-warp
+    step per block, see :mod:`indexer_topk.kernels.slots`; not yet measured on a GPU). ``score_only`` is a measurement variant
     that scores every block but selects nothing (outputs are not valid).
     """
     layout = Layout(layout)
@@ -146,13 +164,16 @@ def fused_indexer_topk(
     if rows == 0:
         return out
     cfg = tile_config(layout)
+    if stream_mode not in (0, 1, 2):
+        raise ValueError(f"stream_mode: expected 0, 1 or 2, got {stream_mode}")
     if pool is None:
         pool = default_pool(topk, stream_mode)
     if stream_mode == 0 and (topk + pool) & (topk + pool - 1):
         raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
     if pool < cfg.block_n:
         raise ValueError(f"pool: must be at least the block size {cfg.block_n}")
-    plan = plan_fused(rows, topk, device, num_splits, pool)
+    plan = plan_fused(rows, topk, device, num_splits, pool, stream_mode, cfg.block_n)
+    lane_s, lane_check = lane_slots(topk, cfg.block_n)
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
@@ -168,6 +189,7 @@ def fused_indexer_topk(
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
         CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, MIN_ROOM=max(min(MIN_ROOM, pool), cfg.block_n), STREAM_MODE=stream_mode,
+        S=lane_s, CHECK=lane_check,
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )
     if plan.splits > 1 and not score_only:

@@ -19,7 +19,7 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
@@ -117,6 +117,7 @@ def legacy_indexer_topk(
         logits_budget_bytes = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
     width = logits_width(page_table)
     if workspace is not None:
+        check_workspace(workspace, 2 * max(width, 1) * 4, q.device)
         logits_budget_bytes = workspace.numel()
     chunk = min(rows + rows % 2, rows_per_chunk(width, logits_budget_bytes))
     if workspace is not None:

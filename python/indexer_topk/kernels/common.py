@@ -69,6 +69,20 @@ def e2m1_to_f32(code):
 
 
 @triton.jit
+def e4m3_to_f32(byte):
+    """float8_e4m3fn bytes (int32, 0..255) -> fp32, exactly; 0x7F / 0xFF -> NaN.
+
+    Used under the interpreter, whose own e4m3 cast reads the NaN codes as +-480.
+    """
+    e = (byte >> 3) & 0xF
+    m = byte & 7
+    normal = ((e + 120) << 23) | (m << 20)
+    mag = tl.where(e == 0, (m.to(tl.float32) * 0.001953125).to(tl.int32, bitcast=True), normal)
+    bits = tl.where((byte & 0x7F) == 0x7F, 0x7FC00000, mag | ((byte & 0x80) << 24))
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def ue8m0_to_f32(e):
     """Biased ue8m0 exponents (int32, 0..255) -> 2**(e - 127) in fp32 (255 -> inf)."""
     bits = tl.where(e >= 255, 0x7F800000, e << 23)

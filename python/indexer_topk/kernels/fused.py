@@ -21,6 +21,7 @@ import triton.language as tl
 
 from .score import load_query_t, load_weights, score_pair
 from .select import compact_tile, finalize_row, select_into
+from .slots import cut_slots, finish_slots
 from .common import KEY_MIN, ordered_key
 
 
@@ -64,7 +65,7 @@ def fused_topk_kernel(
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
-    MIN_ROOM: tl.constexpr, STREAM_MODE: tl.constexpr,
+    MIN_ROOM: tl.constexpr, STREAM_MODE: tl.constexpr, S: tl.constexpr = 16, CHECK: tl.constexpr = 8,
 ):
     pid = tl.program_id(0)
     buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
@@ -95,11 +96,13 @@ def fused_topk_kernel(
         cnt1 = zero
         gate0 = zero + KEY_MIN
         gate1 = zero + KEY_MIN
-        if STREAM_MODE == 0:
-            # One innermost loop over the blocks; a buffer about to overflow is cut back in
-            # registers (compact_tile has no loops, so the loop stays software-pipelined).
+        if STREAM_MODE == 2:
+            # Lane-private buffers (see .slots): no cross-warp step per block.
+            lanes = tl.arange(0, BLOCK_N)
+            lc0 = tl.zeros([BLOCK_N], dtype=tl.int32)
+            lc1 = tl.zeros([BLOCK_N], dtype=tl.int32)
             for b in range(lo, hi, BLOCK_N):
-                pos = b + tl.arange(0, BLOCK_N)
+                pos = b + lanes
                 s0, s1 = score_pair(
                     pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
                     LAYOUT, INTERPRET,
@@ -108,31 +111,34 @@ def fused_topk_kernel(
                 u1 = ordered_key(s1)
                 take0 = (pos < end0) & (u0 >= gate0)
                 take1 = (pos < end1) & (u1 >= gate1)
-                if SCORE_ONLY:
-                    # Measurement variant: the scores are consumed (counted), nothing is kept.
-                    cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
-                    cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
-                else:
-                    # Most blocks of a long row hold no survivor once the gates have risen: one
-                    # reduction for both rows spares them the prefix sums of the append.
-                    if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
-                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-                    if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
+                tl.store(buf0_key + lanes * S + lc0, u0, mask=take0)
+                tl.store(buf0_pos + lanes * S + lc0, pos, mask=take0)
+                tl.store(buf1_key + lanes * S + lc1, u1, mask=take1)
+                tl.store(buf1_pos + lanes * S + lc1, pos, mask=take1)
+                lc0 += take0.to(tl.int32)
+                lc1 += take1.to(tl.int32)
+                if ((b - lo) // BLOCK_N) % CHECK == CHECK - 1:
+                    if tl.max(tl.maximum(lc0, lc1), axis=0) > S - CHECK:
                         tl.debug_barrier()
-                        if cnt0 > CAP - BLOCK_N:
-                            cnt0, gate0 = compact_tile(buf0_key, buf0_pos, cnt0, TOPK, CAP)
-                        if cnt1 > CAP - BLOCK_N:
-                            cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
-                        tl.debug_barrier()
+                        if tl.max(lc0, axis=0) > S - CHECK:
+                            lc0, gate0 = cut_slots(buf0_key, buf0_pos, lc0, gate0, TOPK, BLOCK_N, S)
+                        if tl.max(lc1, axis=0) > S - CHECK:
+                            lc1, gate1 = cut_slots(buf1_key, buf1_pos, lc1, gate1, TOPK, BLOCK_N, S)
+            tl.debug_barrier()
+            finish_slots(
+                buf0_key, buf0_pos, lc0, len0, r0, split, pt_ptr, stride_pt,
+                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, BLOCK_N, S, SPLITS,
+            )
+            if v1:
+                finish_slots(
+                    buf1_key, buf1_pos, lc1, len1, r1, split, pt_ptr, stride_pt,
+                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, BLOCK_N, S, SPLITS,
+                )
         else:
-            # Segments that cannot overflow either buffer even if every score enters; the
-            # buffers are cut back between segments by the chunked selection.
-            seg_lo = lo
-            while seg_lo < hi:
-                room = CAP - tl.maximum(cnt0, cnt1)
-                seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
-                for b in range(seg_lo, seg_hi, BLOCK_N):
+            if STREAM_MODE == 0:
+                # One innermost loop over the blocks; a buffer about to overflow is cut back in
+                # registers (compact_tile has no loops, so the loop stays software-pipelined).
+                for b in range(lo, hi, BLOCK_N):
                     pos = b + tl.arange(0, BLOCK_N)
                     s0, s1 = score_pair(
                         pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
@@ -143,36 +149,70 @@ def fused_topk_kernel(
                     take0 = (pos < end0) & (u0 >= gate0)
                     take1 = (pos < end1) & (u1 >= gate1)
                     if SCORE_ONLY:
+                        # Measurement variant: the scores are consumed (counted), nothing is kept.
                         cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
                         cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
                     else:
-                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-                seg_lo = seg_hi
-                if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
-                    tl.debug_barrier()
-                    if cnt0 > CAP - MIN_ROOM:
-                        cnt0, gate0 = select_into(
-                            buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                        # Most blocks of a long row hold no survivor once the gates have risen: one
+                        # reduction for both rows spares them the prefix sums of the append.
+                        if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
+                            cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                            cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                        if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
+                            tl.debug_barrier()
+                            if cnt0 > CAP - BLOCK_N:
+                                cnt0, gate0 = compact_tile(buf0_key, buf0_pos, cnt0, TOPK, CAP)
+                            if cnt1 > CAP - BLOCK_N:
+                                cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
+                            tl.debug_barrier()
+            else:
+                # Segments that cannot overflow either buffer even if every score enters; the
+                # buffers are cut back between segments by the chunked selection.
+                seg_lo = lo
+                while seg_lo < hi:
+                    room = CAP - tl.maximum(cnt0, cnt1)
+                    seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
+                    for b in range(seg_lo, seg_hi, BLOCK_N):
+                        pos = b + tl.arange(0, BLOCK_N)
+                        s0, s1 = score_pair(
+                            pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                            LAYOUT, INTERPRET,
                         )
-                    if cnt1 > CAP - MIN_ROOM:
-                        cnt1, gate1 = select_into(
-                            buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
-                        )
-                    tl.debug_barrier()
-        tl.debug_barrier()
-        if SCORE_ONLY:
-            tl.store(out_cnt + r0, cnt0 + len0)
-            tl.store(out_cnt + r1, cnt1 + len1, mask=v1)
-        else:
-            _finish_row(
-                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
-                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
-            )
-            if v1:
+                        u0 = ordered_key(s0)
+                        u1 = ordered_key(s1)
+                        take0 = (pos < end0) & (u0 >= gate0)
+                        take1 = (pos < end1) & (u1 >= gate1)
+                        if SCORE_ONLY:
+                            cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
+                            cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
+                        else:
+                            cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                            cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                    seg_lo = seg_hi
+                    if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
+                        tl.debug_barrier()
+                        if cnt0 > CAP - MIN_ROOM:
+                            cnt0, gate0 = select_into(
+                                buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
+                            )
+                        if cnt1 > CAP - MIN_ROOM:
+                            cnt1, gate1 = select_into(
+                                buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
+                            )
+                        tl.debug_barrier()
+            tl.debug_barrier()
+            if SCORE_ONLY:
+                tl.store(out_cnt + r0, cnt0 + len0)
+                tl.store(out_cnt + r1, cnt1 + len1, mask=v1)
+            else:
                 _finish_row(
-                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                    buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
                     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
                 )
+                if v1:
+                    _finish_row(
+                        buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
+                    )
         tl.debug_barrier()
         item = tl.atomic_add(queue, 1)

@@ -25,7 +25,7 @@ every operand is widened to fp32 by hand, because the interpreter's bf16 dot is 
 import triton
 import triton.language as tl
 
-from .common import e2m1_to_f32, ue8m0_to_f32
+from .common import e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32
 
 
 @triton.jit
@@ -37,9 +37,10 @@ def load_query_t(q_ptr, qs_ptr, row, rvalid, LAYOUT: tl.constexpr, INTERPRET: tl
     rvalid = (d * 0 + h * 0 + rvalid.to(tl.int32)) != 0  # a full-shape mask
     if LAYOUT == 2:
         raw = tl.load(q_ptr + row64 * 8192 + h * 128 + d, mask=rvalid, other=0)
-        qt = raw.to(tl.float8e4nv, bitcast=True)
         if INTERPRET:
-            qt = qt.to(tl.float32)
+            qt = e4m3_to_f32(raw.to(tl.int32))
+        else:
+            qt = raw.to(tl.float8e4nv, bitcast=True)
     else:
         byte = tl.load(q_ptr + row64 * 4096 + h * 64 + d // 2, mask=rvalid, other=0).to(tl.int32)
         code = (byte >> ((d & 1) * 4)) & 0xF
@@ -77,9 +78,10 @@ def load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, m, LAYOUT: tl.constexpr, IN
     if LAYOUT == 2:
         d = tl.arange(0, 128)[None, :]
         raw = tl.load(kc_ptr + page64 * 8448 + o * 128 + d, mask=mm, other=0)
-        k = raw.to(tl.float8e4nv, bitcast=True)
         if INTERPRET:
-            k = k.to(tl.float32)
+            k = e4m3_to_f32(raw.to(tl.int32))
+        else:
+            k = raw.to(tl.float8e4nv, bitcast=True)
         kscale = tl.load(kf_ptr + page.to(tl.int64) * 2112 + 2048 + off, mask=m, other=0.0)
         return k, raw, kscale
     elif INTERPRET:
