@@ -1,0 +1,55 @@
+"""Caller-owned workspaces: exact size, alignment and the legacy path's minimum, checked
+before any kernel runs."""
+
+import pytest
+import torch
+
+import indexer_topk as it
+from indexer_topk import api
+from indexer_topk.backends.fused import fused_workspace_size
+
+
+@pytest.fixture
+def wl():
+    return it.make_workload("sglang_fp8", context_tokens=[2400, 900], rows_per_request=[2, 1], topk=512)
+
+
+def _refuse_kernels(monkeypatch):
+    import indexer_topk.backends.fused as fused
+    import indexer_topk.backends.legacy as legacy
+
+    class Refuse:
+        def __getitem__(self, grid):
+            raise AssertionError("a kernel was launched")
+
+    monkeypatch.setattr(fused, "fused_topk_kernel", Refuse())
+    monkeypatch.setattr(legacy, "logits_kernel", Refuse())
+
+
+def test_workspace_size_is_independent_of_context():
+    """The fused scratch depends on rows and topk, never on the context length."""
+    sizes = {fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=m) for m in (0, 2)}
+    assert len(sizes) == 1  # both modes keep 2048 candidates per row at topk 1024
+    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu") < fused_workspace_size(1024, 2048, "sglang_fp8", "cpu")
+
+
+@pytest.mark.parametrize("backend", ["fused"])
+def test_fused_workspace_too_small_or_misaligned(wl, backend, monkeypatch):
+    _refuse_kernels(monkeypatch)
+    n = fused_workspace_size(wl.rows, wl.topk, wl.layout, "cpu")
+    with pytest.raises(ValueError, match="^workspace: .* needed"):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n - 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="^workspace: must start"):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n + 1, dtype=torch.uint8)[1:])
+    with pytest.raises(ValueError, match="^workspace: expected a uint8"):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n, dtype=torch.int8))
+
+
+def test_legacy_workspace_needs_two_rows(wl, monkeypatch):
+    _refuse_kernels(monkeypatch)
+    width = wl.page_table.shape[1] * 64
+    with pytest.raises(ValueError, match="^workspace: .* needed"):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=torch.zeros(2 * width * 4 - 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="^workspace: must start"):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy",
+                        workspace=torch.zeros(2 * width * 4 + 16, dtype=torch.uint8)[4:])
