@@ -6,7 +6,6 @@ compactions). Small topk and short contexts keep these fast under the Triton int
 GPU the same tests run compiled. Tests marked ``gpu`` use DeepSeek-V4 shapes.
 """
 
-import inspect
 
 import pytest
 import torch
@@ -265,18 +264,14 @@ def test_deterministic(device):
         assert_bitwise(run_fused(wl, num_splits=4, pool=pool), first, f"repeat {i + 1}")
 
 
-@pytest.mark.skipif(
-    "stream_mode" not in inspect.signature(fused_indexer_topk).parameters, reason="one stream mode only"
-)
 @pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
-def test_segmented_stream_mode(num_splits, device):
-    """The segmented stream (cuts between segments by the chunked selection) with a small pool:
-    equal to legacy bit for bit on exact-zero ties."""
+def test_lane_stream_mode(num_splits, device):
+    """The lane-private stream (stream mode 2): equal to legacy bit for bit on exact-zero ties."""
     case = GEOMETRY_CASES[0]
     wl = build(case, device)
-    res = run_fused(wl, num_splits=num_splits, pool=small_pool(wl.topk), stream_mode=1)
+    res = run_fused(wl, num_splits=num_splits, stream_mode=2)
     assert_contract(res, wl)
-    assert_bitwise(res, legacy_result(case, device), "segmented stream")
+    assert_bitwise(res, legacy_result(case, device), "lane stream")
 
 
 # ---------------------------------------------------------------------------------------------

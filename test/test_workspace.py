@@ -5,7 +5,6 @@ import pytest
 import torch
 
 import indexer_topk as it
-from indexer_topk import api
 from indexer_topk.backends.fused import fused_workspace_size
 
 

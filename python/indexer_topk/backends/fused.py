@@ -18,17 +18,11 @@ from ..kernels.fused import fused_topk_kernel
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, pack_args, tile_config
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
-# Candidates a row may gather beyond its top-k before the buffer is cut back: the cut costs a
-# few passes over TOPK + POOL entries, so a larger pool amortises it over more scores.
-POOL = 2048
 PROGRAMS_PER_SM = 2
 MAX_SPLITS = 64
 # Split rows only while the per-split candidate lists stay small next to the buffers.
 MAX_SPLIT_ROWS = 2048
 QUEUE_BYTES = 256
-# A buffer is cut back once fewer than this many entries of room remain, so every streaming
-# segment spans several blocks (POOL must be at least this).
-MIN_ROOM = 512
 
 
 @dataclass(frozen=True)
@@ -70,12 +64,11 @@ def lane_slots(topk: int, block_n: int):
     return s, s - kept
 
 
-def default_pool(topk: int, stream_mode: int = 0) -> int:
-    """Candidate room beyond ``topk``. Mode 0 cuts the buffer as one register tile, so
-    ``topk + pool`` is a power of two (at least ``topk + 1024``)."""
-    if stream_mode == 0:
-        return _next_pow2(topk + 1024) - topk
-    return POOL
+def default_pool(topk: int) -> int:
+    """Candidate room beyond ``topk`` in stream mode 0. The buffer is cut as one register tile,
+    so ``topk + pool`` is a power of two, at least ``topk + 1024``: each cut is then amortised
+    over at least 1024 entering scores."""
+    return _next_pow2(topk + 1024) - topk
 
 
 def plan_fused(
@@ -103,7 +96,7 @@ def plan_fused(
         s, _check = lane_slots(topk, block_n)
         return FusedPlan(rows, topk, programs, splits, block_n * s)
     if pool is None:
-        pool = default_pool(topk, stream_mode)
+        pool = default_pool(topk)
     return FusedPlan(rows, topk, programs, splits, topk + pool)
 
 
@@ -149,10 +142,10 @@ def fused_indexer_topk(
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
-    (small pools force frequent cuts, which tests use). ``stream_mode`` 0 (default) cuts the
-    candidate buffer inside the streaming loop as one register tile; 1 streams in segments and
-    cuts between them with the chunked selection; 2 keeps lane-private buffers (no cross-warp
-    step per block, see :mod:`indexer_topk.kernels.slots`; not yet measured on a GPU). ``score_only`` is a measurement variant
+    (small pools force frequent cuts, which tests use). ``stream_mode`` 0 (default) keeps a
+    position-ordered buffer per row, cut inside the streaming loop as one register tile; 2 keeps
+    lane-private buffers (no cross-warp step per block, see :mod:`indexer_topk.kernels.slots`;
+    not yet measured on a GPU). ``score_only`` is a measurement variant
     that scores every block but selects nothing (outputs are not valid).
     """
     layout = Layout(layout)
@@ -164,10 +157,10 @@ def fused_indexer_topk(
     if rows == 0:
         return out
     cfg = tile_config(layout)
-    if stream_mode not in (0, 1, 2):
-        raise ValueError(f"stream_mode: expected 0, 1 or 2, got {stream_mode}")
+    if stream_mode not in (0, 2):
+        raise ValueError(f"stream_mode: expected 0 or 2, got {stream_mode}")
     if pool is None:
-        pool = default_pool(topk, stream_mode)
+        pool = default_pool(topk)
     if stream_mode == 0 and (topk + pool) & (topk + pool - 1):
         raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
     if pool < cfg.block_n:
@@ -188,7 +181,7 @@ def fused_indexer_topk(
         float(weight_scale), buf_key, buf_pos, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, MIN_ROOM=max(min(MIN_ROOM, pool), cfg.block_n), STREAM_MODE=stream_mode,
+        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
         S=lane_s, CHECK=lane_check,
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )

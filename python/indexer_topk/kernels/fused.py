@@ -2,24 +2,29 @@
 
 A persistent grid of programs pulls work items from an atomic counter; an item is a pair of
 query rows and one context split. For each key block the program computes the pair's scores
-with the shared tile (:mod:`.score`), turns them into order keys and appends every key that
-reaches the row's gate to the row's candidate buffer in global scratch (``CAP = TOPK + POOL``
-entries, program-private, L2-resident). When a buffer could overflow on the next block it is
-cut back to exactly ``TOPK`` entries by radix select (:func:`.select.select_into`), and the
-row's gate rises to the k-th key found. Buffers stay in position order, so equal scores
-resolve to the lower position without carrying the index in the key.
+with the shared tile (:mod:`.score`), turns them into order keys and keeps every key that
+reaches the row's gate in the row's candidate buffer in global scratch (program-private,
+L2-resident). When a buffer could overflow it is cut back to exactly ``TOPK`` entries by radix
+select and the row's gate rises to the k-th key found, so the gate only ever rises.
 
-At the end of an item the buffer is cut to ``TOPK``; with one split per row the program sorts
-it and writes the contract's outputs directly, otherwise it stores the list for the merge
-kernel (:func:`.select.select_rows_kernel`, segment mode). Scratch is
-``programs * 2 * CAP * 8`` bytes plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows:
-independent of the context length.
+Two ways to keep the candidates (``STREAM_MODE``):
+
+* 0: one buffer per row in position order (``CAP = TOPK + pool`` entries, a power of two),
+  appended with a block-wide prefix sum and cut as one register tile
+  (:func:`.select.compact_tile`) inside the single streaming loop; position order makes equal
+  scores resolve to the lower position without carrying the position in the key.
+* 2: lane-private buffers with no cross-warp step per block (:mod:`.slots`).
+
+At the end of an item the row's top ``TOPK`` is either sorted and written as the contract's
+outputs (one split per row) or stored in position order for the merge kernel
+(:func:`.select.select_rows_kernel`, segment mode). Scratch is ``programs * 2 * CAP * 8`` bytes
+plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows: independent of the context length.
 """
 
 import triton
 import triton.language as tl
 
-from .score import load_query_t, load_weights, score_pair
+from .score import load_row_pair, score_pair
 from .select import compact_tile, finalize_row, select_into
 from .slots import cut_slots, finish_slots
 from .common import KEY_MIN, ordered_key
@@ -32,6 +37,21 @@ def _append(buf_key, buf_pos, count, key, pos, take):
     tl.store(buf_key + dst, key, mask=take)
     tl.store(buf_pos + dst, pos, mask=take)
     return count + tl.sum(take_i, axis=0)
+
+
+@triton.jit
+def _block_keys(
+    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+    LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """Score the block at ``b`` for the row pair: positions, order keys and who passes the gates."""
+    pos = b + tl.arange(0, BLOCK_N)
+    s0, s1 = score_pair(
+        pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale, LAYOUT, INTERPRET
+    )
+    u0 = ordered_key(s0)
+    u1 = ordered_key(s1)
+    return pos, u0, u1, (pos < end0) & (u0 >= gate0), (pos < end1) & (u1 >= gate1)
 
 
 @triton.jit
@@ -65,7 +85,7 @@ def fused_topk_kernel(
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
-    MIN_ROOM: tl.constexpr, STREAM_MODE: tl.constexpr, S: tl.constexpr = 16, CHECK: tl.constexpr = 8,
+    STREAM_MODE: tl.constexpr, S: tl.constexpr = 16, CHECK: tl.constexpr = 8,
 ):
     pid = tl.program_id(0)
     buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
@@ -85,12 +105,9 @@ def fused_topk_kernel(
         hi = tl.minimum(lo + split_span, tl.maximum(len0, len1))
         end0 = tl.minimum(len0, hi)
         end1 = tl.minimum(len1, hi)
-        qt0 = load_query_t(q_ptr, qs_ptr, r0, r0 < n_rows, LAYOUT, INTERPRET)
-        qt1 = load_query_t(q_ptr, qs_ptr, r1, v1, LAYOUT, INTERPRET)
-        w0 = load_weights(w_ptr, r0, r0 < n_rows)
-        w1 = load_weights(w_ptr, r1, v1)
-        pt0 = pt_ptr + r0.to(tl.int64) * stride_pt
-        pt1 = pt_ptr + tl.where(v1, r1, r0).to(tl.int64) * stride_pt
+        qt0, qt1, w0, w1, pt0, pt1 = load_row_pair(
+            q_ptr, qs_ptr, w_ptr, pt_ptr, stride_pt, r0, n_rows, LAYOUT, INTERPRET
+        )
         zero = tl.zeros([], dtype=tl.int32)
         cnt0 = zero
         cnt1 = zero
@@ -102,15 +119,10 @@ def fused_topk_kernel(
             lc0 = tl.zeros([BLOCK_N], dtype=tl.int32)
             lc1 = tl.zeros([BLOCK_N], dtype=tl.int32)
             for b in range(lo, hi, BLOCK_N):
-                pos = b + lanes
-                s0, s1 = score_pair(
-                    pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                    LAYOUT, INTERPRET,
+                pos, u0, u1, take0, take1 = _block_keys(
+                    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                    LAYOUT, BLOCK_N, INTERPRET,
                 )
-                u0 = ordered_key(s0)
-                u1 = ordered_key(s1)
-                take0 = (pos < end0) & (u0 >= gate0)
-                take1 = (pos < end1) & (u1 >= gate1)
                 tl.store(buf0_key + lanes * S + lc0, u0, mask=take0)
                 tl.store(buf0_pos + lanes * S + lc0, pos, mask=take0)
                 tl.store(buf1_key + lanes * S + lc1, u1, mask=take1)
@@ -135,75 +147,35 @@ def fused_topk_kernel(
                     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, BLOCK_N, S, SPLITS,
                 )
         else:
-            if STREAM_MODE == 0:
-                # One innermost loop over the blocks; a buffer about to overflow is cut back in
-                # registers (compact_tile has no loops, so the loop stays software-pipelined).
-                for b in range(lo, hi, BLOCK_N):
-                    pos = b + tl.arange(0, BLOCK_N)
-                    s0, s1 = score_pair(
-                        pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                        LAYOUT, INTERPRET,
-                    )
-                    u0 = ordered_key(s0)
-                    u1 = ordered_key(s1)
-                    take0 = (pos < end0) & (u0 >= gate0)
-                    take1 = (pos < end1) & (u1 >= gate1)
-                    if SCORE_ONLY:
-                        # Measurement variant: the scores are consumed (counted), nothing is kept.
-                        cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
-                        cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
-                    else:
-                        # Most blocks of a long row hold no survivor once the gates have risen: one
-                        # reduction for both rows spares them the prefix sums of the append.
-                        if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
-                            cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                            cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-                        if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
-                            tl.debug_barrier()
-                            if cnt0 > CAP - BLOCK_N:
-                                cnt0, gate0 = compact_tile(buf0_key, buf0_pos, cnt0, TOPK, CAP)
-                            if cnt1 > CAP - BLOCK_N:
-                                cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
-                            tl.debug_barrier()
-            else:
-                # Segments that cannot overflow either buffer even if every score enters; the
-                # buffers are cut back between segments by the chunked selection.
-                seg_lo = lo
-                while seg_lo < hi:
-                    room = CAP - tl.maximum(cnt0, cnt1)
-                    seg_hi = tl.minimum(hi, seg_lo + (room // BLOCK_N) * BLOCK_N)
-                    for b in range(seg_lo, seg_hi, BLOCK_N):
-                        pos = b + tl.arange(0, BLOCK_N)
-                        s0, s1 = score_pair(
-                            pos, end0, end1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                            LAYOUT, INTERPRET,
-                        )
-                        u0 = ordered_key(s0)
-                        u1 = ordered_key(s1)
-                        take0 = (pos < end0) & (u0 >= gate0)
-                        take1 = (pos < end1) & (u1 >= gate1)
-                        if SCORE_ONLY:
-                            cnt0 += tl.minimum(tl.sum(take0.to(tl.int32), axis=0), 0)
-                            cnt1 += tl.minimum(tl.sum(take1.to(tl.int32), axis=0), 0)
-                        else:
-                            cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                            cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
-                    seg_lo = seg_hi
-                    if tl.maximum(cnt0, cnt1) > CAP - MIN_ROOM:
+            # One innermost loop over the blocks; a buffer about to overflow is cut back in
+            # registers (compact_tile has no loops, so the loop stays software-pipelined).
+            for b in range(lo, hi, BLOCK_N):
+                pos, u0, u1, take0, take1 = _block_keys(
+                    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                    LAYOUT, BLOCK_N, INTERPRET,
+                )
+                if SCORE_ONLY:
+                    # Measurement variant: every score is consumed (counted, and the count
+                    # stored), nothing is kept.
+                    cnt0 += tl.sum(take0.to(tl.int32), axis=0)
+                    cnt1 += tl.sum(take1.to(tl.int32), axis=0)
+                else:
+                    # Most blocks of a long row hold no survivor once the gates have risen: one
+                    # reduction for both rows spares them the prefix sums of the append.
+                    if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
+                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
+                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                    if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
                         tl.debug_barrier()
-                        if cnt0 > CAP - MIN_ROOM:
-                            cnt0, gate0 = select_into(
-                                buf0_key, buf0_pos, buf0_key, cnt0, cnt0, TOPK, buf0_key, buf0_pos, 2, TOPK, CHUNK
-                            )
-                        if cnt1 > CAP - MIN_ROOM:
-                            cnt1, gate1 = select_into(
-                                buf1_key, buf1_pos, buf1_key, cnt1, cnt1, TOPK, buf1_key, buf1_pos, 2, TOPK, CHUNK
-                            )
+                        if cnt0 > CAP - BLOCK_N:
+                            cnt0, gate0 = compact_tile(buf0_key, buf0_pos, cnt0, TOPK, CAP)
+                        if cnt1 > CAP - BLOCK_N:
+                            cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
                         tl.debug_barrier()
             tl.debug_barrier()
             if SCORE_ONLY:
-                tl.store(out_cnt + r0, cnt0 + len0)
-                tl.store(out_cnt + r1, cnt1 + len1, mask=v1)
+                tl.store(out_cnt + r0, cnt0)
+                tl.store(out_cnt + r1, cnt1, mask=v1)
             else:
                 _finish_row(
                     buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,

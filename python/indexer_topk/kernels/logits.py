@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from .common import KEY_MIN, ordered_key
-from .score import load_query_t, load_weights, score_pair
+from .score import load_row_pair, score_pair
 
 
 @triton.jit
@@ -35,12 +35,9 @@ def logits_kernel(
     out1 = out0 + stride_keys
     scored_to = lo
     if lo < hi:
-        qt0 = load_query_t(q_ptr, qs_ptr, r0, r0 < n_rows, LAYOUT, INTERPRET)
-        qt1 = load_query_t(q_ptr, qs_ptr, r1, v1, LAYOUT, INTERPRET)
-        w0 = load_weights(w_ptr, r0, r0 < n_rows)
-        w1 = load_weights(w_ptr, r1, v1)
-        pt0 = pt_ptr + r0.to(tl.int64) * stride_pt
-        pt1 = pt_ptr + tl.where(v1, r1, r0).to(tl.int64) * stride_pt
+        qt0, qt1, w0, w1, pt0, pt1 = load_row_pair(
+            q_ptr, qs_ptr, w_ptr, pt_ptr, stride_pt, r0, n_rows, LAYOUT, INTERPRET
+        )
         for b in range(lo, hi, BLOCK_N):
             pos = b + tl.arange(0, BLOCK_N)
             s0, s1 = score_pair(

@@ -128,6 +128,21 @@ def row_scores(k, kblk, kscale, qt, w, weight_scale, LAYOUT: tl.constexpr, INTER
 
 
 @triton.jit
+def load_row_pair(q_ptr, qs_ptr, w_ptr, pt_ptr, stride_pt, r0, n_rows, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
+    """What a program keeps for its row pair ``(r0, r0 + 1)``: both queries as MMA operands,
+    their weights and page-table rows (row 1 may not exist: zeros, and row 0's page table)."""
+    r1 = r0 + 1
+    v1 = r1 < n_rows
+    qt0 = load_query_t(q_ptr, qs_ptr, r0, r0 < n_rows, LAYOUT, INTERPRET)
+    qt1 = load_query_t(q_ptr, qs_ptr, r1, v1, LAYOUT, INTERPRET)
+    w0 = load_weights(w_ptr, r0, r0 < n_rows)
+    w1 = load_weights(w_ptr, r1, v1)
+    pt0 = pt_ptr + r0.to(tl.int64) * stride_pt
+    pt1 = pt_ptr + tl.where(v1, r1, r0).to(tl.int64) * stride_pt
+    return qt0, qt1, w0, w1, pt0, pt1
+
+
+@triton.jit
 def score_pair(
     pos, len0, len1, pt0_ptr, pt1_ptr, kc_ptr, kf_ptr, ks_ptr,
     qt0, qt1, w0, w1, weight_scale,

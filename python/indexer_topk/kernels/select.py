@@ -40,6 +40,22 @@ def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOP
 
 
 @triton.jit
+def radix_digit(hist, need):
+    """One radix step over a 512-bin histogram (bins 256.. are the masked-out sentinel).
+
+    Returns ``(digit, above, bucket)``: the largest digit whose bucket and those above it hold at
+    least ``need`` entries, how many lie strictly above it, and how many in it.
+    """
+    bins = tl.arange(0, 512)
+    hist = tl.where(bins < 256, hist, 0)
+    ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
+    digit = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
+    above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
+    bucket = tl.sum(tl.where(bins == digit, hist, 0), axis=0)
+    return digit, above, bucket
+
+
+@triton.jit
 def radix_threshold(
     src_key, src_pos, seg_cnt_ptr, n, k,
     MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr,
@@ -50,7 +66,6 @@ def radix_threshold(
     ``t >> shift``, plus the first ``need`` keys (in storage order) with ``key >> shift == t >> shift``.
     ``shift`` is 0 unless the boundary bucket was taken whole.
     """
-    bins = tl.arange(0, 512)
     zero = tl.zeros([], dtype=tl.int32)
     tb = zero  # biased prefix of the threshold (sign bit flipped: unsigned order)
     need = zero + k
@@ -69,11 +84,7 @@ def radix_threshold(
                     m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
                 digit = (b >> sh) & 0xFF
                 hist += tl.histogram(tl.where(m, digit, 256), 512)
-            hist = tl.where(bins < 256, hist, 0)
-            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            dstar = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
-            above = tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
-            bucket = tl.sum(tl.where(bins == dstar, hist, 0), axis=0)
+            dstar, above, bucket = radix_digit(hist, need)
             need = need - above
             tb = tb | (dstar << sh)
             shift = sh
@@ -145,7 +156,6 @@ def compact_tile(buf_key, buf_pos, count, TOPK: tl.constexpr, CAP: tl.constexpr)
     key = tl.load(buf_key + offs, mask=valid, other=0)
     pos = tl.load(buf_pos + offs, mask=valid, other=0)
     b = key ^ KEY_MIN
-    bins = tl.arange(0, 512)
     zero = tl.zeros([], dtype=tl.int32)
     tb = zero
     need = zero + TOPK
@@ -158,11 +168,7 @@ def compact_tile(buf_key, buf_pos, count, TOPK: tl.constexpr, CAP: tl.constexpr)
             if p > 0:
                 m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
             hist = tl.histogram(tl.where(m, (b >> sh) & 0xFF, 256), 512)
-            hist = tl.where(bins < 256, hist, 0)
-            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            dstar = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
-            above = tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
-            bucket = tl.sum(tl.where(bins == dstar, hist, 0), axis=0)
+            dstar, above, bucket = radix_digit(hist, need)
             need = need - above
             tb = tb | (dstar << sh)
             shift = zero + sh

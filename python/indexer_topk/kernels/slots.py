@@ -18,7 +18,8 @@ of the boundary bucket when the radix stopped early).
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN, key_to_score_bits
+from .common import key_to_score_bits
+from .select import radix_digit
 
 COMP_MIN = tl.constexpr(-(2**63))
 LOW32 = tl.constexpr(4294967295)
@@ -37,7 +38,6 @@ def _radix64_threshold(flat, valid, k, N: tl.constexpr):
 
     Returns ``(t, shift)``: the selected set is ``flat >> shift >= t >> shift``, exactly k.
     """
-    bins = tl.arange(0, 512)
     b = flat ^ COMP_MIN  # unsigned order in a signed container
     zero = tl.zeros([], dtype=tl.int32)
     tb = zero.to(tl.int64)
@@ -52,11 +52,7 @@ def _radix64_threshold(flat, valid, k, N: tl.constexpr):
                 m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
             digit = ((b >> sh) & 0xFF).to(tl.int32)
             hist = tl.histogram(tl.where(m, digit, 256), 512)
-            hist = tl.where(bins < 256, hist, 0)
-            ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-            dstar = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
-            above = tl.sum(tl.where(bins > dstar, hist, 0), axis=0)
-            bucket = tl.sum(tl.where(bins == dstar, hist, 0), axis=0)
+            dstar, above, bucket = radix_digit(hist, need)
             need = need - above
             tb = tb | (dstar.to(tl.int64) << sh)
             shift = zero + sh
