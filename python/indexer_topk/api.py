@@ -40,17 +40,19 @@ def _backend_fn(name: str):
     raise ValueError(f"backend: unknown backend {name!r}; expected one of {BACKENDS}")
 
 
-def resolve_backend(backend: str, *, layout=None, is_decode: bool = False) -> str:
-    """The concrete backend ``auto`` stands for in this process (see :mod:`indexer_topk.policy`)."""
+def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = False) -> str:
+    """The concrete backend ``auto`` stands for in this call (see :mod:`indexer_topk.policy`).
+
+    ``auto`` asks the process's frozen policy, which also keeps graph capture and decode on the
+    legacy path.
+    """
     if backend != "auto":
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
         return backend
-    try:
-        from .policy import default_policy
-    except ImportError:  # the policy module is optional while the package grows
-        return "reference"
-    return default_policy().route(layout=layout, is_decode=is_decode)
+    from .policy import default_policy
+
+    return default_policy().route(layout=layout, topk=topk, is_decode=is_decode)
 
 
 def indexer_topk(
@@ -129,7 +131,7 @@ def indexer_topk(
     )
     if out is not None and not isinstance(out, IndexerTopKResult):
         out = IndexerTopKResult(*out)
-    name = resolve_backend(backend, layout=layout)
+    name = resolve_backend(backend, layout=layout, topk=topk)
     fn = _backend_fn(name)
     return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
 

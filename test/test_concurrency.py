@@ -1,0 +1,98 @@
+"""No shared mutable state: module-level tensors, concurrent callers, the frozen policy.
+
+Concurrent kernel launches on CUDA streams are covered by the GPU tests (marker ``gpu``); the
+Triton interpreter is not built for threads, so CPU threads here exercise the reference path,
+validation and the policy.
+"""
+
+import importlib
+import pkgutil
+import threading
+
+import torch
+
+import indexer_topk as it
+from indexer_topk import policy
+
+
+def _all_modules():
+    pkg = importlib.import_module("indexer_topk")
+    names = ["indexer_topk"]
+    for info in pkgutil.walk_packages(pkg.__path__, "indexer_topk."):
+        if info.name.endswith("__main__"):
+            continue  # importing it runs the command line
+        names.append(info.name)
+    return [importlib.import_module(n) for n in names]
+
+
+def _tensors_in(value, depth=0):
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth < 2 and isinstance(value, dict):
+        return any(_tensors_in(v, depth + 1) for v in value.values())
+    if depth < 2 and isinstance(value, (list, tuple, set)):
+        return any(_tensors_in(v, depth + 1) for v in value)
+    return False
+
+
+def test_no_module_level_tensors():
+    """No module keeps a tensor (a buffer two callers could share) at module level."""
+    offenders = [
+        f"{m.__name__}.{name}"
+        for m in _all_modules()
+        for name, value in vars(m).items()
+        if not name.startswith("__") and _tensors_in(value)
+    ]
+    assert offenders == []
+
+
+def test_threads_get_the_sequential_results():
+    """Eight threads calling the operator on their own inputs get what one thread gets."""
+    wls = [
+        it.make_workload(layout, context_tokens=[2000 + 500 * i, 700], rows_per_request=[2, 1], topk=512, seed=i)
+        for i, layout in enumerate(["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4", "sglang_fp8"] * 2)
+    ]
+    expected = [it.indexer_topk(*w.args(), **w.kwargs(), backend="reference") for w in wls]
+    results = [None] * len(wls)
+    errors = []
+    start = threading.Barrier(len(wls))
+
+    def work(i):
+        try:
+            start.wait()
+            for _ in range(3):
+                results[i] = it.indexer_topk(*wls[i].args(), **wls[i].kwargs(), backend="reference")
+        except Exception as exc:  # surfaced below with the thread's index
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(wls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for got, exp in zip(results, expected):
+        for a, b in zip(got, exp):
+            assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                               b.view(torch.int32) if b.dtype == torch.float32 else b)
+
+
+def test_default_policy_is_built_once_across_threads():
+    """Threads racing for the process policy all get the same frozen object."""
+    policy.default_policy.cache_clear()
+    try:
+        got = []
+        start = threading.Barrier(8)
+
+        def work():
+            start.wait()
+            got.append(policy.default_policy())
+
+        threads = [threading.Thread(target=work) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert len(got) == 8 and all(p is got[0] for p in got)
+    finally:
+        policy.default_policy.cache_clear()
