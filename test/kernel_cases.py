@@ -17,7 +17,7 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.compare import bitwise_equal, compare_to_reference, reference_with_boundary
+from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance, reference_with_boundary
 from indexer_topk.contract import CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerTopKResult, Layout, order_keys
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
@@ -175,17 +175,6 @@ def reference_for(wl: Workload):
     return reference_with_boundary(wl.args(), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
 
 
-def reference_rtol(layout, device) -> float:
-    """Score tolerance against the fp64 reference.
-
-    The interpreter widens every operand to fp32 and accumulates in fp32, as do the MXFP4 MMAs
-    (exact products of e2m1 x bf16); Hopper's fp8 MMA accumulates below fp32 precision.
-    """
-    if Layout(layout) is Layout.SGLANG_FP8 and torch.device(device).type == "cuda":
-        return 2e-3
-    return 1e-5
-
-
 # ---------------------------------------------------------------------------------------------
 # Checks
 # ---------------------------------------------------------------------------------------------
@@ -257,11 +246,10 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     if expected is None:
         expected = reference_for(wl)
     exp, nxt = expected
-    if rtol is None:
-        rtol = reference_rtol(wl.layout, wl.q.device)
+    tol = mma_tolerance(wl.layout, wl.q.device, exp) if rtol is None else {"rtol": rtol}
     cmp = compare_to_reference(
         result, exp, next_values=exact_tie_free_boundaries(exp, nxt), seq_lens=wl.seq_lens,
-        page_table=wl.page_table, rtol=rtol,
+        page_table=wl.page_table, **tol,
     )
     assert cmp.ok, f"{cmp.summary()}; " + "; ".join(cmp.messages)
     # +0 ranks above -0: a zero score must carry the reference's sign

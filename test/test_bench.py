@@ -385,3 +385,21 @@ def test_reference_boundary_values_are_the_next_best_scores():
 def test_comparison_rule_text_states_the_tolerance():
     text = compare.comparison_rule(1e-5, 1e-6)
     assert "1e-05" in text and "1e-06" in text and "near-tie" in text
+
+
+def test_fp8_gpu_tolerance_scales_with_the_row():
+    """On a GPU the FP8 rule adds 2e-3 of the row's largest score; elsewhere fp32 rounding."""
+    import torch
+
+    from indexer_topk.compare import compare_to_reference, mma_tolerance
+    from indexer_topk.contract import IndexerTopKResult
+
+    vals = torch.tensor([[3.0, 0.02017], [3.0, 0.02017]])
+    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
+    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
+    got = IndexerTopKResult(torch.tensor([[3.001, 0.02040], [3.0, 0.02040 + 0.01]]), raw, raw, exp.counts)
+    cpu = mma_tolerance("sglang_fp8", "cpu", exp)
+    assert not compare_to_reference(got, exp, **cpu).ok
+    assert mma_tolerance("sglang_mxfp4", "cuda", exp) == cpu
+    cmp = compare_to_reference(got, exp, **mma_tolerance("sglang_fp8", "cuda", exp))
+    assert cmp.value_rows == [1]  # row 0 within 2e-3 * 3.0 of the reference; row 1 is 1e-2 off
