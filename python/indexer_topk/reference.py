@@ -16,7 +16,6 @@ from .contract import (
     IndexerTopKResult,
     Layout,
     order_keys,
-    ordered_score_bits,
     parse_layout,
     scores_from_ordered_bits,
 )
@@ -85,22 +84,14 @@ def reference_indexer_topk(
             best = torch.cat([best, keys], dim=1).topk(topk, dim=1, sorted=True).values
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
-        short = (lens <= topk)[:, None]
-        # Long rows: best keys in descending order. Short rows: positions 0..len-1 ascending.
-        pos_long = ((1 << 32) - 1) - (best & 0xFFFFFFFF)
-        pos_short = torch.arange(topk, device=dev).expand(len(rows), topk)
-        pos_sel = torch.where(short, pos_short, pos_long)
-        pos_sel = torch.where(slot_ok, pos_sel, torch.zeros_like(pos_sel))
-        v_short = torch.zeros((len(rows), topk), dtype=torch.int32, device=dev)
-        n_short = min(topk, longest)  # score no position past the block's longest row
-        if short.any() and n_short > 0:
-            s_short = reference_scores(
-                q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout=layout,
-                weight_scale=weight_scale, rows=rows, start=0, stop=n_short,
-            )
-            v_short[:, :n_short] = ordered_score_bits(s_short)
-        v_long = (best >> 32).to(torch.int32)
-        vals = scores_from_ordered_bits(torch.where(short, v_short, v_long))
+        # Long rows: best keys in descending order. Short rows hold every position in `best`:
+        # reorder them by position (SGLang's rule for rows with seq_len <= topk).
+        low = (1 << 32) - 1
+        by_pos = torch.where(best != neg, low - (best & low), torch.full_like(best, low + 1))
+        order = torch.where((lens <= topk)[:, None], by_pos.argsort(dim=1), torch.arange(topk, device=dev))
+        best = torch.gather(best, 1, order)
+        pos_sel = torch.where(slot_ok, low - (best & low), torch.zeros_like(best))
+        vals = scores_from_ordered_bits((best >> 32).to(torch.int32))
         pt = page_table[rows].long()
         if pt.shape[1] == 0:  # a zero-width page table: every row is empty, p is masked below
             pt = pt.new_zeros((len(rows), 1))
