@@ -22,44 +22,14 @@ import time
 
 import torch
 
-
-def parse_tokens(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1024, "M": 1024 * 1024}.get(s[-1], 1)
-    return int(float(s[:-1]) * mult) if s[-1] in "KM" else int(s)
+from indexer_topk.bench import parse_tokens, peak_memory_mib, time_call
+from indexer_topk.compare import bitwise_equal as same_bits
 
 
 def bench_ms(fn, warmup=3, iters=10):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
+    """Median CUDA-event time of ``fn`` in ms (the benchmark harness's timer)."""
+    times = sorted(time_call(fn, warmup=warmup, iters=iters, device="cuda"))
     return times[len(times) // 2]
-
-
-def peak_mib(fn):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2**20
-
-
-def same_bits(a, b):
-    return all(
-        torch.equal(x.view(torch.int32) if x.dtype == torch.float32 else x, y.view(torch.int32) if y.dtype == torch.float32 else y)
-        for x, y in zip(a, b)
-    )
 
 
 def check_correctness(layout, topk, device, log):
@@ -127,7 +97,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
         for name, fn in variants.items():
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
-            mem = peak_mib(fn)
+            mem = peak_memory_mib(fn, device)
             rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=flop / ms / 1e9,
                        peak_mib=mem, wall_s=time.time() - t0)
             log(rec)
