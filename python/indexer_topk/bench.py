@@ -225,6 +225,11 @@ def describe_exception(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {msg}" if msg else type(exc).__name__
 
 
+def failure_reason(exc: BaseException) -> str:
+    """:func:`describe_exception`, prefixed ``"OOM: "`` when ``exc`` is an out-of-memory error."""
+    return ("OOM: " if is_oom(exc) else "") + describe_exception(exc)
+
+
 def is_unavailable(exc: BaseException) -> bool:
     """Exceptions that mean "this backend cannot run here", not "this backend is wrong".
 
@@ -351,7 +356,7 @@ def run_backend(
         outputs = IndexerTopKResult(*(t.clone() for t in out))
     except Exception as exc:
         status = "unavailable" if is_unavailable(exc) else "error"
-        rec.update(status=status, reason=("OOM: " if is_oom(exc) else "") + describe_exception(exc))
+        rec.update(status=status, reason=failure_reason(exc))
         return BackendRun(rec, None)
 
     if backend == "legacy":
@@ -372,7 +377,7 @@ def run_backend(
         if measure_memory:
             rec["peak_mib"] = peak_memory_mib(call, device)
     except Exception as exc:
-        rec.update(status="error", reason=("OOM: " if is_oom(exc) else "") + describe_exception(exc))
+        rec.update(status="error", reason=failure_reason(exc))
     return BackendRun(rec, outputs)
 
 
@@ -408,7 +413,7 @@ def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=
             time_call(lambda: torch.topk(logits, w.topk, dim=1, sorted=False), warmup=warmup, iters=iters, device=device)
         )
     except Exception as exc:
-        res["stage_error"] = ("OOM: " if is_oom(exc) else "") + describe_exception(exc)
+        res["stage_error"] = failure_reason(exc)
     return res
 
 
@@ -554,7 +559,7 @@ def run_cases(
             recs = bench_workload(w, backends, warmup=warmup, iters=iters, device=device)
         except Exception as exc:
             cached_key, cached = None, None
-            reason = ("OOM: " if is_oom(exc) else "") + describe_exception(exc)
+            reason = failure_reason(exc)
             recs = [
                 {
                     "layout": case.layout, "rows": case.rows, "context_tokens": case.context_tokens,
