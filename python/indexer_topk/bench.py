@@ -407,11 +407,12 @@ def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=
         def select():
             legacy_select(logits, w.seq_lens, w.page_table, topk=w.topk, out=out, row_start=0)
 
-        res["score_ms"] = statistics.median(time_call(score, warmup=warmup, iters=iters, device=device))
-        res["select_ms"] = statistics.median(time_call(select, warmup=warmup, iters=iters, device=device))
-        res["torch_topk_ms"] = statistics.median(
-            time_call(lambda: torch.topk(logits, w.topk, dim=1, sorted=False), warmup=warmup, iters=iters, device=device)
-        )
+        def median_ms(fn) -> float:
+            return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device))
+
+        res["score_ms"] = median_ms(score)
+        res["select_ms"] = median_ms(select)
+        res["torch_topk_ms"] = median_ms(lambda: torch.topk(logits, w.topk, dim=1, sorted=False))
     except Exception as exc:
         res["stage_error"] = failure_reason(exc)
     return res
@@ -492,7 +493,6 @@ def bench_workload(
     warmup: int,
     iters: int,
     device,
-    stages: bool = True,
 ) -> List[dict]:
     """Records of ``backends`` on one workload: legacy first (its outputs are the baseline,
     computed even when legacy is not among ``backends``), then the others; the legacy record
@@ -507,7 +507,7 @@ def bench_workload(
     for b in backends:
         if b == "legacy":
             rec = legacy_run.record
-            if stages and legacy_run.ok:
+            if legacy_run.ok:
                 rec.update(time_legacy_stages(w, warmup=warmup, iters=iters, device=device))
                 _release(device)
         else:
