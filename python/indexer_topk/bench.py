@@ -110,6 +110,17 @@ def parse_list(text: str, convert: Callable = str, *, name: str = "value") -> li
     return out
 
 
+def one_of(choices: Sequence[str]) -> Callable[[str], str]:
+    """A :func:`parse_list` converter accepting only ``choices``."""
+
+    def convert(x):
+        if x not in choices:
+            raise ValueError(f"unknown value {x!r}; expected one of {', '.join(choices)}")
+        return x
+
+    return convert
+
+
 def gpu_slug(name: str) -> str:
     """File-name form of a device name: ``"NVIDIA H200"`` -> ``"nvidia-h200"``."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
@@ -766,15 +777,6 @@ NO_GPU_MESSAGE = (
 )
 
 
-def _choice(choices):
-    def convert(x):
-        if x not in choices:
-            raise ValueError(f"unknown value {x!r}; expected one of {', '.join(choices)}")
-        return x
-
-    return convert
-
-
 def build_parser(prog: Optional[str] = None, parser_class=argparse.ArgumentParser) -> argparse.ArgumentParser:
     p = parser_class(
         prog=prog or "bench_indexer_topk.py",
@@ -802,13 +804,13 @@ def build_parser(prog: Optional[str] = None, parser_class=argparse.ArgumentParse
 
 
 def _grid_from_args(a, given: set) -> List[BenchCase]:
-    layouts = parse_list(a.layouts, _choice(LAYOUTS), name="--layouts")
+    layouts = parse_list(a.layouts, one_of(LAYOUTS), name="--layouts")
     contexts = parse_list(a.contexts, parse_tokens, name="--contexts")
     rows = parse_list(a.rows, int, name="--rows")
     topks = parse_list(a.topk, int, name="--topk")
     if any(r <= 0 for r in rows):
         raise ValueError("--rows: rows must be positive")
-    extra = [] if a.extra_patterns.strip().lower() in ("", "none") else parse_list(a.extra_patterns, _choice(PATTERNS), name="--extra-patterns")
+    extra = [] if a.extra_patterns.strip().lower() in ("", "none") else parse_list(a.extra_patterns, one_of(PATTERNS), name="--extra-patterns")
     extra_shape = None
     if a.quick:
         # --quick replaces only the dimensions the user did not set.
@@ -830,7 +832,7 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     given = {opt.lstrip("-").split("=")[0].replace("-", "_") for opt in argv if opt.startswith("--")}
     try:
         cases = _grid_from_args(a, given)
-        backends = parse_list(a.backends, _choice(KNOWN_BACKENDS), name="--backends")
+        backends = parse_list(a.backends, one_of(KNOWN_BACKENDS), name="--backends")
         if a.warmup < 0 or a.iters < 1:
             raise ValueError("--warmup must be >= 0 and --iters >= 1")
     except ValueError as exc:

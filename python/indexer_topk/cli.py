@@ -169,17 +169,11 @@ def _parse_contexts(text: str) -> List[int]:
     return _option_list(text, parse_tokens, "--context")
 
 
-def _one_of(allowed: Sequence[str]):
-    def conv(x):
-        if x not in allowed:
-            raise ValueError(f"unknown value {x!r}; expected one of {', '.join(allowed)}")
-        return x
+def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
+    """A comma-list option whose items must be among ``allowed``."""
+    from .bench import one_of
 
-    return conv
-
-
-def _backend_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
-    return _option_list(text, _one_of(allowed), name)
+    return _option_list(text, one_of(allowed), name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,7 +286,7 @@ def cmd_demo(a, device) -> int:
     if warmup < 0 or iters < 0:
         raise CliError("--warmup and --iters must be >= 0")
     wargs = _demo_workload_args(a, device)
-    requested = _backend_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
+    requested = _choice_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
 
     runs: dict = {}
     with _progress(not a.json) as progress:
@@ -540,9 +534,9 @@ def cmd_check(a, device) -> int:
     from .bench import LAYOUTS
     from .workload import PATTERNS, make_workload
 
-    backends = _backend_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
-    layouts = _option_list(a.layout, _one_of(LAYOUTS), "--layout") if a.layout else list(LAYOUTS)
-    patterns = _option_list(a.patterns, _one_of(PATTERNS), "--patterns") if a.patterns else list(PATTERNS)
+    backends = _choice_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
+    layouts = _choice_list(a.layout, LAYOUTS, "--layout") if a.layout else list(LAYOUTS)
+    patterns = _choice_list(a.patterns, PATTERNS, "--patterns") if a.patterns else list(PATTERNS)
     if a.rows is not None and a.rows <= 0:
         raise CliError("--rows: must be positive")
     shape = GPU_CHECK if device.type == "cuda" else CPU_CHECK
