@@ -528,10 +528,8 @@ def cmd_check(a, device) -> int:
     from rich.table import Table
 
     from . import allocate_result, indexer_topk
-    from .bench import describe_exception, is_unavailable
-    from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
-    from .contract import IndexerTopKResult
-    from .bench import LAYOUTS
+    from .bench import LAYOUTS, describe_exception, is_unavailable
+    from .compare import DEFAULT_RTOL, compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
     from .workload import PATTERNS, make_workload
 
     backends = _choice_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
@@ -552,6 +550,7 @@ def cmd_check(a, device) -> int:
                 w = make_workload(layout, context_tokens=contexts, rows_per_request=rows, topk=a.topk,
                                   seed=a.seed, device=device, pattern=pattern)
                 expected, nxt = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
+                tol = mma_tolerance(layout, device, expected) if a.rtol is None else {"rtol": a.rtol, "atol": a.atol}
                 for b in backends:
                     entry = {"layout": layout, "pattern": pattern, "backend": b, "rows": w.rows, "c4_len": w.c4_len, "topk": w.topk}
                     try:
@@ -561,8 +560,7 @@ def cmd_check(a, device) -> int:
                         entry.update(status="unavailable" if is_unavailable(exc) else "error", detail=describe_exception(exc))
                         results.append(entry)
                         continue
-                    tol = mma_tolerance(layout, device, expected) if a.rtol is None else {"rtol": a.rtol, "atol": a.atol}
-                    cmp = compare_to_reference(IndexerTopKResult(*got), expected, next_values=nxt,
+                    cmp = compare_to_reference(got, expected, next_values=nxt,
                                                seq_lens=w.seq_lens, page_table=w.page_table, **tol)
                     entry.update(status="ok" if cmp.ok else "mismatch", detail=cmp.summary(), comparison=cmp.to_dict())
                     results.append(entry)
@@ -571,7 +569,7 @@ def cmd_check(a, device) -> int:
     bad = [r for r in results if r["status"] in ("mismatch", "error")]
     checked = [r for r in results if r["status"] in ("ok", "mismatch")]
     unavailable = sorted({f"{r['backend']} ({r['detail']})" for r in results if r["status"] == "unavailable"})
-    rule = comparison_rule(a.rtol if a.rtol is not None else 1e-5, a.atol)
+    rule = comparison_rule(a.rtol if a.rtol is not None else DEFAULT_RTOL, a.atol)
     if a.rtol is None and device.type != "cpu":
         rule += "; sglang_fp8 on a GPU: rtol 2e-3 plus 2e-3 of the row's largest score (Hopper's fp8 MMA accumulator)"
     if a.json:
