@@ -28,13 +28,13 @@ import importlib
 import importlib.util
 import inspect
 import logging
-import sys
 import threading
 from typing import Any, List, Optional
 
 import torch
 
 from . import api as _api
+from . import policy as _policy
 from .contract import SUPPORTED_TOPK, IndexerTopKResult
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ INDEXER_MODULE = "sglang.srt.layers.attention.dsv4.indexer"
 MIXIN = "C4IndexerBackendMixin"
 FORWARD_TARGET = f"{INDEXER_MODULE}.{MIXIN}.forward_c4_indexer"
 INIT_TARGET = f"{INDEXER_MODULE}.{MIXIN}.__init__"
-_METADATA_MODULE = "sglang.srt.layers.attention.dsv4.metadata"
 
 # Parameters of SGLang 0.5.23's forward_c4_indexer the fused route reads or forwards.
 _FORWARD_PARAMS = (
@@ -192,25 +191,11 @@ def frozen_policy():
         if _STATE.policy is not None or _STATE.disabled is not None:
             return _STATE.policy
         try:
-            from indexer_topk import policy as policy_module
-
-            _STATE.policy = policy_module.default_policy()  # logs the policy's one decision line
+            _STATE.policy = _policy.default_policy()  # logs the policy's one decision line
         except Exception as exc:
             _STATE.disabled = f"no path policy ({type(exc).__name__}: {exc})"
             logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
         return _STATE.policy
-
-
-def _capturing_now() -> bool:
-    """The policy's capture test, plus SGLang's own capture-mode flag (0.5.23 keeps it in
-    ``runner_utils.capture_mode``, which the indexer's metadata module imports by name)."""
-    from indexer_topk.policy import is_capturing
-
-    if is_capturing():
-        return True
-    metadata_module = sys.modules.get(_METADATA_MODULE)
-    get_is_capture_mode = getattr(metadata_module, "get_is_capture_mode", None)
-    return bool(get_is_capture_mode()) if callable(get_is_capture_mode) else False
 
 
 def _route(*, layout: str, topk: int, is_decode: bool, capturing: bool, forward_mode) -> str:
@@ -306,7 +291,7 @@ def _plan_call(a) -> Optional[_Call]:
         getattr(metadata, "fp4_decode_workspace", None), ix.FP4RowgroupDecodeWorkspace
     ):
         is_decode = True  # SGLang scores these rows as decode rows
-    capturing = bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)) or _capturing_now()
+    capturing = bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)) or _policy.is_capturing()
     layout = "aiter_mxfp4" if aiter else ("sglang_mxfp4" if fp4 else "sglang_fp8")
     topk = page_indices.shape[1]
     backend = _route(layout=layout, topk=topk, is_decode=is_decode, capturing=capturing, forward_mode=mode)
