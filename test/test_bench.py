@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from indexer_topk import bench, compare
-from indexer_topk.contract import IndexerTopKResult
+from indexer_topk.contract import IndexerTopKResult, order_keys
 from indexer_topk.reference import reference_indexer_topk, reference_scores
-from indexer_topk.contract import order_keys
 from indexer_topk.workload import make_workload
 
 # ============================================================================================
@@ -389,10 +388,7 @@ def test_comparison_rule_text_states_the_tolerance():
 
 def test_fp8_gpu_tolerance_scales_with_the_row():
     """On a GPU the FP8 rule adds 2e-3 of the row's largest score; elsewhere fp32 rounding."""
-    import torch
-
     from indexer_topk.compare import compare_to_reference, mma_tolerance
-    from indexer_topk.contract import IndexerTopKResult
 
     vals = torch.tensor([[3.0, 0.02017], [3.0, 0.02017]])
     raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
