@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .contract import PAGE_SIZE, IndexerTopKResult, order_keys, scores_from_ordered_bits
+from .contract import PAGE_SIZE, IndexerTopKResult, Layout, order_keys, scores_from_ordered_bits
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
@@ -134,8 +134,6 @@ def mma_tolerance(layout, device, expected: IndexerTopKResult) -> dict:
     the row's largest finite reference score (measured on the H200: 6e-4 relative on large
     scores, 2e-4 absolute on scores near 0.02 in rows whose best score is a few units).
     """
-    from .contract import Layout
-
     if Layout(layout) is not Layout.SGLANG_FP8 or torch.device(device).type == "cpu":
         return {"rtol": DEFAULT_RTOL, "atol": DEFAULT_ATOL}
     v = expected.values.detach().double()
@@ -265,18 +263,19 @@ def compare_to_reference(
         note(f"row {r}: physical indices disagree with the raw positions")
 
     lens = None if seq_lens is None else seq_lens.detach().to(dev).long()
+    nxt = None if next_values is None else next_values.detach().to(dev)
+    r_atol = None if row_atol is None else row_atol.detach().to(dev)
     for r in (~same_set & ~count_bad).nonzero().flatten().tolist():
         n = int(e.counts[r])
         got = sa[r, :n]
         in_range = bool((got >= 0).all()) and (lens is None or bool((got < lens[r]).all()))
         distinct = bool((got[1:] != got[:-1]).all()) if n > 1 else True
         boundary_tie = (
-            next_values is not None
+            nxt is not None
             and n == topk
             and bool(
                 _close_rows(
-                    e.values[r, n - 1 : n], next_values.detach().to(dev)[r : r + 1], rtol, atol,
-                    None if row_atol is None else row_atol.detach().to(dev)[r : r + 1],
+                    e.values[r, n - 1 : n], nxt[r : r + 1], rtol, atol, None if r_atol is None else r_atol[r : r + 1]
                 ).all()
             )
         )
