@@ -35,7 +35,7 @@ import torch
 
 from . import api as _api
 from . import policy as _policy
-from .contract import SUPPORTED_TOPK, IndexerTopKResult
+from .contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES, SUPPORTED_TOPK, IndexerTopKResult
 
 logger = logging.getLogger(__name__)
 
@@ -59,10 +59,6 @@ _MIXIN_HELPERS = ("_forward_prepare_normal", "_forward_prepare_multi_stream", "_
 
 # The INFO line the first call served in a process logs (docs/sglang.md quotes it).
 SERVING_LOG = "indexer_topk: serving DSv4 C4 indexer top-k (backend=%s, layout=%s, topk=%d, first call %d rows)"
-
-_C4_PAGE_SIZE = 64  # C4 slots per 256-token page, the operator's page size
-_FP4_SLOT_BYTES = 68  # CUDA FP4 index-K slot: 64 e2m1 bytes + 4 ue8m0 bytes
-_FP8_SLOT_BYTES = 132  # CUDA FP8 index-K slot: 128 e4m3 bytes + one fp32 scale
 
 
 class _PluginState:
@@ -223,10 +219,11 @@ def _route(*, layout: str, topk: int, is_decode: bool, capturing: bool, forward_
 class _Call:
     """What the fused route needs to know about one covered call, decided before any work."""
 
-    __slots__ = ("layout", "backend", "aiter", "fp4")
+    __slots__ = ("layout", "backend", "aiter", "fp4", "k_cache", "k_scale")
 
-    def __init__(self, layout: str, backend: str, aiter: bool, fp4: bool) -> None:
+    def __init__(self, layout: str, backend: str, aiter: bool, fp4: bool, k_cache, k_scale) -> None:
         self.layout, self.backend, self.aiter, self.fp4 = layout, backend, aiter, fp4
+        self.k_cache, self.k_scale = k_cache, k_scale  # the layer's index-K pool buffers, as uint8
 
 
 def _forward_c4_indexer_hook(original, *args, **kwargs):
@@ -271,7 +268,7 @@ def _plan_call(a) -> Optional[_Call]:
     core = getattr(metadata, "core_metadata", None)
     if not isinstance(indexer_metadata, ix.PagedIndexerMetadata) or core is None:
         return None
-    if getattr(indexer_metadata, "compress_ratio", 4) != 4 or indexer_metadata.compressed_page_size != _C4_PAGE_SIZE:
+    if getattr(indexer_metadata, "compress_ratio", 4) != 4 or indexer_metadata.compressed_page_size != PAGE_SIZE:
         return None
 
     fp4 = bool(c4_indexer.use_fp4_indexer)
@@ -303,16 +300,18 @@ def _plan_call(a) -> Optional[_Call]:
     if aiter:
         payload = pool.get_index_k_fp4_payload_buffer(layer_id)
         scale = pool.get_index_k_fp4_scale_buffer(layer_id)
-        if tuple(payload.shape[1:]) != (1, 4, _C4_PAGE_SIZE, 16) or tuple(scale.shape[1:]) != (1, 4, _C4_PAGE_SIZE):
+        if tuple(payload.shape[1:]) != (1, 4, PAGE_SIZE, 16) or tuple(scale.shape[1:]) != (1, 4, PAGE_SIZE):
             return None
+        k_cache, k_scale = payload.view(torch.uint8), scale.view(torch.uint8)
     else:
         cache = pool.get_index_k_with_scale_buffer(layer_id=layer_id)
-        slot = _FP4_SLOT_BYTES if fp4 else _FP8_SLOT_BYTES
-        if cache.dim() != 2 or cache.shape[1] != _C4_PAGE_SIZE * slot:
+        slot = SGLANG_MXFP4_SLOT_BYTES if fp4 else SGLANG_FP8_SLOT_BYTES
+        if cache.dim() != 2 or cache.shape[1] != PAGE_SIZE * slot:
             return None
         if _nonpaged_applies(a, indexer_metadata):
             return None  # SGLang's non-paged indexer is not one of the covered branches
-    return _Call(layout, backend, aiter, fp4)
+        k_cache, k_scale = cache.view(torch.uint8), None
+    return _Call(layout, backend, aiter, fp4, k_cache, k_scale)
 
 
 def _nonpaged_applies(a, indexer_metadata) -> bool:
@@ -379,20 +378,15 @@ def _operator_inputs(a, call: _Call, q_indexer, weights):
     AITER); the CUDA query kernels already folded ``weight_scale`` (and FP8's query scale)
     into fp32 weights, so the scalar there is 1.
     """
-    pool = a["self"].token_to_kv_pool
-    c4_indexer = a["c4_indexer"]
     if call.aiter:
         q_fp4, q_scale = q_indexer
-        k_cache = pool.get_index_k_fp4_payload_buffer(c4_indexer.layer_id).view(torch.uint8)
-        k_scale = pool.get_index_k_fp4_scale_buffer(c4_indexer.layer_id).view(torch.uint8)
-        return (q_fp4.view(torch.uint8), q_scale.view(torch.uint8), k_cache, k_scale,
-                weights.contiguous(), float(c4_indexer.weight_scale))
-    cache = pool.get_index_k_with_scale_buffer(layer_id=c4_indexer.layer_id).view(torch.uint8)
+        return (q_fp4.view(torch.uint8), q_scale.view(torch.uint8), call.k_cache, call.k_scale,
+                weights.contiguous(), float(a["c4_indexer"].weight_scale))
     weights = weights.squeeze(2).float()
     if call.fp4:
         q_fp4, q_sf = q_indexer
-        return q_fp4.view(torch.uint8), q_sf, cache, None, weights, 1.0
-    return q_indexer, None, cache, None, weights, 1.0
+        return q_fp4.view(torch.uint8), q_sf, call.k_cache, None, weights, 1.0
+    return q_indexer, None, call.k_cache, None, weights, 1.0
 
 
 def _exact_out(t: Optional[torch.Tensor], shape, dtype) -> Optional[torch.Tensor]:
