@@ -206,8 +206,7 @@ def _route(*, layout: str, topk: int, is_decode: bool, capturing: bool, forward_
     policy = frozen_policy()
     if policy is None or _STATE.disabled is not None:
         return "legacy"
-    probe = getattr(policy, "probe", None)
-    if probe is not None and not getattr(probe, "fused_enabled", True):
+    if not policy.probe.fused_enabled:
         return "legacy"
     return policy.route(layout=layout, topk=topk, is_decode=False, capturing=False, forward_mode=forward_mode)
 
