@@ -35,6 +35,18 @@ GUARD_PAGES_PER_CHUNK = 4
 GUARD_LOOKAHEAD_COLUMNS = 4
 
 
+def _lookup() -> Tuple[Any, Optional[Callable], Optional[str]]:
+    """``(module, fn, error)``: :func:`lookup_aiter_symbol` plus the imported module (or ``None``)."""
+    try:
+        module = importlib.import_module(AITER_MODULE)
+        fn = getattr(module, AITER_SYMBOL, None)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not available"
+        return None, None, repr(exc)
+    if fn is None or not callable(fn):
+        return module, None, None
+    return module, fn, None
+
+
 def lookup_aiter_symbol() -> Tuple[Optional[Callable], Optional[str]]:
     """``(fn, error)``: AITER's fused top-k entry point, or ``None`` and why not.
 
@@ -43,14 +55,8 @@ def lookup_aiter_symbol() -> Tuple[Optional[Callable], Optional[str]]:
     kernel module and fail); it is ``None`` when AITER imported and simply lacks the symbol.
     Never raises.
     """
-    try:
-        module = importlib.import_module(AITER_MODULE)
-        fn = getattr(module, AITER_SYMBOL, None)
-    except Exception as exc:  # noqa: BLE001 - any failure means "not available"
-        return None, repr(exc)
-    if fn is None or not callable(fn):
-        return None, None
-    return fn, None
+    _, fn, error = _lookup()
+    return fn, error
 
 
 def aiter_symbol() -> Optional[Callable]:
@@ -125,7 +131,7 @@ def _aiter_workspace(module, workspace: Any, rows: int, parallel_units: int, top
     """
     if workspace is not None and not isinstance(workspace, torch.Tensor):
         return workspace
-    allocate = getattr(module, AITER_ALLOCATOR, None) if module is not None else None
+    allocate = getattr(module, AITER_ALLOCATOR, None)
     if allocate is None:
         return None
     try:
@@ -185,7 +191,7 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
         raise ValueError(f"layout: the aiter backend supports only 'aiter_mxfp4', got {layout.value!r}")
     if isinstance(topk, bool) or topk not in AITER_TOPK:
         raise ValueError(f"topk: the aiter backend supports {AITER_TOPK}, got {topk!r}")
-    fn, error = lookup_aiter_symbol()
+    module, fn, error = _lookup()
     if fn is None:
         why = f"importing {AITER_MODULE} raised {error}" if error else f"{AITER_MODULE} has no {AITER_SYMBOL}"
         raise RuntimeError(f"backend 'aiter' is not available: {why}")
@@ -201,7 +207,6 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
         # AITER rejects an empty batch; there is nothing to select.
         return out
 
-    module = importlib.import_module(AITER_MODULE)
     block_tables, max_seq_len = guarded_page_table(page_table, seq_lens)
     row_to_batch = torch.arange(rows, dtype=torch.int32, device=device)
     local_starts = torch.zeros(rows, dtype=torch.int32, device=device)
