@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, parse_layout
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, canonicalize_scores, parse_layout
 
 AITER_MODULE = "aiter.ops.flydsl"
 AITER_SYMBOL = "flydsl_pa_mqa_topk_fp4_prefill"
@@ -145,11 +145,11 @@ def _conform_values(out: IndexerTopKResult) -> None:
     """Make ``values`` follow the contract in place: ``-inf`` past ``counts``, NaN canonical.
 
     AITER documents its index padding (``-1``) but not its value padding or NaN bit patterns;
-    two masked fills over ``[rows, topk]`` cost nothing next to the scoring pass.
+    two passes over ``[rows, topk]`` cost nothing next to the scoring pass.
     """
     topk = out.values.shape[1]
     past = torch.arange(topk, device=out.values.device)[None, :] >= out.counts[:, None]
-    out.values.masked_fill_(torch.isnan(out.values), float("nan"))
+    out.values.copy_(canonicalize_scores(out.values))
     out.values.masked_fill_(past, float("-inf"))
 
 
