@@ -30,6 +30,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
+from .backends.aiter import AITER_TOPK, lookup_aiter_symbol
 from .contract import Layout, parse_layout
 from .envs import envs
 
@@ -146,12 +147,7 @@ def _probe_triton() -> dict:
 
 
 def _probe_aiter() -> dict:
-    try:
-        from .backends.aiter import lookup_aiter_symbol
-
-        fn, error = lookup_aiter_symbol()
-    except Exception as exc:  # noqa: BLE001
-        return {"aiter_error": repr(exc)}
+    fn, error = lookup_aiter_symbol()  # never raises
     return {"aiter_symbol": fn is not None, "aiter_error": error}
 
 
@@ -438,7 +434,7 @@ class PathPolicy:
         if backend == "aiter":
             if layout is not None and layout is not Layout.AITER_MXFP4:
                 return self._other_layout_backend
-            if topk is not None and topk not in (512, 1024):
+            if topk is not None and topk not in AITER_TOPK:
                 return self._other_layout_backend
         return backend
 
