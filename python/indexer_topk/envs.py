@@ -104,10 +104,6 @@ class EnvField(Generic[T]):
         else:
             os.environ[self.name] = self.format(value)
 
-    def clear(self) -> None:
-        """Remove the variable from ``os.environ``."""
-        os.environ.pop(self.name, None)
-
     @contextmanager
     def override(self, value: Any) -> Iterator["EnvField[T]"]:
         """Set the variable for the duration of a ``with`` block, then restore it exactly.
