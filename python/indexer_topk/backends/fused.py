@@ -92,11 +92,17 @@ def plan_fused(
         if splits < 1 or splits & (splits - 1):
             raise ValueError(f"num_splits: expected a power of two, got {splits}")
     programs = max(1, min(slots, pairs * splits))
-    if stream_mode == 2:
+    if stream_mode not in (0, 2):
+        raise ValueError(f"stream_mode: expected 0 or 2, got {stream_mode}")
+    if stream_mode == 2:  # the lane buffers' size follows from topk; no pool
         s, _check = lane_slots(topk, block_n)
         return FusedPlan(rows, topk, programs, splits, block_n * s)
     if pool is None:
         pool = default_pool(topk)
+    if (topk + pool) & (topk + pool - 1):
+        raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
+    if pool < block_n:
+        raise ValueError(f"pool: must be at least the block size {block_n}")
     return FusedPlan(rows, topk, programs, splits, topk + pool)
 
 
@@ -157,14 +163,6 @@ def fused_indexer_topk(
     if rows == 0:
         return out
     cfg = tile_config(layout)
-    if stream_mode not in (0, 2):
-        raise ValueError(f"stream_mode: expected 0 or 2, got {stream_mode}")
-    if pool is None:
-        pool = default_pool(topk)
-    if stream_mode == 0 and (topk + pool) & (topk + pool - 1):
-        raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
-    if pool < cfg.block_n:
-        raise ValueError(f"pool: must be at least the block size {cfg.block_n}")
     plan = plan_fused(rows, topk, device, num_splits, pool, stream_mode, cfg.block_n)
     lane_s, lane_check = lane_slots(topk, cfg.block_n)
     check_workspace(workspace, plan.nbytes, device)
@@ -181,7 +179,7 @@ def fused_indexer_topk(
         float(weight_scale), buf_key, buf_pos, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        CHUNK=SELECT_CHUNK, SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
+        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
         S=lane_s, CHECK=lane_check,
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )

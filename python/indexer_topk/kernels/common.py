@@ -15,20 +15,19 @@ LAYOUT_AITER_MXFP4 = 0
 LAYOUT_SGLANG_MXFP4 = 1
 LAYOUT_SGLANG_FP8 = 2
 
-INT32_MIN = -2147483648
-# The smallest key (NaN), as a constexpr: a literal -2147483648 in a kernel is the out-of-range
-# positive 2147483648 negated.
-KEY_MIN = tl.constexpr(-2147483648)
+# Constants used inside kernels are constexprs: a literal -2147483648 in a kernel is the
+# out-of-range positive 2147483648 negated.
+KEY_MIN = tl.constexpr(-2147483648)  # below every score's key: "no entry"
 # NaN's key: only bit patterns of negative NaNs map here otherwise, so no number does.
 KEY_NAN = tl.constexpr(-2147483647)
-NEG_INF_BITS = -8388608  # 0xFF800000 as int32
-CANONICAL_NAN_BITS = 0x7FC00000
-LOW32 = 4294967295
+COMP_MIN = tl.constexpr(-(2**63))  # below every 64-bit composite (key, position)
+LOW32 = tl.constexpr(4294967295)
+NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000, the fp32 bits of -inf
 
 
 def interpreting() -> bool:
-    """Whether kernels run under the Triton interpreter (decided when this module is imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Whether kernels run under the Triton interpreter (the spellings Triton itself accepts)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
 def layout_id(layout) -> int:

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .score import load_row_pair, score_pair
-from .select import compact_tile, finalize_row, select_into
+from .select import compact_tile, finalize_row
 from .slots import cut_slots, finish_slots
 from .common import KEY_MIN, ordered_key
 
@@ -58,11 +58,11 @@ def _block_keys(
 def _finish_row(
     buf_key, buf_pos, count, seq_len, row, split, pt_ptr, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-    TOPK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
+    TOPK: tl.constexpr, SPLITS: tl.constexpr, CAP: tl.constexpr,
 ):
     row64 = row.to(tl.int64)
     if count > TOPK:
-        count, _g = select_into(buf_key, buf_pos, buf_key, count, count, TOPK, buf_key, buf_pos, 2, TOPK, CHUNK)
+        count, _gate = compact_tile(buf_key, buf_pos, count, TOPK, CAP)
         tl.debug_barrier()
     if SPLITS == 1:
         finalize_row(
@@ -84,7 +84,7 @@ def fused_topk_kernel(
     weight_scale, buf_key_all, buf_pos_all, queue, n_items, split_span,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
-    SPLITS: tl.constexpr, CHUNK: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
+    SPLITS: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
     STREAM_MODE: tl.constexpr, S: tl.constexpr = 16, CHECK: tl.constexpr = 8,
 ):
     pid = tl.program_id(0)
@@ -179,12 +179,12 @@ def fused_topk_kernel(
             else:
                 _finish_row(
                     buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
-                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
+                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                 )
                 if v1:
                     _finish_row(
                         buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
-                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CHUNK,
+                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                     )
         tl.debug_barrier()
         item = tl.atomic_add(queue, 1)

@@ -14,13 +14,10 @@ them under the contract's order (int64 ``key << 32 | ~position``) and writes the
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN, key_to_score_bits
-
-COMP_MIN = tl.constexpr(-(2**63))
+from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits
 
 MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
-MODE_BUFFER = 2  # (key, position) pairs, valid below n
 
 
 @triton.jit
@@ -31,9 +28,8 @@ def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOP
         key = tl.load(src_key + offs, mask=valid, other=0)
         pos = offs
     else:
-        if MODE == 1:
-            c = tl.load(seg_cnt_ptr + offs // TOPK, mask=valid, other=0)
-            valid = valid & ((offs % TOPK) < c)
+        c = tl.load(seg_cnt_ptr + offs // TOPK, mask=valid, other=0)
+        valid = valid & ((offs % TOPK) < c)
         key = tl.load(src_key + offs, mask=valid, other=0)
         pos = tl.load(src_pos + offs, mask=valid, other=0)
     return key, pos, valid
@@ -53,6 +49,54 @@ def radix_digit(hist, need):
     above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
     bucket = tl.sum(tl.where(bins == digit, hist, 0), axis=0)
     return digit, above, bucket
+
+
+@triton.jit
+def tile_threshold(b, valid, k, BITS: tl.constexpr):
+    """k-th largest of the valid biased keys ``b`` (int32 or int64, sign bit flipped so that
+    unsigned order is key order), held as one register tile; needs more than ``k`` valid.
+
+    Returns ``(tb, shift, need)`` with ``tb`` the biased threshold: see :func:`radix_threshold`.
+    """
+    zero = tl.zeros([], dtype=tl.int32)
+    tb = tl.zeros([], dtype=b.dtype)
+    need = zero + k
+    shift = zero
+    done = zero
+    for p in tl.static_range(BITS // 8):
+        sh = BITS - 8 - 8 * p
+        if done == 0:
+            m = valid
+            if p > 0:
+                m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
+            hist = tl.histogram(tl.where(m, ((b >> sh) & 0xFF).to(tl.int32), 256), 512)
+            dstar, above, bucket = radix_digit(hist, need)
+            need = need - above
+            tb = tb | (dstar.to(b.dtype) << sh)
+            shift = zero + sh
+            if bucket == need:
+                done = zero + 1
+    return tb, shift, need
+
+
+@triton.jit
+def take_mask(key, valid, t, shift, need, eq_seen):
+    """Which entries the selection ``(t, shift, need)`` takes, given ``eq_seen`` entries equal to
+    the threshold earlier in storage order; also returns the equal entries (int32)."""
+    hi = key >> shift
+    t_hi = t >> shift
+    eq = valid & (hi == t_hi)
+    eq_i = eq.to(tl.int32)
+    take = (valid & (hi > t_hi)) | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - eq_i) < need))
+    return take, eq_i
+
+
+@triton.jit
+def next_gate(t, shift):
+    """The smallest key a later (higher-position) entry needs to enter a set cut at ``t``: it
+    ties with the k-th only at a higher position, so it must beat it strictly; when the
+    threshold is known only to ``shift`` bits, the bucket's floor is the safe bound."""
+    return tl.where(shift == 0, t + 1, (t >> shift) << shift)
 
 
 @triton.jit
@@ -117,18 +161,12 @@ def select_into(
             need = zero + known_need
         else:
             t, shift, need = radix_threshold(src_key, src_pos, seg_cnt_ptr, n, k, MODE, TOPK, CHUNK)
-    t_hi = t >> shift
     taken = zero
     eq_seen = zero
     for c0 in range(0, n, CHUNK):
         offs = c0 + tl.arange(0, CHUNK)
         key, pos, valid = load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE, TOPK)
-        hi = key >> shift
-        gt = valid & (hi > t_hi)
-        eq = valid & (hi == t_hi)
-        eq_i = eq.to(tl.int32)
-        eq_rank = eq_seen + tl.cumsum(eq_i, axis=0) - eq_i
-        take = gt | (eq & (eq_rank < need))
+        take, eq_i = take_mask(key, valid, t, shift, need, eq_seen)
         take_i = take.to(tl.int32)
         dst = taken + tl.cumsum(take_i, axis=0) - take_i
         tl.debug_barrier()
@@ -136,11 +174,7 @@ def select_into(
         tl.store(dst_pos + dst, pos, mask=take)
         taken += tl.sum(take_i, axis=0)
         eq_seen += tl.sum(eq_i, axis=0)
-    # A later entry ties with the k-th only at a higher position, so it must beat it strictly;
-    # when the threshold is known only to `shift` bits, the bucket's floor is the safe bound.
-    gate = tl.where(shift == 0, t + 1, (t >> shift) << shift)
-    gate = tl.where(n_valid <= k, KEY_MIN, gate)
-    return taken, gate
+    return taken, tl.where(n_valid <= k, KEY_MIN, next_gate(t, shift))
 
 
 @triton.jit
@@ -155,38 +189,15 @@ def compact_tile(buf_key, buf_pos, count, TOPK: tl.constexpr, CAP: tl.constexpr)
     valid = offs < count
     key = tl.load(buf_key + offs, mask=valid, other=0)
     pos = tl.load(buf_pos + offs, mask=valid, other=0)
-    b = key ^ KEY_MIN
-    zero = tl.zeros([], dtype=tl.int32)
-    tb = zero
-    need = zero + TOPK
-    shift = zero
-    done = zero
-    for p in tl.static_range(4):
-        sh = 24 - 8 * p
-        if done == 0:
-            m = valid
-            if p > 0:
-                m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
-            hist = tl.histogram(tl.where(m, (b >> sh) & 0xFF, 256), 512)
-            dstar, above, bucket = radix_digit(hist, need)
-            need = need - above
-            tb = tb | (dstar << sh)
-            shift = zero + sh
-            if bucket == need:
-                done = zero + 1
+    tb, shift, need = tile_threshold(key ^ KEY_MIN, valid, TOPK, 32)
     t = tb ^ KEY_MIN
-    hi = key >> shift
-    t_hi = t >> shift
-    eq = valid & (hi == t_hi)
-    eq_i = eq.to(tl.int32)
-    take = (valid & (hi > t_hi)) | (eq & ((tl.cumsum(eq_i, axis=0) - eq_i) < need))
+    take, _eq = take_mask(key, valid, t, shift, need, 0)
     take_i = take.to(tl.int32)
     dst = tl.cumsum(take_i, axis=0) - take_i
     tl.debug_barrier()
     tl.store(buf_key + dst, key, mask=take)
     tl.store(buf_pos + dst, pos, mask=take)
-    gate = tl.where(shift == 0, t + 1, (t >> shift) << shift)
-    return zero + TOPK, gate
+    return tl.full([], TOPK, tl.int32), next_gate(t, shift)
 
 
 @triton.jit
@@ -205,13 +216,12 @@ def finalize_row(
     key = tl.load(src_key + offs, mask=m, other=0)
     pos = tl.load(src_pos + offs, mask=m, other=0)
     if seq_len > TOPK:
-        comp = (key.to(tl.int64) << 32) + (4294967295 - pos.to(tl.int64))
-        comp = tl.where(m, comp, COMP_MIN)
-        comp = tl.sort(comp, descending=True)
+        comp = (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
+        comp = tl.sort(tl.where(m, comp, COMP_MIN), descending=True)
         key = (comp >> 32).to(tl.int32)
-        pos = (4294967295 - (comp & 4294967295)).to(tl.int32)
+        pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
-    bits = tl.where(m, key_to_score_bits(key), -8388608)
+    bits = tl.where(m, key_to_score_bits(key), NEG_INF_BITS)
     raw = tl.where(m, pos, -1)
     phys = tl.where(m, page * 64 + (pos & 63), -1)
     tl.debug_barrier()
@@ -255,7 +265,7 @@ def select_rows_kernel(
     if KNOWN_T:
         known_t = tl.load(kth_key + i)
         known_need = tl.load(kth_need + i)
-    taken, gate = select_into(
+    select_into(
         src_key + base, src_pos + base, cnt_ptr, n, n_valid, TOPK, dst_key, dst_pos, MODE, TOPK, CHUNK,
         KNOWN_T, known_t, known_need,
     )

@@ -18,11 +18,9 @@ of the boundary bucket when the radix stopped early).
 import triton
 import triton.language as tl
 
-from .common import key_to_score_bits
-from .select import radix_digit
+from .common import COMP_MIN, LOW32, NEG_INF_BITS, key_to_score_bits
+from .select import tile_threshold
 
-COMP_MIN = tl.constexpr(-(2**63))
-LOW32 = tl.constexpr(4294967295)
 POS_HI = tl.constexpr(2147483647)
 
 
@@ -30,35 +28,6 @@ POS_HI = tl.constexpr(2147483647)
 def _lane_counts(n_taken, BLOCK_N: tl.constexpr):
     lanes = tl.arange(0, BLOCK_N)
     return n_taken // BLOCK_N + (lanes < n_taken % BLOCK_N).to(tl.int32)
-
-
-@triton.jit
-def _radix64_threshold(flat, valid, k, N: tl.constexpr):
-    """k-th largest of the valid int64 ``flat`` (more than k valid, all distinct).
-
-    Returns ``(t, shift)``: the selected set is ``flat >> shift >= t >> shift``, exactly k.
-    """
-    b = flat ^ COMP_MIN  # unsigned order in a signed container
-    zero = tl.zeros([], dtype=tl.int32)
-    tb = zero.to(tl.int64)
-    need = zero + k
-    shift = zero
-    done = zero
-    for p in tl.static_range(8):
-        sh = 56 - 8 * p
-        if done == 0:
-            m = valid
-            if p > 0:
-                m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
-            digit = ((b >> sh) & 0xFF).to(tl.int32)
-            hist = tl.histogram(tl.where(m, digit, 256), 512)
-            dstar, above, bucket = radix_digit(hist, need)
-            need = need - above
-            tb = tb | (dstar.to(tl.int64) << sh)
-            shift = zero + sh
-            if bucket == need:
-                done = zero + 1
-    return tb ^ COMP_MIN, shift
 
 
 @triton.jit
@@ -84,7 +53,9 @@ def cut_slots(key_ptr, pos_ptr, cnt, gate, TOPK: tl.constexpr, BLOCK_N: tl.const
     take = valid
     new_gate = gate
     if n_valid > TOPK:
-        t, shift = _radix64_threshold(flat, valid, TOPK, BLOCK_N * S)
+        # distinct composites: the boundary bucket is always taken whole
+        tb, shift, _need = tile_threshold(flat ^ COMP_MIN, valid, TOPK, 64)
+        t = tb ^ COMP_MIN
         take = valid & ((flat >> shift) >= (t >> shift))
         t_key = (t >> 32).to(tl.int32)
         floor_key = (((t >> shift) << shift) >> 32).to(tl.int32)
@@ -130,7 +101,7 @@ def finish_slots(
         page = tl.load(pt_ptr + row64 * stride_pt + (pos >> 6), mask=keep, other=0)
         o = row64 * TOPK
         pad = tl.arange(0, TOPK)
-        tl.store(out_bits + o + pad, tl.full([TOPK], -8388608, tl.int32))
+        tl.store(out_bits + o + pad, tl.full([TOPK], NEG_INF_BITS, tl.int32))
         tl.store(out_raw + o + pad, tl.full([TOPK], -1, tl.int32))
         tl.store(out_phys + o + pad, tl.full([TOPK], -1, tl.int32))
         tl.debug_barrier()
