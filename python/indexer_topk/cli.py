@@ -26,7 +26,6 @@ import sys
 from typing import List, Optional, Sequence
 
 PROG = "indexer-topk"
-KILL_SWITCH = "SGLANG_DSV4_FP4_FUSED_TOPK"
 KERNEL_BACKENDS = ("legacy", "fused", "aiter")
 # The fp64 reference materialises per-block fp64 scores; beyond this many row x position
 # pairs it takes minutes, so the demo leaves it out of GPU-sized runs.
@@ -201,34 +200,12 @@ def _demo_workload_args(a, device) -> dict:
     }
 
 
-def _legacy_logits_bytes(rows: int, c4_len: int, page_table_columns: int) -> int:
-    """Bytes of the FP32 score matrix the legacy path allocates for one call.
-
-    Its width is the page table's span (as SGLang pads it) and its rows are capped by the
-    logits budget (row chunking); falls back to ``rows x c4_len`` if the backend is missing.
-    """
-    try:
-        from .backends.legacy import DEFAULT_LOGITS_BUDGET_BYTES, rows_per_chunk
-        from .contract import PAGE_SIZE
-
-        width = page_table_columns * PAGE_SIZE
-        budget = DEFAULT_LOGITS_BUDGET_BYTES
-        try:
-            from .envs import envs
-
-            budget = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
-        except Exception:
-            pass
-        chunk = min(rows + rows % 2, rows_per_chunk(width, budget))
-        return min(rows, chunk) * width * 4
-    except Exception:
-        return rows * c4_len * 4
-
-
 def _memory_statement(runs: dict, w, device) -> dict:
     """Memory saved by the fused path: measured on GPU, exact arithmetic on CPU."""
     legacy, fused = runs.get("legacy"), runs.get("fused")
-    logits_bytes = _legacy_logits_bytes(w.rows, w.c4_len, w.page_table.shape[1])
+    from .backends.legacy import logits_bytes as legacy_logits_bytes
+
+    logits_bytes = legacy_logits_bytes(w.rows, w.page_table.shape[1])
     ws = _workspace_bytes(w.rows, w.topk, w.layout.value, device)
     out = {"legacy_logits_bytes": logits_bytes, "fused_workspace_bytes": ws}
     if device.type == "cuda":
@@ -254,7 +231,7 @@ def _memory_statement(runs: dict, w, device) -> dict:
     # CPU: allocator statistics say nothing useful, but both sizes are exact by construction.
     gpu_rows = GPU_DEMO["rows"]
     gpu_c4 = _parse_contexts(GPU_DEMO["context"])[0] // 4
-    gpu_logits = _legacy_logits_bytes(gpu_rows, gpu_c4, -(-gpu_c4 // 64) + 1)
+    gpu_logits = legacy_logits_bytes(gpu_rows, -(-gpu_c4 // 64) + 1)
     out.update(
         method="exact sizes (no measurement on CPU)",
         gpu_shape={"rows": gpu_rows, "c4_len": gpu_c4, "topk": GPU_DEMO["topk"]},
@@ -467,8 +444,10 @@ def cmd_info(a, device) -> int:
 
     from . import __version__
     from .bench import triton_version
+    from .envs import envs
+    from .policy import KILL_SWITCH
 
-    raw = os.environ.get(KILL_SWITCH)
+    raw = envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw()
     info = {
         "indexer_topk": __version__,
         "python": platform.python_version(),

@@ -41,6 +41,24 @@ def rows_per_chunk(width: int, budget_bytes: int) -> int:
     return rows - rows % 2
 
 
+def chunk_rows(rows: int, width: int, budget_bytes: Optional[int] = None) -> int:
+    """Rows of the key matrix one call allocates: every row (rounded up to a pair) or, past the
+    budget (default ``INDEXER_TOPK_LOGITS_BUDGET_MB``), as many as fit."""
+    if budget_bytes is None:
+        from ..envs import envs
+
+        budget_bytes = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
+    return min(rows + rows % 2, rows_per_chunk(width, budget_bytes))
+
+
+def logits_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[int] = None) -> int:
+    """Bytes of the score matrix the legacy path allocates for a call (0 for no rows)."""
+    if rows == 0:
+        return 0
+    width = max(page_table_columns * PAGE_SIZE, 1)
+    return chunk_rows(rows, width, budget_bytes) * width * 4
+
+
 def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_count=None) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
@@ -111,15 +129,11 @@ def legacy_indexer_topk(
         out = allocate_result(rows, topk, q.device)
     if rows == 0:
         return out
-    if logits_budget_bytes is None:
-        from ..envs import envs
-
-        logits_budget_bytes = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
     width = logits_width(page_table)
     if workspace is not None:
         check_workspace(workspace, 2 * max(width, 1) * 4, q.device)
         logits_budget_bytes = workspace.numel()
-    chunk = min(rows + rows % 2, rows_per_chunk(width, logits_budget_bytes))
+    chunk = chunk_rows(rows, width, logits_budget_bytes)
     if workspace is not None:
         storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
