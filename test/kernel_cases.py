@@ -258,6 +258,16 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     assert torch.equal(torch.signbit(a[both_zero]), torch.signbit(e[both_zero])), "sign of a zero score differs"
 
 
+def check_fused_against_legacy(case: Case, wl: Workload, device: str, **fused_kw) -> None:
+    """Legacy agrees with the reference; fused (called with ``fused_kw``) keeps the contract
+    and equals legacy bit for bit."""
+    legacy = legacy_result(case, device)
+    assert_matches_reference(legacy, wl, reference_result(case, device))
+    res = run_fused(wl, **fused_kw)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy, "fused vs legacy")
+
+
 def assert_contract(result: IndexerTopKResult, wl: Workload) -> None:
     """The contract's structure, element by element, without the reference.
 

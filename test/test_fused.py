@@ -22,6 +22,7 @@ from kernel_cases import (
     assert_contract,
     assert_matches_reference,
     build,
+    check_fused_against_legacy,
     edge_length_case,
     fused_result,
     gpu_128k_case,
@@ -301,11 +302,7 @@ def test_gpu_adversarial_full_shape(pattern, device):
     bit, and legacy agrees with the reference."""
     case = gpu_adversarial_case(pattern)
     wl = build(case, device)
-    legacy = legacy_result(case, device)
-    assert_matches_reference(legacy, wl, reference_result(case, device))
-    res = run_fused(wl)
-    assert_contract(res, wl)
-    assert_bitwise(res, legacy, "fused vs legacy")
+    check_fused_against_legacy(case, wl, device)
 
 
 @pytest.mark.gpu
@@ -372,11 +369,7 @@ def test_gpu_single_row(layout, device):
     case = Case(f"gpu-1row-{layout}", layout, context_tokens=(131072,), rows_per_request=(1,), topk=2048, seed=23)
     wl = build(case, device)
     assert plan_fused(1, 2048, device).splits > 1
-    legacy = legacy_result(case, device)
-    assert_matches_reference(legacy, wl, reference_result(case, device))
-    res = run_fused(wl)
-    assert_contract(res, wl)
-    assert_bitwise(res, legacy, "fused vs legacy")
+    check_fused_against_legacy(case, wl, device)
 
 
 @pytest.mark.gpu
@@ -386,11 +379,7 @@ def test_gpu_4097_rows(device):
                 topk=512, seed=24)
     wl = build(case, device)
     assert wl.rows == 4097
-    legacy = legacy_result(case, device)
-    assert_matches_reference(legacy, wl, reference_result(case, device))
-    res = run_fused(wl)
-    assert_contract(res, wl)
-    assert_bitwise(res, legacy, "fused vs legacy")
+    check_fused_against_legacy(case, wl, device)
 
 
 @pytest.mark.gpu
