@@ -265,14 +265,29 @@ def test_deterministic(device):
         assert_bitwise(run_fused(wl, num_splits=4, pool=pool), first, f"repeat {i + 1}")
 
 
+@pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
-def test_lane_stream_mode(num_splits, device):
-    """The lane-private stream (stream mode 2): equal to legacy bit for bit on exact-zero ties."""
+def test_per_block_stream_mode(num_splits, pool, device):
+    """Stream mode 0 (survivors appended after every block, no staging strip): the same bits
+    as legacy on exact-zero ties, with cuts every block or two and with the full pool."""
     case = GEOMETRY_CASES[0]
     wl = build(case, device)
-    res = run_fused(wl, num_splits=num_splits, stream_mode=2)
+    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, case.topk), stream_mode=0)
     assert_contract(res, wl)
-    assert_bitwise(res, legacy_result(case, device), "lane stream")
+    assert_bitwise(res, legacy_result(case, device), "per-block stream")
+
+
+def test_strip_of_two_blocks_with_cuts(device):
+    """A two-block staging strip (pool 480 at topk 32): strips end inside and at the end of a
+    split, and the buffer is cut before a strip is appended."""
+    case = Case("strip2-increasing", "sglang_mxfp4", "increasing", context_tokens=(6000, 1100),
+                rows_per_request=(3, 2), seed=9)
+    wl = build(case, device)
+    plan = plan_fused(wl.rows, wl.topk, device, 2, 480)
+    assert (plan.cap, plan.stage) == (512, 256)
+    res = run_fused(wl, num_splits=2, pool=480)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "two-block strips")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,11 +25,20 @@ def _refuse_kernels(monkeypatch):
     monkeypatch.setattr(legacy, "logits_kernel", Refuse())
 
 
-def test_workspace_size_is_independent_of_context():
-    """The fused scratch depends on rows and topk, never on the context length."""
-    sizes = {fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=m) for m in (0, 2)}
-    assert len(sizes) == 1  # both modes keep 2048 candidates per row at topk 1024
-    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu") < fused_workspace_size(1024, 2048, "sglang_fp8", "cpu")
+def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
+    """At rows = topk = 1024 on an H200-sized GPU (264 programs) the scratch is the queue, two
+    2048-entry buffers (keys and positions) and one 1024-key staging strip per row slot: under
+    16 MiB, and the same for every layout (no context length enters)."""
+    from indexer_topk.backends import fused
+
+    monkeypatch.setattr(fused, "device_sm_count", lambda device: 132)
+    programs = 264
+    want = 256 + 4 * (2 * programs * 2 * 2048 + programs * 2 * 1024)
+    for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
+        assert fused_workspace_size(1024, 1024, layout, "cpu") == want
+    assert want <= 16 << 20
+    # the per-block stream needs no strip
+    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=0) == want - 4 * programs * 2 * 1024
 
 
 @pytest.mark.parametrize("backend", ["fused"])

@@ -34,10 +34,15 @@ class FusedPlan:
     programs: int
     splits: int
     cap: int
+    stage: int  # staging strip per row (stream mode 1), 0 in stream mode 0
 
     @property
     def buffer_entries(self) -> int:
         return self.programs * 2 * self.cap
+
+    @property
+    def stage_entries(self) -> int:
+        return self.programs * 2 * self.stage
 
     @property
     def segment_entries(self) -> int:
@@ -46,22 +51,19 @@ class FusedPlan:
     @property
     def nbytes(self) -> int:
         seg_counts = self.rows * self.splits if self.splits > 1 else 0
-        return QUEUE_BYTES + 4 * (2 * self.buffer_entries + 2 * self.segment_entries + seg_counts)
+        return QUEUE_BYTES + 4 * (2 * self.buffer_entries + self.stage_entries + 2 * self.segment_entries + seg_counts)
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def lane_slots(topk: int, block_n: int):
-    """Stream mode 2: slots per lane ``S`` and blocks between overflow checks ``CHECK``.
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
 
-    After a cut each lane holds at most ``ceil(topk / block_n)`` entries; ``CHECK`` more blocks
-    add at most one entry per lane each, so ``S = ceil(topk / block_n) + CHECK`` never overflows.
-    """
-    kept = -(-topk // block_n)
-    s = _next_pow2(kept + 8)
-    return s, s - kept
+
+STREAM_MODES = (0, 1)
+DEFAULT_STREAM_MODE = 1
 
 
 def default_pool(topk: int) -> int:
@@ -73,7 +75,7 @@ def default_pool(topk: int) -> int:
 
 def plan_fused(
     rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-    stream_mode: int = 0, block_n: int = 128,
+    stream_mode: int = DEFAULT_STREAM_MODE, block_n: int = 128,
 ) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when pairs are too few
     to occupy every SM."""
@@ -92,23 +94,22 @@ def plan_fused(
         if splits < 1 or splits & (splits - 1):
             raise ValueError(f"num_splits: expected a power of two, got {splits}")
     programs = max(1, min(slots, pairs * splits))
-    if stream_mode not in (0, 2):
-        raise ValueError(f"stream_mode: expected 0 or 2, got {stream_mode}")
-    if stream_mode == 2:  # the lane buffers' size follows from topk; no pool
-        s, _check = lane_slots(topk, block_n)
-        return FusedPlan(rows, topk, programs, splits, block_n * s)
+    if stream_mode not in STREAM_MODES:
+        raise ValueError(f"stream_mode: expected one of {STREAM_MODES}, got {stream_mode}")
     if pool is None:
         pool = default_pool(topk)
     if (topk + pool) & (topk + pool - 1):
         raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
     if pool < block_n:
         raise ValueError(f"pool: must be at least the block size {block_n}")
-    return FusedPlan(rows, topk, programs, splits, topk + pool)
+    # the strip: the largest power of two that fits beside a freshly cut buffer
+    stage = _floor_pow2(pool) if stream_mode == 1 else 0
+    return FusedPlan(rows, topk, programs, splits, topk + pool, stage)
 
 
 def fused_workspace_size(
     rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-    stream_mode: int = 0,
+    stream_mode: int = DEFAULT_STREAM_MODE,
 ) -> int:
     """Exact bytes of scratch a fused call of ``rows`` rows needs (independent of context length).
 
@@ -130,29 +131,29 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         return t
 
     buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
+    stage = take(plan.stage_entries) if plan.stage else buf_key  # unused by the kernel in mode 0
     if plan.splits > 1:
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
         seg_cnt = take(plan.rows * plan.splits)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
-    return queue, buf_key, buf_pos, seg_key, seg_pos, seg_cnt
+    return queue, buf_key, buf_pos, stage, seg_key, seg_pos, seg_cnt
 
 
 def fused_indexer_topk(
     args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,
-    pool: Optional[int] = None, stream_mode: int = 0,
+    pool: Optional[int] = None, stream_mode: int = DEFAULT_STREAM_MODE,
 ) -> IndexerTopKResult:
     """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
 
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
-    (small pools force frequent cuts, which tests use). ``stream_mode`` 0 (default) keeps a
-    position-ordered buffer per row, cut inside the streaming loop as one register tile; 2 keeps
-    lane-private buffers (no cross-warp step per block, see :mod:`indexer_topk.kernels.slots`;
-    not yet measured on a GPU). ``score_only`` is a measurement variant
-    that scores every block but selects nothing (outputs are not valid).
+    (small pools force frequent cuts, which tests use). ``stream_mode`` 1 (default) stages each
+    block's keys and appends survivors once per strip; 0 appends them after every block (see
+    :mod:`indexer_topk.kernels.fused`). Both give the same bits. ``score_only`` is a measurement
+    variant that scores every block but selects nothing (outputs are not valid).
     """
     layout = Layout(layout)
     ka = pack_args(args, layout)
@@ -164,11 +165,10 @@ def fused_indexer_topk(
         return out
     cfg = tile_config(layout)
     plan = plan_fused(rows, topk, device, num_splits, pool, stream_mode, cfg.block_n)
-    lane_s, lane_check = lane_slots(topk, cfg.block_n)
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    queue, buf_key, buf_pos, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue, buf_key, buf_pos, stage, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
     queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), cfg.block_n) * cfg.block_n
@@ -176,11 +176,11 @@ def fused_indexer_topk(
     out_bits = out.values.view(torch.int32)
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens, rows,
-        float(weight_scale), buf_key, buf_pos, queue, n_items, span,
+        float(weight_scale), buf_key, buf_pos, stage, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
-        S=lane_s, CHECK=lane_check,
+        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=0 if score_only else stream_mode,
+        STAGE_N=max(plan.stage, cfg.block_n),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )
     if plan.splits > 1 and not score_only:

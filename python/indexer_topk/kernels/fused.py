@@ -2,23 +2,26 @@
 
 A persistent grid of programs pulls work items from an atomic counter; an item is a pair of
 query rows and one context split. For each key block the program computes the pair's scores
-with the shared tile (:mod:`.score`), turns them into order keys and keeps every key that
-reaches the row's gate in the row's candidate buffer in global scratch (program-private,
-L2-resident). When a buffer could overflow it is cut back to exactly ``TOPK`` entries by radix
-select and the row's gate rises to the k-th key found, so the gate only ever rises.
+with the shared tile (:mod:`.score`) and turns them into order keys. Every key that reaches the
+row's gate goes into the row's candidate buffer in global scratch (program-private,
+L2-resident), in position order, so equal scores resolve to the lower position without carrying
+the position in the key. When a buffer could overflow it is cut back to exactly ``TOPK`` entries
+as one register tile (:func:`.select.compact_tile`) and the row's gate rises to the k-th key
+found: the gate only ever rises.
 
-Two ways to keep the candidates (``STREAM_MODE``):
+Two ways to feed the buffers (``STREAM_MODE``):
 
-* 0: one buffer per row in position order (``CAP = TOPK + pool`` entries, a power of two),
-  appended with a block-wide prefix sum and cut as one register tile
-  (:func:`.select.compact_tile`) inside the single streaming loop; position order makes equal
-  scores resolve to the lower position without carrying the position in the key.
-* 2: lane-private buffers with no cross-warp step per block (:mod:`.slots`).
+* 1 (default), staged: each block's keys are stored to a per-row staging strip of ``STAGE_N``
+  keys (plain coalesced stores, no cross-warp step); every ``STAGE_N / BLOCK_N`` blocks the strip
+  is filtered against the gate and appended with one prefix sum over the whole strip. The
+  block-wide scans and barriers are paid once per strip instead of once per block.
+* 0, per block: the survivors of every block are appended at once with a block-wide prefix sum.
 
 At the end of an item the row's top ``TOPK`` is either sorted and written as the contract's
 outputs (one split per row) or stored in position order for the merge kernel
-(:func:`.select.select_rows_kernel`, segment mode). Scratch is ``programs * 2 * CAP * 8`` bytes
-plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows: independent of the context length.
+(:func:`.select.select_rows_kernel`, segment mode). Scratch is ``programs * 2 * (CAP + STAGE_N) * 4``
+bytes per key and position array, plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows:
+independent of the context length.
 """
 
 import triton
@@ -26,7 +29,6 @@ import triton.language as tl
 
 from .score import load_row_pair, score_pair
 from .select import compact_tile, finalize_row
-from .slots import cut_slots, finish_slots
 from .common import KEY_MIN, ordered_key
 
 
@@ -37,6 +39,28 @@ def _append(buf_key, buf_pos, count, key, pos, take):
     tl.store(buf_key + dst, key, mask=take)
     tl.store(buf_pos + dst, pos, mask=take)
     return count + tl.sum(take_i, axis=0)
+
+
+@triton.jit
+def _flush(stage, buf_key, buf_pos, cnt, gate, base, end, TOPK: tl.constexpr, CAP: tl.constexpr, STAGE_N: tl.constexpr):
+    """Append the strip's keys that reach the gate (positions ``base ..``, valid below ``end``)
+    to the row's buffer; cut the buffer first if they would not fit. Returns ``(cnt, gate)``.
+
+    After a cut ``cnt == TOPK`` and ``STAGE_N <= CAP - TOPK``, so the strip always fits then.
+    """
+    offs = tl.arange(0, STAGE_N)
+    pos = base + offs
+    key = tl.load(stage + offs)
+    live = pos < end
+    take = live & (key >= gate)
+    n = tl.sum(take.to(tl.int32), axis=0)
+    if cnt + n > CAP:
+        cnt, gate = compact_tile(buf_key, buf_pos, cnt, TOPK, CAP)
+        take = live & (key >= gate)
+        n = tl.sum(take.to(tl.int32), axis=0)
+    if n > 0:
+        cnt = _append(buf_key, buf_pos, cnt, key, pos, take)
+    return cnt, gate
 
 
 @triton.jit
@@ -81,17 +105,19 @@ def _finish_row(
 @triton.jit
 def fused_topk_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, pt_ptr, stride_pt, seq_lens, n_rows,
-    weight_scale, buf_key_all, buf_pos_all, queue, n_items, split_span,
+    weight_scale, buf_key_all, buf_pos_all, stage_all, queue, n_items, split_span,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
-    STREAM_MODE: tl.constexpr, S: tl.constexpr = 16, CHECK: tl.constexpr = 8,
+    STREAM_MODE: tl.constexpr, STAGE_N: tl.constexpr,
 ):
     pid = tl.program_id(0)
     buf0_key = buf_key_all + pid.to(tl.int64) * (2 * CAP)
     buf0_pos = buf_pos_all + pid.to(tl.int64) * (2 * CAP)
     buf1_key = buf0_key + CAP
     buf1_pos = buf0_pos + CAP
+    stage0 = stage_all + pid.to(tl.int64) * (2 * STAGE_N)
+    stage1 = stage0 + STAGE_N
     item = tl.atomic_add(queue, 1)
     while item < n_items:
         group = item // SPLITS
@@ -113,38 +139,31 @@ def fused_topk_kernel(
         cnt1 = zero
         gate0 = zero + KEY_MIN
         gate1 = zero + KEY_MIN
-        if STREAM_MODE == 2:
-            # Lane-private buffers (see .slots): no cross-warp step per block.
-            lanes = tl.arange(0, BLOCK_N)
-            lc0 = tl.zeros([BLOCK_N], dtype=tl.int32)
-            lc1 = tl.zeros([BLOCK_N], dtype=tl.int32)
+        if STREAM_MODE == 1:
             for b in range(lo, hi, BLOCK_N):
-                pos, u0, u1, take0, take1 = _block_keys(
+                pos, u0, u1, _take0, _take1 = _block_keys(
                     b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
                     LAYOUT, BLOCK_N, INTERPRET,
                 )
-                tl.store(buf0_key + lanes * S + lc0, u0, mask=take0)
-                tl.store(buf0_pos + lanes * S + lc0, pos, mask=take0)
-                tl.store(buf1_key + lanes * S + lc1, u1, mask=take1)
-                tl.store(buf1_pos + lanes * S + lc1, pos, mask=take1)
-                lc0 += take0.to(tl.int32)
-                lc1 += take1.to(tl.int32)
-                if ((b - lo) // BLOCK_N) % CHECK == CHECK - 1:
-                    if tl.max(tl.maximum(lc0, lc1), axis=0) > S - CHECK:
-                        tl.debug_barrier()
-                        if tl.max(lc0, axis=0) > S - CHECK:
-                            lc0, gate0 = cut_slots(buf0_key, buf0_pos, lc0, gate0, TOPK, BLOCK_N, S)
-                        if tl.max(lc1, axis=0) > S - CHECK:
-                            lc1, gate1 = cut_slots(buf1_key, buf1_pos, lc1, gate1, TOPK, BLOCK_N, S)
+                j = ((b - lo) // BLOCK_N) % (STAGE_N // BLOCK_N)
+                lanes = j * BLOCK_N + tl.arange(0, BLOCK_N)
+                tl.store(stage0 + lanes, u0)
+                tl.store(stage1 + lanes, u1)
+                if (j == STAGE_N // BLOCK_N - 1) | (b + BLOCK_N >= hi):
+                    tl.debug_barrier()  # the whole strip, from every warp, is in place
+                    base = b - j * BLOCK_N
+                    cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
+                    cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
+                    tl.debug_barrier()  # no warp refills the strip before every warp has read it
             tl.debug_barrier()
-            finish_slots(
-                buf0_key, buf0_pos, lc0, len0, r0, split, pt_ptr, stride_pt,
-                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, BLOCK_N, S, SPLITS,
+            _finish_row(
+                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
+                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
             )
             if v1:
-                finish_slots(
-                    buf1_key, buf1_pos, lc1, len1, r1, split, pt_ptr, stride_pt,
-                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, BLOCK_N, S, SPLITS,
+                _finish_row(
+                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                 )
         else:
             # One innermost loop over the blocks; a buffer about to overflow is cut back in
