@@ -97,6 +97,14 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             variants["legacy"] = run_legacy
             variants["fused_score_only"] = lambda: fused_indexer_topk(
                 args, **kw, out=scratch_out, workspace=ws0, score_only=True, stream_mode=0)
+            variants["fused_stage_only"] = lambda: fused_indexer_topk(
+                args, **kw, out=scratch_out, workspace=ws, score_only=True, stream_mode=1)
+            # a two-strip-longer buffer (4096 entries, 2048-key strips): half as many strips,
+            # over the 16 MiB scratch budget, so a measurement only
+            ws_big = torch.empty(fused_workspace_size(w.rows, topk, layout, device, pool=3 * topk), dtype=torch.uint8,
+                                 device=device)
+            variants["fused_pool3k"] = lambda: fused_indexer_topk(
+                args, **kw, out=scratch_out, workspace=ws_big, pool=3 * topk)
         for name, fn in variants.items():
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)

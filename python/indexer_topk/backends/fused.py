@@ -153,7 +153,9 @@ def fused_indexer_topk(
     (small pools force frequent cuts, which tests use). ``stream_mode`` 1 (default) stages each
     block's keys and appends survivors once per strip; 0 appends them after every block (see
     :mod:`indexer_topk.kernels.fused`). Both give the same bits. ``score_only`` is a measurement
-    variant that scores every block but selects nothing (outputs are not valid).
+    variant that selects nothing (outputs are not valid): in stream mode 0 every block is
+    scored and its gate test reduced; in stream mode 1 every block is scored and staged, and no
+    strip is read.
     """
     layout = Layout(layout)
     ka = pack_args(args, layout)
@@ -179,7 +181,7 @@ def fused_indexer_topk(
         float(weight_scale), buf_key, buf_pos, stage, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=0 if score_only else stream_mode,
+        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
         STAGE_N=max(plan.stage, cfg.block_n),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )

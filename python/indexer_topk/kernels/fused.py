@@ -151,20 +151,25 @@ def fused_topk_kernel(
                 tl.store(stage1 + lanes, u1)
                 if (j == STAGE_N // BLOCK_N - 1) | (b + BLOCK_N >= hi):
                     tl.debug_barrier()  # the whole strip, from every warp, is in place
-                    base = b - j * BLOCK_N
-                    cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
-                    cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
+                    if not SCORE_ONLY:  # measurement variant: strips written, never read
+                        base = b - j * BLOCK_N
+                        cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
+                        cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
                     tl.debug_barrier()  # no warp refills the strip before every warp has read it
             tl.debug_barrier()
-            _finish_row(
-                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
-                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-            )
-            if v1:
+            if SCORE_ONLY:
+                tl.store(out_cnt + r0, cnt0)
+                tl.store(out_cnt + r1, cnt1, mask=v1)
+            else:
                 _finish_row(
-                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                    buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
                     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                 )
+                if v1:
+                    _finish_row(
+                        buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
+                    )
         else:
             # One innermost loop over the blocks; a buffer about to overflow is cut back in
             # registers (compact_tile has no loops, so the loop stays software-pipelined).
