@@ -54,7 +54,26 @@ def main(argv=None) -> int:
 
     device = torch.device("cuda")
     rng = random.Random(a.seed)
-    calls, mismatches, errors = 0, [], []
+    done, mismatches, errors = [], [], []
+    argv = list(argv if argv is not None else sys.argv[1:])
+    shown = [x for i, x in enumerate(argv) if x != "--out" and (i == 0 or argv[i - 1] != "--out")]
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, f"stress_{torch.cuda.get_device_name().lower().replace(' ', '-')}.json")
+
+    def write():
+        """The record so far: rewritten after every call, so a run cut short keeps its counts."""
+        record = {
+            "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
+            "triton_version": __import__("triton").__version__, "minutes": a.minutes, "seed": a.seed,
+            "calls": len(done), "mismatches": len(mismatches), "errors": len(errors),
+            "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
+            "mismatch_cases": mismatches[:20], "error_cases": errors[:20], "batches": done,
+            "command": "PYTHONPATH=python python3 benchmark/stress.py " + " ".join(shown),
+        }
+        with open(path, "w") as f:
+            json.dump(record, f, indent=1)
+        return record
+
     torch.cuda.reset_peak_memory_stats()
     deadline = time.time() + 60 * a.minutes
     while time.time() < deadline:
@@ -66,26 +85,16 @@ def main(argv=None) -> int:
             kw = dict(topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
             leg = legacy_indexer_topk(w.args(), **kw)
             fu = fused_indexer_topk(w.args(), **kw)
-            calls += 1
+            done.append(spec)
             if not bitwise_equal(fu, leg):
                 mismatches.append(spec)
         except Exception as exc:  # a failure is a result to report, not a reason to stop
             errors.append({**spec, "error": repr(exc)[:300]})
         finally:
-            w = None
-    record = {
-        "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-        "triton_version": __import__("triton").__version__, "minutes": a.minutes, "seed": a.seed,
-        "calls": calls, "mismatches": len(mismatches), "errors": len(errors),
-        "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
-        "mismatch_cases": mismatches[:20], "error_cases": errors[:20],
-        "command": "PYTHONPATH=python python3 benchmark/stress.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-    }
-    os.makedirs(a.out, exist_ok=True)
-    slug = record["gpu"].lower().replace(" ", "-")
-    with open(os.path.join(a.out, f"stress_{slug}.json"), "w") as f:
-        json.dump(record, f, indent=1)
-    print(f"stress: {calls} calls, {len(mismatches)} mismatches, {len(errors)} errors, "
+            w = leg = fu = None
+        write()
+    record = write()
+    print(f"stress: {record['calls']} calls, {record['mismatches']} mismatches, {record['errors']} errors, "
           f"peak {record['peak_mib']:.0f} MiB on {record['gpu']}")
     return 1 if mismatches or errors else 0
 

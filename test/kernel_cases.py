@@ -44,6 +44,7 @@ class Case:
     reverse page order (keys byte-identical at the new slots, so the scores do not change).
     ``nonfinite_scales`` (sglang_fp8 only): this fraction of the cache's slots each gets a key
     scale of +inf, of -inf and of NaN, so rows hold scattered +-inf and NaN scores.
+    ``extreme``: key scales at the ends of their range, see :func:`with_extreme_keys`.
     """
 
     name: str
@@ -56,6 +57,7 @@ class Case:
     seq_lens: Optional[Tuple[int, ...]] = None
     reverse_rows: Tuple[int, ...] = ()
     nonfinite_scales: float = 0.0
+    extreme: str = ""
 
     def __str__(self) -> str:
         return self.name
@@ -100,7 +102,67 @@ def build(case: Case, device: str) -> Workload:
         wl = reverse_row_pages(wl, row)
     if case.nonfinite_scales:
         wl = with_nonfinite_key_scales(wl, case.nonfinite_scales, case.seed)
+    if case.extreme:
+        wl = with_extreme_keys(wl, case.extreme, case.seed)
     return wl
+
+
+EXTREME_KINDS = ("huge_scale", "exponent_1", "exponent_254")
+
+
+def with_extreme_keys(wl: Workload, kind: str, seed: int) -> Workload:
+    """A copy of ``wl`` with key scales at the ends of their range.
+
+    ``huge_scale``: in every row, the key at the middle position gets a scale 2**100 times its
+    own (sglang_fp8: the fp32 scale; MXFP4: all four ue8m0 exponents raised by 100, capped at
+    254), so one score dwarfs the rest. ``exponent_1`` / ``exponent_254`` (MXFP4 only): 5% of
+    the 32-value groups of the cache get the smallest / largest ue8m0 exponent (2**-126 /
+    2**127); at 2**127 the products overflow fp32.
+    """
+    pages = wl.k_cache.shape[0]
+    k_cache = wl.k_cache.clone()
+    k_scale = None if wl.k_scale is None else wl.k_scale.clone()
+    dev = k_cache.device
+    if kind == "huge_scale":
+        pos = (wl.seq_lens.long() // 2).clamp(min=0)
+        live = wl.seq_lens > 0
+        slots = (wl.page_table.long().gather(1, (pos // PAGE_SIZE)[:, None])[:, 0] * PAGE_SIZE + pos % PAGE_SIZE)[live]
+        slots = slots.unique()
+        page, off = slots // PAGE_SIZE, slots % PAGE_SIZE
+        if wl.layout is Layout.SGLANG_FP8:
+            scales = k_cache.view(pages, -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]
+            scales[page, off] *= 2.0**100
+        else:
+            for chunk in range(4):
+                _set_exponents(wl.layout, k_cache, k_scale, page, off, torch.full_like(page, chunk), None, 100)
+    elif kind in ("exponent_1", "exponent_254"):
+        assert wl.layout is not Layout.SGLANG_FP8, "ue8m0 exponents exist in the MXFP4 layouts only"
+        gen = torch.Generator().manual_seed(seed)
+        groups = torch.randperm(pages * PAGE_SIZE * 4, generator=gen)[: pages * PAGE_SIZE * 4 // 20].to(dev)
+        slot, chunk = groups // 4, groups % 4
+        value = 1 if kind == "exponent_1" else 254
+        _set_exponents(wl.layout, k_cache, k_scale, slot // PAGE_SIZE, slot % PAGE_SIZE, chunk, value, 0)
+    else:
+        raise ValueError(f"unknown extreme kind {kind!r}")
+    return Workload(
+        wl.layout, wl.q, wl.q_scale, k_cache, k_scale, wl.weights, wl.page_table, wl.seq_lens,
+        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
+    )
+
+
+def _set_exponents(layout, k_cache, k_scale, page, off, chunk, value, add) -> None:
+    """Set (``value``) or raise by ``add`` (capped at 254) the ue8m0 exponent byte of group
+    ``chunk`` of slot ``off`` in page ``page``, in the layout's own byte position."""
+    if layout is Layout.SGLANG_MXFP4:
+        index = (page, PAGE_SIZE * 64 + off * 4 + chunk)
+        target = k_cache
+    else:  # aiter_mxfp4: scales [pages, 1, 4, 64], slot s of a chunk at column (s % 16) * 4 + s // 16
+        index = (page, torch.zeros_like(page), chunk, (off % 16) * 4 + off // 16)
+        target = k_scale
+    if value is None:
+        target[index] = (target[index].long() + add).clamp(max=254).to(torch.uint8)
+    else:
+        target[index] = value
 
 
 def with_nonfinite_key_scales(wl: Workload, fraction: float, seed: int) -> Workload:
@@ -452,6 +514,18 @@ def gpu_128k_case(layout: str, topk: int) -> Case:
     return Case(
         f"gpu128k-{layout}-{topk}", layout, context_tokens=(131072, 98307), rows_per_request=(5, 4),
         topk=topk, seed=10,
+    )
+
+
+def extreme_case(layout: str, kind: str, gpu: bool = False) -> Case:
+    """Extreme key scales (``kind`` from :data:`EXTREME_KINDS`, or ``nonfinite``: 1% of the fp8
+    key scales each +inf, -inf and NaN); small for the interpreter, 256K tokens on a GPU."""
+    nonfinite = kind == "nonfinite"
+    shape = dict(context_tokens=(262144,), rows_per_request=(32,), topk=1024) if gpu else dict(
+        context_tokens=(4000, 1300), rows_per_request=(3, 2), topk=32)
+    return Case(
+        f"{'gpu256k-' if gpu else ''}{layout}-{kind}", layout, "decreasing" if nonfinite else "random", seed=15,
+        nonfinite_scales=0.01 if nonfinite else 0.0, extreme="" if nonfinite else kind, **shape,
     )
 
 

@@ -24,6 +24,7 @@ from kernel_cases import (
     build,
     check_fused_against_legacy,
     edge_length_case,
+    extreme_case,
     fused_result,
     gpu_128k_case,
     gpu_adversarial_case,
@@ -290,9 +291,54 @@ def test_strip_of_two_blocks_with_cuts(device):
     assert_bitwise(res, legacy_result(case, device), "two-block strips")
 
 
+EXTREME = [("sglang_fp8", "huge_scale"), ("sglang_mxfp4", "huge_scale"), ("aiter_mxfp4", "exponent_1"),
+           ("sglang_mxfp4", "exponent_254")]
+
+
+def check_extreme(case: Case, device, splits=(None, 4)) -> None:
+    """Fused equals legacy bit for bit (automatic and four splits) and both keep the contract;
+    legacy agrees with the reference except where keys overflow fp32 (exponent 254: the fp64
+    reference can stay finite where the kernels' fp32 partial sums overflow)."""
+    wl = build(case, device)
+    legacy = legacy_result(case, device)
+    assert_contract(legacy, wl)
+    if case.extreme != "exponent_254":
+        assert_matches_reference(legacy, wl, reference_result(case, device))
+    for num_splits in splits:
+        res = run_fused(wl, num_splits=num_splits)
+        assert_contract(res, wl)
+        assert_bitwise(res, legacy, f"fused, {split_id(num_splits)}")
+
+
+@pytest.mark.parametrize("layout,kind", EXTREME, ids=lambda x: x)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning")
+def test_extreme_key_scales(layout, kind, device):
+    """One huge key scale per row, and ue8m0 exponents at 1 and at 254."""
+    check_extreme(extreme_case(layout, kind), device)
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: DeepSeek-V4 shapes
 # ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_empty_rows_among_1m_token_rows(device):
+    """Empty, one-position and full rows of a 1M-token request side by side."""
+    case = Case("gpu-1m-empty", "sglang_fp8", context_tokens=(1 << 20,), rows_per_request=(6,), topk=1024, seed=25,
+                seq_lens=(0, 262000, 0, 261999, 1, 0))
+    check_fused_against_legacy(case, build(case, device), device)
+
+
+GPU_EXTREME = [("sglang_fp8", "huge_scale"), ("sglang_fp8", "nonfinite"), ("sglang_mxfp4", "huge_scale"),
+               ("sglang_mxfp4", "exponent_254"), ("aiter_mxfp4", "exponent_1")]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,kind", GPU_EXTREME, ids=lambda x: x)
+def test_gpu_extreme_key_scales(layout, kind, device):
+    """256K tokens, 32 rows, topk 1024 (automatic splits): one huge key scale per row, ue8m0
+    exponents at 1 and 254, and scattered +inf / -inf / NaN key scales."""
+    check_extreme(extreme_case(layout, kind, gpu=True), device, splits=(None,))
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
