@@ -7,7 +7,7 @@ Run on a GPU from the repository root::
 For each layout, on one DSv4-shaped prefill (one request, ``rows`` query tokens at the end of
 the context), it times side by side: the legacy path (total, score stage, top-k stage and
 ``torch.topk(sorted=False)`` on the same logits), the fused path (stream mode 1, staged: the
-default; and stream mode 0, an append after every block),
+default; stream mode 0, an append after every block; stream mode 2, slots claimed atomically),
 the fused kernel with selection switched off (``score_only``: every block is scored, nothing
 selected) and the fused path on the increasing-score adversarial pattern. It also checks fused == legacy bitwise and
 legacy against the fp64 reference on a smaller ragged batch. Medians of CUDA-event timings.
@@ -49,11 +49,13 @@ def check_correctness(layout, topk, device, log):
         fu = fused_indexer_topk(args, **kw)
         fu4 = fused_indexer_topk(args, **kw, num_splits=4)
         fm0 = fused_indexer_topk(args, **kw, stream_mode=0)
+        fm2 = fused_indexer_topk(args, **kw, stream_mode=2)
         ref, nxt = reference_with_boundary(args, topk=topk, layout=layout, weight_scale=w.weight_scale)
         cmp = compare_to_reference(leg, ref, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table,
                                    **mma_tolerance(layout, device, ref))
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
                    fused_split4_eq_legacy=same_bits(fu4, leg), fused_mode0_eq_legacy=same_bits(fm0, leg),
+                   fused_mode2_eq_legacy=same_bits(fm2, leg),
                    legacy_vs_reference=bool(cmp.ok() if callable(cmp.ok) else cmp.ok),
                    detail=cmp.summary() if hasattr(cmp, "summary") else str(cmp))
         log(rec)
@@ -88,10 +90,14 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
         ws0 = torch.empty(fused_workspace_size(w.rows, topk, layout, device, stream_mode=0), dtype=torch.uint8,
                           device=device)
         out_0 = allocate_result(w.rows, topk, device)
+        ws2 = torch.empty(fused_workspace_size(w.rows, topk, layout, device, stream_mode=2), dtype=torch.uint8,
+                          device=device)
+        out_2 = allocate_result(w.rows, topk, device)
         scratch_out = allocate_result(w.rows, topk, device)
         variants = {
             "fused": run_fused,
             "fused_per_block": lambda: fused_indexer_topk(args, **kw, out=out_0, workspace=ws0, stream_mode=0),
+            "fused_claimed": lambda: fused_indexer_topk(args, **kw, out=out_2, workspace=ws2, stream_mode=2),
         }
         if pattern == "random":
             variants["legacy"] = run_legacy
@@ -115,7 +121,8 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             recs.append(rec)
         if pattern == "random":
             eq = same_bits(out_f, out_l)
-            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq, per_block_eq_legacy_full=same_bits(out_0, out_l)))
+            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq, per_block_eq_legacy_full=same_bits(out_0, out_l),
+                claimed_eq_legacy_full=same_bits(out_2, out_l)))
             logits = torch.empty((w.rows, w.page_table.shape[1] * 64), dtype=torch.float32, device=device)
             ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits), iters=iters)
             ms_k = bench_ms(lambda: legacy_select(logits, w.seq_lens, w.page_table, topk=topk, out=out_l), iters=iters)
@@ -126,7 +133,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
                 log(rec)
                 recs.append(rec)
             del logits
-        w = args = ws = ws0 = None  # free the large inputs before the next workload
+        w = args = ws = ws0 = ws2 = None  # free the large inputs before the next workload
         torch.cuda.empty_cache()
     return recs
 
@@ -210,7 +217,8 @@ def main(argv=None):
             extra = f"  score {r['score_ms']:.3f} ms {r['score_tflops']:.0f} TF/s eq={r['fused_eq_legacy_full']}" if "score_ms" in r else ""
             print(f"{r['layout']:14s} {r['pattern']:11s} {r['variant']:18s} {r['ms']:8.3f} {tf:>8s} {pm:>9s}{extra}")
     flags = ("fused_eq_legacy", "fused_eq_legacy_full", "legacy_vs_reference", "fused_split4_eq_legacy",
-             "fused_mode0_eq_legacy", "per_block_eq_legacy_full")
+             "fused_mode0_eq_legacy", "per_block_eq_legacy_full",
+             "fused_mode2_eq_legacy", "claimed_eq_legacy_full")
     bad = [r for r in records if any(r.get(f) is False for f in flags)]
     print(f"correctness failures: {len(bad)}")
     return 1 if bad else 0

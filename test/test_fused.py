@@ -278,6 +278,32 @@ def test_per_block_stream_mode(num_splits, pool, device):
     assert_bitwise(res, legacy_result(case, device), "per-block stream")
 
 
+CLAIMED_CASES = [
+    GEOMETRY_CASES[0],  # exact-zero ties at the boundary
+    GEOMETRY_CASES[2],  # NaN rows, an odd row count
+    Case("claimed-increasing", "sglang_mxfp4", "increasing", context_tokens=(9000, 300), rows_per_request=(3, 2),
+         seed=9),
+]
+
+
+@pytest.mark.parametrize("pool", POOLS)
+@pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
+@pytest.mark.parametrize("case", CLAIMED_CASES, ids=str)
+def test_claimed_stream_mode(case, num_splits, pool, device):
+    """Stream mode 2 (slots claimed atomically, buffers in claim order, composite cuts, counters
+    read only when a buffer could overflow): the same bits as legacy."""
+    wl = build(case, device)
+    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, case.topk), stream_mode=2)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "claimed slots")
+
+
+def test_claimed_stream_mode_has_no_score_only_variant(device):
+    wl = build(GEOMETRY_CASES[0], device)
+    with pytest.raises(ValueError, match="score_only"):
+        run_fused(wl, stream_mode=2, score_only=True)
+
+
 def test_strip_of_two_blocks_with_cuts(device):
     """A two-block staging strip (pool 480 at topk 32): strips end inside and at the end of a
     split, and the buffer is cut before a strip is appended."""
@@ -320,6 +346,17 @@ def test_extreme_key_scales(layout, kind, device):
 # ---------------------------------------------------------------------------------------------
 # GPU: DeepSeek-V4 shapes
 # ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gpu_claimed_stream_mode(layout, device):
+    """Stream mode 2 at a 128K-token context, topk 1024, automatic splits: equal to legacy."""
+    case = gpu_128k_case(layout, 1024)
+    wl = build(case, device)
+    res = run_fused(wl, stream_mode=2)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), "claimed slots")
+
 
 @pytest.mark.gpu
 def test_gpu_empty_rows_among_1m_token_rows(device):

@@ -37,8 +37,10 @@ def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
     for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
         assert fused_workspace_size(1024, 1024, layout, "cpu") == want
     assert want <= 16 << 20
-    # the per-block stream needs no strip
-    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=0) == want - 4 * programs * 2 * 1024
+    # the per-block stream needs no strip; the claimed-slot stream a counter per row slot instead
+    no_strip = want - 4 * programs * 2 * 1024
+    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=0) == no_strip
+    assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=2) == no_strip + 4 * programs * 2
 
 
 @pytest.mark.parametrize("backend", ["fused"])

@@ -34,7 +34,8 @@ class FusedPlan:
     programs: int
     splits: int
     cap: int
-    stage: int  # staging strip per row (stream mode 1), 0 in stream mode 0
+    stage: int  # staging strip per row (stream mode 1), else 0
+    counters: int = 0  # claim counters per program (stream mode 2: one per row slot), else 0
 
     @property
     def buffer_entries(self) -> int:
@@ -51,7 +52,10 @@ class FusedPlan:
     @property
     def nbytes(self) -> int:
         seg_counts = self.rows * self.splits if self.splits > 1 else 0
-        return QUEUE_BYTES + 4 * (2 * self.buffer_entries + self.stage_entries + 2 * self.segment_entries + seg_counts)
+        return QUEUE_BYTES + 4 * (
+            2 * self.buffer_entries + self.stage_entries + self.programs * self.counters
+            + 2 * self.segment_entries + seg_counts
+        )
 
 
 def _next_pow2(n: int) -> int:
@@ -62,7 +66,7 @@ def _floor_pow2(n: int) -> int:
     return 1 << (n.bit_length() - 1)
 
 
-STREAM_MODES = (0, 1)
+STREAM_MODES = (0, 1, 2)
 DEFAULT_STREAM_MODE = 1
 
 
@@ -104,7 +108,7 @@ def plan_fused(
         raise ValueError(f"pool: must be at least the block size {block_n}")
     # the strip: the largest power of two that fits beside a freshly cut buffer
     stage = _floor_pow2(pool) if stream_mode == 1 else 0
-    return FusedPlan(rows, topk, programs, splits, topk + pool, stage)
+    return FusedPlan(rows, topk, programs, splits, topk + pool, stage, 2 if stream_mode == 2 else 0)
 
 
 def fused_workspace_size(
@@ -131,13 +135,14 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         return t
 
     buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
-    stage = take(plan.stage_entries) if plan.stage else buf_key  # unused by the kernel in mode 0
+    stage = take(plan.stage_entries) if plan.stage else buf_key  # unused by the kernel but in mode 1
+    claims = take(plan.programs * plan.counters) if plan.counters else buf_key  # used in mode 2 only
     if plan.splits > 1:
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
         seg_cnt = take(plan.rows * plan.splits)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
-    return queue, buf_key, buf_pos, stage, seg_key, seg_pos, seg_cnt
+    return queue, buf_key, buf_pos, stage, claims, seg_key, seg_pos, seg_cnt
 
 
 def fused_indexer_topk(
@@ -151,13 +156,16 @@ def fused_indexer_topk(
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
     (small pools force frequent cuts, which tests use). ``stream_mode`` 1 (default) stages each
-    block's keys and appends survivors once per strip; 0 appends them after every block (see
-    :mod:`indexer_topk.kernels.fused`). Both give the same bits. ``score_only`` is a measurement
+    block's keys and appends survivors once per strip; 0 appends them after every block; 2 lets
+    each survivor claim a slot atomically (not yet measured on a GPU; see
+    :mod:`indexer_topk.kernels.fused`). All give the same bits. ``score_only`` is a measurement
     variant that selects nothing (outputs are not valid): in stream mode 0 every block is
     scored and its gate test reduced; in stream mode 1 every block is scored and staged, and no
     strip is read.
     """
     layout = Layout(layout)
+    if score_only and stream_mode == 2:
+        raise ValueError("score_only: a measurement variant of stream modes 0 and 1 only")
     ka = pack_args(args, layout)
     rows = ka.q.shape[0]
     device = ka.kc.device
@@ -170,7 +178,7 @@ def fused_indexer_topk(
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    queue, buf_key, buf_pos, stage, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue, buf_key, buf_pos, stage, claims, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
     queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), cfg.block_n) * cfg.block_n
@@ -178,7 +186,7 @@ def fused_indexer_topk(
     out_bits = out.values.view(torch.int32)
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens, rows,
-        float(weight_scale), buf_key, buf_pos, stage, queue, n_items, span,
+        float(weight_scale), buf_key, buf_pos, stage, claims, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
         SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,

@@ -9,13 +9,17 @@ the position in the key. When a buffer could overflow it is cut back to exactly 
 as one register tile (:func:`.select.compact_tile`) and the row's gate rises to the k-th key
 found: the gate only ever rises.
 
-Two ways to feed the buffers (``STREAM_MODE``):
+Three ways to feed the buffers (``STREAM_MODE``):
 
 * 1 (default), staged: each block's keys are stored to a per-row staging strip of ``STAGE_N``
   keys (plain coalesced stores, no cross-warp step); every ``STAGE_N / BLOCK_N`` blocks the strip
   is filtered against the gate and appended with one prefix sum over the whole strip. The
   block-wide scans and barriers are paid once per strip instead of once per block.
 * 0, per block: the survivors of every block are appended at once with a block-wide prefix sum.
+* 2, claimed slots (:mod:`.claimed`): each survivor claims a buffer slot with an atomic
+  increment, so the buffer is in claim order and cut by the 64-bit (key, position) composite;
+  the counters are read only when a buffer could next overflow. Exact under the interpreter,
+  not yet measured on a GPU.
 
 At the end of an item the row's top ``TOPK`` is either sorted and written as the contract's
 outputs (one split per row) or stored in position order for the merge kernel
@@ -28,6 +32,7 @@ import triton
 import triton.language as tl
 
 from .score import load_row_pair, score_pair
+from .claimed import claim, cut_claimed, order_by_position, read_count
 from .select import compact_tile, finalize_row
 from .common import KEY_MIN, ordered_key
 
@@ -105,7 +110,7 @@ def _finish_row(
 @triton.jit
 def fused_topk_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, pt_ptr, stride_pt, seq_lens, n_rows,
-    weight_scale, buf_key_all, buf_pos_all, stage_all, queue, n_items, split_span,
+    weight_scale, buf_key_all, buf_pos_all, stage_all, claim_all, queue, n_items, split_span,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr,
     SPLITS: tl.constexpr, SCORE_ONLY: tl.constexpr, INTERPRET: tl.constexpr,
@@ -118,6 +123,8 @@ def fused_topk_kernel(
     buf1_pos = buf0_pos + CAP
     stage0 = stage_all + pid.to(tl.int64) * (2 * STAGE_N)
     stage1 = stage0 + STAGE_N
+    claim0 = claim_all + pid.to(tl.int64) * 2
+    claim1 = claim0 + 1
     item = tl.atomic_add(queue, 1)
     while item < n_items:
         group = item // SPLITS
@@ -139,7 +146,54 @@ def fused_topk_kernel(
         cnt1 = zero
         gate0 = zero + KEY_MIN
         gate1 = zero + KEY_MIN
-        if STREAM_MODE == 1:
+        if STREAM_MODE == 2:
+            tl.atomic_xchg(claim0, 0, sem="relaxed")
+            tl.atomic_xchg(claim1, 0, sem="relaxed")
+            tl.debug_barrier()
+            due = zero + CAP // BLOCK_N  # blocks done when the counters are next read
+            for b in range(lo, hi, BLOCK_N):
+                pos, u0, u1, take0, take1 = _block_keys(
+                    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
+                    LAYOUT, BLOCK_N, INTERPRET,
+                )
+                claim(claim0, buf0_key, buf0_pos, u0, pos, take0, BLOCK_N)
+                claim(claim1, buf1_key, buf1_pos, u1, pos, take1, BLOCK_N)
+                done = (b - lo) // BLOCK_N + 1
+                if done == due:
+                    tl.debug_barrier()  # every claim and store of the program has landed
+                    cnt0 = read_count(claim0)
+                    cnt1 = read_count(claim1)
+                    if cnt0 > CAP - BLOCK_N:
+                        gate0 = cut_claimed(buf0_key, buf0_pos, claim0, cnt0, gate0, TOPK, CAP)
+                        cnt0 = zero + TOPK
+                    if cnt1 > CAP - BLOCK_N:
+                        gate1 = cut_claimed(buf1_key, buf1_pos, claim1, cnt1, gate1, TOPK, CAP)
+                        cnt1 = zero + TOPK
+                    due = done + tl.maximum((CAP - tl.maximum(cnt0, cnt1)) // BLOCK_N, 1)
+                    tl.debug_barrier()
+            tl.debug_barrier()
+            cnt0 = read_count(claim0)
+            cnt1 = read_count(claim1)
+            if cnt0 > TOPK:
+                gate0 = cut_claimed(buf0_key, buf0_pos, claim0, cnt0, gate0, TOPK, CAP)
+                cnt0 = zero + TOPK
+            if cnt1 > TOPK:
+                gate1 = cut_claimed(buf1_key, buf1_pos, claim1, cnt1, gate1, TOPK, CAP)
+                cnt1 = zero + TOPK
+            tl.debug_barrier()
+            order_by_position(buf0_key, buf0_pos, cnt0, TOPK)
+            order_by_position(buf1_key, buf1_pos, cnt1, TOPK)
+            tl.debug_barrier()
+            _finish_row(
+                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
+                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
+            )
+            if v1:
+                _finish_row(
+                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
+                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
+                )
+        elif STREAM_MODE == 1:
             for b in range(lo, hi, BLOCK_N):
                 pos, u0, u1, _take0, _take1 = _block_keys(
                     b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
