@@ -7,11 +7,14 @@ GPU the same tests run compiled. Tests marked ``gpu`` use DeepSeek-V4 shapes.
 """
 
 
+import dataclasses
+
 import pytest
 import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size, plan_fused
-from indexer_topk.contract import allocate_result
+from indexer_topk.contract import allocate_result, ordered_score_bits
+from indexer_topk.reference import reference_scores
 
 from kernel_cases import (
     LAYOUTS,
@@ -298,6 +301,20 @@ def test_claimed_stream_mode(case, num_splits, pool, device):
     assert_bitwise(res, legacy_result(case, device), "claimed slots")
 
 
+@pytest.mark.parametrize("stream_mode", [0, 1])
+def test_score_only_variants_run(stream_mode, device):
+    """The measurement variants compile and run (their outputs are not valid, only the counts
+    slot is written): with one split, mode 0 stores each row's largest key."""
+    wl = build(GEOMETRY_CASES[0], device)
+    out = allocate_result(wl.rows, wl.topk, device)
+    out.counts.fill_(-7)
+    run_fused(wl, out=out, score_only=True, stream_mode=stream_mode, num_splits=1)
+    if stream_mode == 0:
+        assert bool((wl.seq_lens > wl.topk).all())  # so each row's first value is its largest
+        best = ordered_score_bits(legacy_result(GEOMETRY_CASES[0], device).values[:, 0].cpu())
+        assert torch.equal(out.counts.cpu(), torch.clamp(best, min=0).to(torch.int32))
+
+
 def test_claimed_stream_mode_has_no_score_only_variant(device):
     wl = build(GEOMETRY_CASES[0], device)
     with pytest.raises(ValueError, match="score_only"):
@@ -321,13 +338,35 @@ EXTREME = [("sglang_fp8", "huge_scale"), ("sglang_mxfp4", "huge_scale"), ("aiter
            ("sglang_mxfp4", "exponent_254")]
 
 
+def assert_extreme_present(case: Case, wl, legacy, device) -> None:
+    """The edit took effect: a huge score was selected, or the edited exponents change the
+    scores of row 0's first positions (to non-finite values at exponent 254)."""
+    if case.extreme == "huge_scale":
+        assert float(legacy.values[:, 0].max()) > 1e25, "no huge score was selected"
+        return
+    if not case.extreme:
+        return
+    base = build(dataclasses.replace(case, name=case.name + "-unedited", extreme=""), device)
+    n = min(4096, int(wl.seq_lens[0]))
+    row0 = torch.tensor([0], device=wl.seq_lens.device)
+    edited, unedited = (
+        reference_scores(*w.args(), layout=w.layout, weight_scale=w.weight_scale, rows=row0, stop=n) for w in (wl, base)
+    )
+    if case.extreme == "exponent_254":
+        assert bool((~torch.isfinite(edited)).any()), "exponent 254 left every score finite"
+    else:
+        assert bool((edited != unedited).any()), "the edited exponents changed no score"
+
+
 def check_extreme(case: Case, device, splits=(None, 4)) -> None:
     """Fused equals legacy bit for bit (automatic and four splits) and both keep the contract;
-    legacy agrees with the reference except where keys overflow fp32 (exponent 254: the fp64
-    reference can stay finite where the kernels' fp32 partial sums overflow)."""
+    legacy agrees with the reference except at exponent 254, where keys overflow fp32 and the
+    kernels (fp32 products and sums) and the fp64 reference (fp32 dequantised keys) need not
+    turn the same scores into NaN or infinity."""
     wl = build(case, device)
     legacy = legacy_result(case, device)
     assert_contract(legacy, wl)
+    assert_extreme_present(case, wl, legacy, device)
     if case.extreme != "exponent_254":
         assert_matches_reference(legacy, wl, reference_result(case, device))
     for num_splits in splits:

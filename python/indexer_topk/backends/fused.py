@@ -15,6 +15,7 @@ import triton
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
 from ..kernels.fused import fused_topk_kernel
+from ..kernels.common import interpreting
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, pack_args, tile_config
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
@@ -68,10 +69,17 @@ def _floor_pow2(n: int) -> int:
 
 STREAM_MODES = (0, 1, 2)
 DEFAULT_STREAM_MODE = 1
+# Stream mode 2 uses the values tensor atomics return; before triton-lang PR 7460 (July 2025)
+# threads holding a replicated copy of a lane did not receive them.
+CLAIMED_MIN_TRITON = (3, 5)
+
+
+def _triton_version():
+    return tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 
 def default_pool(topk: int) -> int:
-    """Candidate room beyond ``topk`` in stream mode 0. The buffer is cut as one register tile,
+    """Candidate room beyond ``topk`` in each row's buffer. The buffer is cut as one register tile,
     so ``topk + pool`` is a power of two, at least ``topk + 1024``: each cut is then amortised
     over at least 1024 entering scores."""
     return _next_pow2(topk + 1024) - topk
@@ -103,7 +111,7 @@ def plan_fused(
     if pool is None:
         pool = default_pool(topk)
     if (topk + pool) & (topk + pool - 1):
-        raise ValueError(f"pool: topk + pool must be a power of two in stream mode 0, got {topk + pool}")
+        raise ValueError(f"pool: topk + pool must be a power of two, got {topk + pool}")
     if pool < block_n:
         raise ValueError(f"pool: must be at least the block size {block_n}")
     # the strip: the largest power of two that fits beside a freshly cut buffer
@@ -160,12 +168,17 @@ def fused_indexer_topk(
     each survivor claim a slot atomically (not yet measured on a GPU; see
     :mod:`indexer_topk.kernels.fused`). All give the same bits. ``score_only`` is a measurement
     variant that selects nothing (outputs are not valid): in stream mode 0 every block is
-    scored and its gate test reduced; in stream mode 1 every block is scored and staged, and no
+    scored and its largest key reduced; in stream mode 1 every block is scored and staged, and no
     strip is read.
     """
     layout = Layout(layout)
     if score_only and stream_mode == 2:
         raise ValueError("score_only: a measurement variant of stream modes 0 and 1 only")
+    if stream_mode == 2 and not interpreting() and _triton_version() < CLAIMED_MIN_TRITON:
+        raise ValueError(
+            f"stream_mode: 2 needs Triton >= {'.'.join(map(str, CLAIMED_MIN_TRITON))}, whose tensor atomics return "
+            f"each lane's value to every thread holding that lane; found {triton.__version__}"
+        )
     ka = pack_args(args, layout)
     rows = ka.q.shape[0]
     device = ka.kc.device

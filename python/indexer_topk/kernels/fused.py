@@ -23,8 +23,9 @@ Three ways to feed the buffers (``STREAM_MODE``):
 
 At the end of an item the row's top ``TOPK`` is either sorted and written as the contract's
 outputs (one split per row) or stored in position order for the merge kernel
-(:func:`.select.select_rows_kernel`, segment mode). Scratch is ``programs * 2 * (CAP + STAGE_N) * 4``
-bytes per key and position array, plus ``rows * SPLITS * (TOPK * 8 + 4)`` for split rows:
+(:func:`.select.select_rows_kernel`, segment mode). Scratch per program is two rows of
+``CAP`` keys and ``CAP`` positions (int32), plus ``2 * STAGE_N`` keys in stream mode 1 or two
+counters in stream mode 2, plus ``rows * SPLITS * (TOPK * 8 + 4)`` bytes for split rows:
 independent of the context length.
 """
 
@@ -225,18 +226,20 @@ def fused_topk_kernel(
                         out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                     )
         else:
-            # One innermost loop over the blocks; a buffer about to overflow is cut back in
-            # registers (compact_tile has no loops, so the loop stays software-pipelined).
+            # One innermost loop over the blocks (a nested loop scored measurably slower); a
+            # buffer about to overflow is cut back in registers by the loop-free compact_tile.
             for b in range(lo, hi, BLOCK_N):
                 pos, u0, u1, take0, take1 = _block_keys(
                     b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
                     LAYOUT, BLOCK_N, INTERPRET,
                 )
                 if SCORE_ONLY:
-                    # Measurement variant: every score is consumed (counted, and the count
-                    # stored), nothing is kept.
-                    cnt0 += tl.sum(take0.to(tl.int32), axis=0)
-                    cnt1 += tl.sum(take1.to(tl.int32), axis=0)
+                    # Measurement variant: every score is consumed (the running largest key
+                    # is stored), nothing is kept. A count of gate passes would not do: the
+                    # gate stays at KEY_MIN here, so the test is always true and the compiler
+                    # could drop the scoring.
+                    cnt0 = tl.maximum(cnt0, tl.max(tl.where(pos < end0, u0, KEY_MIN), axis=0))
+                    cnt1 = tl.maximum(cnt1, tl.max(tl.where(pos < end1, u1, KEY_MIN), axis=0))
                 else:
                     # Most blocks of a long row hold no survivor once the gates have risen: one
                     # reduction for both rows spares them the prefix sums of the append.

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Compile the kernels for a GPU target without a GPU and report their resources.
+
+    python benchmark/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
+
+For the fused kernel in each stream mode (and its measurement variants) and for the legacy
+logits kernel, it prints registers per thread, stack (spilled registers), shared memory and
+counts of a few instructions in the PTX (barriers, atomics, wgmma, cp.async). Triton and the
+``ptxas`` / ``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The
+numbers are for the Triton installed here, which may differ from the one on the GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+if importlib.util.find_spec("indexer_topk") is None:  # running from a checkout without installing the package
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+
+from indexer_topk.backends.fused import plan_fused  # noqa: E402
+from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
+from indexer_topk.kernels.launch import pack_args, tile_config  # noqa: E402
+from indexer_topk.kernels.logits import logits_kernel  # noqa: E402
+from indexer_topk.workload import make_workload  # noqa: E402
+
+POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
+# (stream mode, score_only): the fused variants the profile times
+FUSED_VARIANTS = [(0, True), (1, True), (0, False), (1, False), (2, False)]
+
+
+def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = None):
+    sig = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            sig[name] = "constexpr"
+        elif name in tensors:
+            sig[name] = POINTER_TYPES[tensors[name].dtype]
+        elif name in floats:
+            sig[name] = "fp32"
+        elif name.startswith(("stride", "n_", "row_start", "width", "span", "split_span")):
+            sig[name] = "i32"
+        else:  # every other argument is an int32 buffer
+            sig[name] = "*i32"
+    return sig
+
+
+def _compile(fn, sig, constexprs, arch, num_warps, num_stages):
+    names = fn.arg_names
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+
+
+def _report(kernel) -> str:
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        usage = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+    field = lambda key: re.search(rf"{key}:(\d+)", usage).group(1)  # noqa: E731
+    ptx = kernel.asm["ptx"]
+    counts = {k: ptx.count(k) for k in ("bar.sync", "atom.", "wgmma.mma_async", "cp.async")}
+    return (f"regs {field('REG'):>3s}  stack {field('STACK'):>4s} B  shared {kernel.metadata.shared:>6d} B  "
+            + "  ".join(f"{k} {v}" for k, v in counts.items()))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90, Hopper)")
+    p.add_argument("--layouts", nargs="+", default=["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+    p.add_argument("--topk", type=int, default=1024)
+    a = p.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+    print(f"triton {triton.__version__}, target sm_{a.arch}, topk {a.topk}")
+    for layout in a.layouts:
+        w = make_workload(layout, context_tokens=[2000], rows_per_request=[2], topk=32, seed=0, device="cpu")
+        ka = pack_args(w.args(), w.layout)
+        cfg = tile_config(w.layout)
+        tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
+        const = dict(LAYOUT=ka.layout, BLOCK_N=cfg.block_n, INTERPRET=False)
+        k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
+                     cfg.num_warps, cfg.logits_stages)
+        print(f"{layout:13s} legacy logits              {_report(k)}")
+        for mode, score_only in FUSED_VARIANTS:
+            plan = plan_fused(1024, a.topk, "cpu", 1, None, mode, cfg.block_n)
+            const = dict(LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=a.topk, CAP=plan.cap, SPLITS=1,
+                         SCORE_ONLY=score_only, INTERPRET=False, STREAM_MODE=mode, STAGE_N=max(plan.stage, cfg.block_n))
+            k = _compile(fused_topk_kernel, _signature(fused_topk_kernel, tensors, constexprs=const), const, a.arch,
+                         cfg.num_warps, cfg.fused_stages)
+            name = f"fused mode {mode}" + (" score_only" if score_only else "")
+            print(f"{layout:13s} {name:26s} {_report(k)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
