@@ -1,14 +1,15 @@
 """No shared mutable state: module-level tensors, concurrent callers, the frozen policy.
 
-Concurrent kernel launches on CUDA streams are covered by the GPU tests (marker ``gpu``); the
-Triton interpreter is not built for threads, so CPU threads here exercise the reference path,
-validation and the policy.
+The Triton interpreter is not built for threads, so CPU threads here exercise the reference
+path, validation and the policy; kernel launches from threads on their own CUDA streams are
+the GPU test here (marker ``gpu``) and the two-stream test of the fused backend.
 """
 
 import importlib
 import pkgutil
 import threading
 
+import pytest
 import torch
 
 import indexer_topk as it
@@ -96,3 +97,50 @@ def test_default_policy_is_built_once_across_threads():
         assert len(got) == 8 and all(p is got[0] for p in got)
     finally:
         policy.default_policy.cache_clear()
+
+
+@pytest.mark.gpu
+def test_gpu_threads_with_their_own_streams():
+    """Eight threads, each with its own CUDA stream, workspace and outputs, calling ``auto``
+    (the fused path), ``legacy`` and ``fused`` three times each while the others run: every
+    result equals what one thread gets on the default stream."""
+    layouts = ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4", "sglang_fp8"] * 2
+    wls = [
+        it.make_workload(layout, context_tokens=[65536 + 4096 * i, 9000], rows_per_request=[6, 3], topk=1024,
+                         seed=30 + i, device="cuda")
+        for i, layout in enumerate(layouts)
+    ]
+    expected = [it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy") for w in wls]
+    torch.cuda.synchronize()
+    results = [[] for _ in wls]
+    errors = []
+    start = threading.Barrier(len(wls))
+
+    def work(i):
+        try:
+            w = wls[i]
+            stream = torch.cuda.Stream()
+            ws = torch.empty(it.workspace_size(w.rows, w.topk, w.layout.value, "cuda"), dtype=torch.uint8, device="cuda")
+            start.wait()
+            with torch.cuda.stream(stream):
+                for backend in ("auto", "legacy", "fused") * 3:
+                    out = it.allocate_result(w.rows, w.topk, "cuda")
+                    kw = {"workspace": ws} if backend != "legacy" else {}
+                    results[i].append((backend, it.indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out,
+                                                                check_values=False, **kw)))
+            stream.synchronize()
+        except Exception as exc:  # surfaced below with the thread's index
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(wls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for i, (runs, exp) in enumerate(zip(results, expected)):
+        assert len(runs) == 9
+        for backend, got in runs:
+            for a, b in zip(got, exp):
+                assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
+                                   b.view(torch.int32) if b.dtype == torch.float32 else b), f"thread {i}, {backend}"
