@@ -4,8 +4,10 @@
     python benchmark/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
 For the fused kernel in each stream mode (and its measurement variants) and for the legacy
-logits kernel, it prints registers per thread, stack (spilled registers), shared memory and
-counts of a few instructions in the PTX (barriers, atomics, wgmma, cp.async). Triton and the
+logits kernel, it prints registers per thread, stack (spilled registers), shared memory,
+counts of a few instructions in the PTX (barriers, atomics, wgmma, cp.async) and the
+local-memory loads and stores in the machine code, also those between the first and the last
+warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
 ``ptxas`` / ``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The
 numbers are for the Triton installed here, which may differ from the one on the GPU machine.
 """
@@ -69,9 +71,18 @@ def _report(kernel) -> str:
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
         usage = subprocess.run([cuobjdump, "--dump-resource-usage", path], capture_output=True, text=True).stdout
+        sass = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True).stdout
     field = lambda key: re.search(rf"{key}:(\d+)", usage).group(1)  # noqa: E731
     ptx = kernel.asm["ptx"]
     counts = {k: ptx.count(k) for k in ("bar.sync", "atom.", "wgmma.mma_async", "cp.async")}
+    # local-memory traffic in the machine code: spills read and written, in all and between the
+    # first and the last warpgroup MMA (the scoring part of the streaming loop)
+    code = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
+    mma = [i for i, line in enumerate(code) if re.search(r"\b[HQ]GMMA", line)]
+    span = code[min(mma) : max(mma) + 1] if mma else []
+    count = lambda lines, op: sum(1 for line in lines if re.search(rf"\b{op}\b", line))  # noqa: E731
+    counts["LDL/STL"] = f"{count(code, 'LDL')}/{count(code, 'STL')}"
+    counts["LDL in MMA span"] = count(span, "LDL")
     return (f"regs {field('REG'):>3s}  stack {field('STACK'):>4s} B  shared {kernel.metadata.shared:>6d} B  "
             + "  ".join(f"{k} {v}" for k, v in counts.items()))
 
