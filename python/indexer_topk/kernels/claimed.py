@@ -32,9 +32,14 @@ def claim(cnt_ptr, buf_key, buf_pos, key, pos, take, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def read_count(cnt_ptr):
-    """The row's count, read where the atomics are performed (callers barrier first)."""
-    return tl.atomic_add(cnt_ptr, 0, sem="relaxed")
+def cut_if_over(buf_key, buf_pos, cnt_ptr, gate, limit, TOPK: tl.constexpr, CAP: tl.constexpr):
+    """Read the row's count (where the atomics are performed; callers barrier first) and cut
+    the buffer when it holds more than ``limit`` entries. Returns ``(count, gate)``."""
+    count = tl.atomic_add(cnt_ptr, 0, sem="relaxed")
+    if count > limit:
+        gate = cut_claimed(buf_key, buf_pos, cnt_ptr, count, gate, TOPK, CAP)
+        count = tl.zeros([], dtype=tl.int32) + TOPK
+    return count, gate
 
 
 @triton.jit

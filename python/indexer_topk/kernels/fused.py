@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .score import load_row_pair, score_pair
-from .claimed import claim, cut_claimed, order_by_position, read_count
+from .claimed import claim, cut_if_over, order_by_position
 from .select import compact_tile, finalize_row
 from .common import KEY_MIN, ordered_key
 
@@ -162,38 +162,16 @@ def fused_topk_kernel(
                 done = (b - lo) // BLOCK_N + 1
                 if done == due:
                     tl.debug_barrier()  # every claim and store of the program has landed
-                    cnt0 = read_count(claim0)
-                    cnt1 = read_count(claim1)
-                    if cnt0 > CAP - BLOCK_N:
-                        gate0 = cut_claimed(buf0_key, buf0_pos, claim0, cnt0, gate0, TOPK, CAP)
-                        cnt0 = zero + TOPK
-                    if cnt1 > CAP - BLOCK_N:
-                        gate1 = cut_claimed(buf1_key, buf1_pos, claim1, cnt1, gate1, TOPK, CAP)
-                        cnt1 = zero + TOPK
+                    cnt0, gate0 = cut_if_over(buf0_key, buf0_pos, claim0, gate0, CAP - BLOCK_N, TOPK, CAP)
+                    cnt1, gate1 = cut_if_over(buf1_key, buf1_pos, claim1, gate1, CAP - BLOCK_N, TOPK, CAP)
                     due = done + tl.maximum((CAP - tl.maximum(cnt0, cnt1)) // BLOCK_N, 1)
                     tl.debug_barrier()
             tl.debug_barrier()
-            cnt0 = read_count(claim0)
-            cnt1 = read_count(claim1)
-            if cnt0 > TOPK:
-                gate0 = cut_claimed(buf0_key, buf0_pos, claim0, cnt0, gate0, TOPK, CAP)
-                cnt0 = zero + TOPK
-            if cnt1 > TOPK:
-                gate1 = cut_claimed(buf1_key, buf1_pos, claim1, cnt1, gate1, TOPK, CAP)
-                cnt1 = zero + TOPK
+            cnt0, gate0 = cut_if_over(buf0_key, buf0_pos, claim0, gate0, TOPK, TOPK, CAP)
+            cnt1, gate1 = cut_if_over(buf1_key, buf1_pos, claim1, gate1, TOPK, TOPK, CAP)
             tl.debug_barrier()
             order_by_position(buf0_key, buf0_pos, cnt0, TOPK)
             order_by_position(buf1_key, buf1_pos, cnt1, TOPK)
-            tl.debug_barrier()
-            _finish_row(
-                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
-                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-            )
-            if v1:
-                _finish_row(
-                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
-                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-                )
         elif STREAM_MODE == 1:
             for b in range(lo, hi, BLOCK_N):
                 pos, u0, u1, _take0, _take1 = _block_keys(
@@ -211,20 +189,6 @@ def fused_topk_kernel(
                         cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
                         cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
                     tl.debug_barrier()  # no warp refills the strip before every warp has read it
-            tl.debug_barrier()
-            if SCORE_ONLY:
-                tl.store(out_cnt + r0, cnt0)
-                tl.store(out_cnt + r1, cnt1, mask=v1)
-            else:
-                _finish_row(
-                    buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
-                    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-                )
-                if v1:
-                    _finish_row(
-                        buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
-                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-                    )
         else:
             # One innermost loop over the blocks (a nested loop scored measurably slower); a
             # buffer about to overflow is cut back in registers by the loop-free compact_tile.
@@ -253,19 +217,21 @@ def fused_topk_kernel(
                         if cnt1 > CAP - BLOCK_N:
                             cnt1, gate1 = compact_tile(buf1_key, buf1_pos, cnt1, TOPK, CAP)
                         tl.debug_barrier()
-            tl.debug_barrier()
-            if SCORE_ONLY:
-                tl.store(out_cnt + r0, cnt0)
-                tl.store(out_cnt + r1, cnt1, mask=v1)
-            else:
+        # every stream leaves each row's candidates in position order, at most TOPK of them
+        # unless the final cut of _finish_row is still due (stream modes 0 and 1)
+        tl.debug_barrier()
+        if SCORE_ONLY:
+            tl.store(out_cnt + r0, cnt0)
+            tl.store(out_cnt + r1, cnt1, mask=v1)
+        else:
+            _finish_row(
+                buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
+                out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
+            )
+            if v1:
                 _finish_row(
-                    buf0_key, buf0_pos, cnt0, len0, r0, split, pt_ptr, stride_pt,
+                    buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
                     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
                 )
-                if v1:
-                    _finish_row(
-                        buf1_key, buf1_pos, cnt1, len1, r1, split, pt_ptr, stride_pt,
-                        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, SPLITS, CAP,
-                    )
         tl.debug_barrier()
         item = tl.atomic_add(queue, 1)
