@@ -3,8 +3,8 @@
 
     python benchmark/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
-For the fused kernel in each stream mode (and its measurement variants) and for the legacy
-logits kernel, it prints registers per thread, stack (spilled registers), shared memory,
+For the fused kernel in each stream mode (and its measurement variants), the legacy logits
+kernel and the selection kernel (legacy top-k and split merge), it prints registers per thread, stack (spilled registers), shared memory,
 counts of a few instructions in the PTX (barriers, atomics, wgmma, cp.async) and the
 local-memory loads and stores in the machine code, also those between the first and the last
 warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
@@ -33,8 +33,9 @@ if importlib.util.find_spec("indexer_topk") is None:  # running from a checkout 
 
 from indexer_topk.backends.fused import plan_fused  # noqa: E402
 from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
-from indexer_topk.kernels.launch import pack_args, tile_config  # noqa: E402
+from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config  # noqa: E402
 from indexer_topk.kernels.logits import logits_kernel  # noqa: E402
+from indexer_topk.kernels.select import MODE_KEYS, MODE_SEGMENTS, select_rows_kernel  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
 
 POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
@@ -104,10 +105,15 @@ def main(argv=None) -> int:
         k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
                      cfg.num_warps, cfg.logits_stages)
         print(f"{layout:13s} legacy logits              {_report(k)}")
+        if layout == a.layouts[0]:  # the selection kernels do not depend on the layout
+            for mode, splits, known_t, name in ((MODE_KEYS, 1, True, "legacy top-k"), (MODE_SEGMENTS, 8, False, "split merge")):
+                const = dict(MODE=mode, TOPK=a.topk, SPLITS=splits, CHUNK=SELECT_CHUNK, KNOWN_T=known_t)
+                k = _compile(select_rows_kernel, _signature(select_rows_kernel, {}, constexprs=const), const, a.arch,
+                             SELECT_WARPS, 1)
+                print(f"{'any':13s} {name:26s} {_report(k)}")
         for mode, score_only in FUSED_VARIANTS:
             plan = plan_fused(1024, a.topk, "cpu", 1, None, mode, cfg.block_n)
-            const = dict(LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=a.topk, CAP=plan.cap, SPLITS=1,
-                         SCORE_ONLY=score_only, INTERPRET=False, STREAM_MODE=mode, STAGE_N=max(plan.stage, cfg.block_n))
+            const = plan.constexprs(ka.layout, cfg.block_n, score_only, False)
             k = _compile(fused_topk_kernel, _signature(fused_topk_kernel, tensors, constexprs=const), const, a.arch,
                          cfg.num_warps, cfg.fused_stages)
             name = f"fused mode {mode}" + (" score_only" if score_only else "")

@@ -77,7 +77,7 @@ def test_claimed_mode_refuses_a_triton_without_atomic_return_broadcast(monkeypat
     """On a GPU Triton older than 3.5, stream mode 2 raises before any kernel runs."""
     wl = kc.build(kc.edge_length_case("sglang_fp8"), "cpu")
     monkeypatch.setattr(fused_backend, "interpreting", lambda: False)
-    monkeypatch.setattr(fused_backend, "_triton_version", lambda: (3, 4))
+    monkeypatch.setattr(fused_backend, "TRITON_VERSION", (3, 4))
     monkeypatch.setattr(fused_backend, "fused_topk_kernel", None)  # any launch would fail loudly
     with pytest.raises(ValueError, match="stream_mode: 2 needs Triton >= 3.5"):
         kc.run_fused(wl, stream_mode=2)

@@ -16,7 +16,7 @@ import triton
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
 from ..kernels.fused import fused_topk_kernel
 from ..kernels.common import interpreting
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, TileConfig, device_sm_count, pack_args, tile_config
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 PROGRAMS_PER_SM = 2
@@ -35,8 +35,8 @@ class FusedPlan:
     programs: int
     splits: int
     cap: int
+    stream_mode: int
     stage: int  # staging strip per row (stream mode 1), else 0
-    counters: int = 0  # claim counters per program (stream mode 2: one per row slot), else 0
 
     @property
     def buffer_entries(self) -> int:
@@ -47,15 +47,31 @@ class FusedPlan:
         return self.programs * 2 * self.stage
 
     @property
+    def counters(self) -> int:
+        """Claim counters (stream mode 2: one per row slot of every program)."""
+        return self.programs * 2 if self.stream_mode == 2 else 0
+
+    @property
+    def segment_counts(self) -> int:
+        return self.rows * self.splits if self.splits > 1 else 0
+
+    @property
     def segment_entries(self) -> int:
-        return self.rows * self.splits * self.topk if self.splits > 1 else 0
+        return self.segment_counts * self.topk
 
     @property
     def nbytes(self) -> int:
-        seg_counts = self.rows * self.splits if self.splits > 1 else 0
         return QUEUE_BYTES + 4 * (
-            2 * self.buffer_entries + self.stage_entries + self.programs * self.counters
-            + 2 * self.segment_entries + seg_counts
+            2 * self.buffer_entries + self.stage_entries + self.counters + 2 * self.segment_entries
+            + self.segment_counts
+        )
+
+    def constexprs(self, layout_id: int, block_n: int, score_only: bool, interpret: bool) -> dict:
+        """The fused kernel's compile-time arguments for this plan."""
+        return dict(
+            LAYOUT=layout_id, BLOCK_N=block_n, TOPK=self.topk, CAP=self.cap, SPLITS=self.splits,
+            SCORE_ONLY=score_only, INTERPRET=interpret, STREAM_MODE=self.stream_mode,
+            STAGE_N=max(self.stage, block_n),  # a strip of one block where none is allocated
         )
 
 
@@ -72,10 +88,7 @@ DEFAULT_STREAM_MODE = 1
 # Stream mode 2 uses the values tensor atomics return; before triton-lang PR 7460 (July 2025)
 # threads holding a replicated copy of a lane did not receive them.
 CLAIMED_MIN_TRITON = (3, 5)
-
-
-def _triton_version():
-    return tuple(int(part) for part in triton.__version__.split(".")[:2])
+TRITON_VERSION = tuple(int(part) for part in triton.__version__.split(".")[:2])
 
 
 def default_pool(topk: int) -> int:
@@ -116,7 +129,7 @@ def plan_fused(
         raise ValueError(f"pool: must be at least the block size {block_n}")
     # the strip: the largest power of two that fits beside a freshly cut buffer
     stage = _floor_pow2(pool) if stream_mode == 1 else 0
-    return FusedPlan(rows, topk, programs, splits, topk + pool, stage, 2 if stream_mode == 2 else 0)
+    return FusedPlan(rows, topk, programs, splits, topk + pool, stream_mode, stage)
 
 
 def fused_workspace_size(
@@ -127,7 +140,7 @@ def fused_workspace_size(
 
     ``layout`` does not change the size today; it is accepted so callers need not know that.
     """
-    block_n = tile_config(Layout(layout)).block_n if layout is not None else 128
+    block_n = (tile_config(Layout(layout)) if layout is not None else TileConfig()).block_n
     return plan_fused(rows, topk, device, num_splits, pool, stream_mode, block_n).nbytes
 
 
@@ -144,10 +157,10 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
 
     buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
     stage = take(plan.stage_entries) if plan.stage else buf_key  # unused by the kernel but in mode 1
-    claims = take(plan.programs * plan.counters) if plan.counters else buf_key  # used in mode 2 only
+    claims = take(plan.counters) if plan.counters else buf_key  # used in mode 2 only
     if plan.splits > 1:
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
-        seg_cnt = take(plan.rows * plan.splits)
+        seg_cnt = take(plan.segment_counts)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
     return queue, buf_key, buf_pos, stage, claims, seg_key, seg_pos, seg_cnt
@@ -174,7 +187,7 @@ def fused_indexer_topk(
     layout = Layout(layout)
     if score_only and stream_mode == 2:
         raise ValueError("score_only: a measurement variant of stream modes 0 and 1 only")
-    if stream_mode == 2 and not interpreting() and _triton_version() < CLAIMED_MIN_TRITON:
+    if stream_mode == 2 and not interpreting() and TRITON_VERSION < CLAIMED_MIN_TRITON:
         raise ValueError(
             f"stream_mode: 2 needs Triton >= {'.'.join(map(str, CLAIMED_MIN_TRITON))}, whose tensor atomics return "
             f"each lane's value to every thread holding that lane; found {triton.__version__}"
@@ -201,9 +214,7 @@ def fused_indexer_topk(
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens, rows,
         float(weight_scale), buf_key, buf_pos, stage, claims, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
-        LAYOUT=ka.layout, BLOCK_N=cfg.block_n, TOPK=topk, CAP=plan.cap, SPLITS=plan.splits,
-        SCORE_ONLY=score_only, INTERPRET=ka.interpret, STREAM_MODE=stream_mode,
-        STAGE_N=max(plan.stage, cfg.block_n),
+        **plan.constexprs(ka.layout, cfg.block_n, score_only, ka.interpret),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
     )
     if plan.splits > 1 and not score_only:

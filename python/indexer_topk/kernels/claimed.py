@@ -56,9 +56,8 @@ def cut_claimed(buf_key, buf_pos, cnt_ptr, count, gate, TOPK: tl.constexpr, CAP:
     key = tl.load(buf_key + offs, mask=valid, other=0)
     pos = tl.load(buf_pos + offs, mask=valid, other=0)
     comp = (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
-    comp = tl.where(valid, comp, COMP_MIN)
     # composites are distinct, so the boundary bucket is always taken whole
-    tb, shift, _need = tile_threshold(comp ^ COMP_MIN, valid, TOPK, 64)
+    tb, shift, _ = tile_threshold(comp ^ COMP_MIN, valid, TOPK, 64)
     t = tb ^ COMP_MIN
     take = valid & ((comp >> shift) >= (t >> shift))
     take_i = take.to(tl.int32)

@@ -39,12 +39,13 @@ from .common import KEY_MIN, ordered_key
 
 
 @triton.jit
-def _append(buf_key, buf_pos, count, key, pos, take):
+def _append(buf_key, buf_pos, count, key, pos, take, n_taken):
+    """Store the ``n_taken`` taken entries after the buffer's first ``count``, in order."""
     take_i = take.to(tl.int32)
     dst = count + tl.cumsum(take_i, axis=0) - take_i
     tl.store(buf_key + dst, key, mask=take)
     tl.store(buf_pos + dst, pos, mask=take)
-    return count + tl.sum(take_i, axis=0)
+    return count + n_taken
 
 
 @triton.jit
@@ -65,7 +66,7 @@ def _flush(stage, buf_key, buf_pos, cnt, gate, base, end, TOPK: tl.constexpr, CA
         take = live & (key >= gate)
         n = tl.sum(take.to(tl.int32), axis=0)
     if n > 0:
-        cnt = _append(buf_key, buf_pos, cnt, key, pos, take)
+        cnt = _append(buf_key, buf_pos, cnt, key, pos, take, n)
     return cnt, gate
 
 
@@ -208,8 +209,8 @@ def fused_topk_kernel(
                     # Most blocks of a long row hold no survivor once the gates have risen: one
                     # reduction for both rows spares them the prefix sums of the append.
                     if tl.max((take0 | take1).to(tl.int32), axis=0) > 0:
-                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0)
-                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1)
+                        cnt0 = _append(buf0_key, buf0_pos, cnt0, u0, pos, take0, tl.sum(take0.to(tl.int32), axis=0))
+                        cnt1 = _append(buf1_key, buf1_pos, cnt1, u1, pos, take1, tl.sum(take1.to(tl.int32), axis=0))
                     if tl.maximum(cnt0, cnt1) > CAP - BLOCK_N:
                         tl.debug_barrier()
                         if cnt0 > CAP - BLOCK_N:

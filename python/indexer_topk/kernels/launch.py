@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -65,5 +66,11 @@ def pack_args(args, layout: Layout) -> KernelArgs:
 def device_sm_count(device) -> int:
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_properties(device).multi_processor_count
+        return _sm_count(torch.cuda.current_device() if device.index is None else device.index)
     return 4  # interpreter / CPU: a handful of programs exercise the same code paths
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    # read once per device: the properties query is host work on every call otherwise
+    return torch.cuda.get_device_properties(index).multi_processor_count

@@ -52,6 +52,26 @@ def radix_digit(hist, need):
 
 
 @triton.jit
+def digit_histogram(b, valid, tb, SH: tl.constexpr):
+    """512-bin histogram of the 8-bit digit at ``SH`` of the valid biased keys ``b`` that share
+    the threshold prefix ``tb`` above it (bin 256 collects the rest)."""
+    m = valid
+    if SH + 8 < b.dtype.primitive_bitwidth:
+        m = m & ((b >> (SH + 8)) == (tb >> (SH + 8)))
+    return tl.histogram(tl.where(m, ((b >> SH) & 0xFF).to(tl.int32), 256), 512)
+
+
+@triton.jit
+def radix_update(hist, need, tb, SH: tl.constexpr):
+    """One radix step from a digit histogram: ``(need, tb, done)`` with the digit's bits added
+    to the threshold prefix ``tb``, ``need`` reduced by the entries above it, and ``done`` when
+    the boundary bucket is taken whole."""
+    dstar, above, bucket = radix_digit(hist, need)
+    need = need - above
+    return need, tb | (dstar.to(tb.dtype) << SH), bucket == need
+
+
+@triton.jit
 def tile_threshold(b, valid, k, BITS: tl.constexpr):
     """k-th largest of the valid biased keys ``b`` (int32 or int64, sign bit flipped so that
     unsigned order is key order), held as one register tile; needs more than ``k`` valid.
@@ -66,15 +86,9 @@ def tile_threshold(b, valid, k, BITS: tl.constexpr):
     for p in tl.static_range(BITS // 8):
         sh = BITS - 8 - 8 * p
         if done == 0:
-            m = valid
-            if p > 0:
-                m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
-            hist = tl.histogram(tl.where(m, ((b >> sh) & 0xFF).to(tl.int32), 256), 512)
-            dstar, above, bucket = radix_digit(hist, need)
-            need = need - above
-            tb = tb | (dstar.to(b.dtype) << sh)
+            need, tb, whole = radix_update(digit_histogram(b, valid, tb, sh), need, tb, sh)
             shift = zero + sh
-            if bucket == need:
+            if whole:
                 done = zero + 1
     return tb, shift, need
 
@@ -122,34 +136,24 @@ def radix_threshold(
             for c0 in range(0, n, CHUNK):
                 offs = c0 + tl.arange(0, CHUNK)
                 key, pos, valid = load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE, TOPK)
-                b = key ^ KEY_MIN
-                m = valid
-                if p > 0:
-                    m = m & ((b >> (sh + 8)) == (tb >> (sh + 8)))
-                digit = (b >> sh) & 0xFF
-                hist += tl.histogram(tl.where(m, digit, 256), 512)
-            dstar, above, bucket = radix_digit(hist, need)
-            need = need - above
-            tb = tb | (dstar << sh)
-            shift = sh
-            if bucket == need:
-                done = 1
+                hist += digit_histogram(key ^ KEY_MIN, valid, tb, sh)
+            need, tb, whole = radix_update(hist, need, tb, sh)
+            shift = zero + sh
+            if whole:
+                done = zero + 1
     return tb ^ KEY_MIN, shift, need
 
 
 @triton.jit
 def select_into(
     src_key, src_pos, seg_cnt_ptr, n, n_valid, k, dst_key, dst_pos,
-    MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr,
-    KNOWN_T: tl.constexpr = False, known_t=0, known_need=0,
+    MODE: tl.constexpr, TOPK: tl.constexpr, CHUNK: tl.constexpr, KNOWN_T: tl.constexpr, known_t, known_need,
 ):
     """Write the top ``k`` valid entries (all of them if ``n_valid <= k``) to ``dst`` in storage order.
 
     ``dst`` may alias ``src`` (in-place compaction never writes ahead of what it has read).
     With ``KNOWN_T`` the k-th largest key ``known_t`` and the number ``known_need`` of keys equal
     to it that belong to the top k are given (from a top-k run elsewhere) instead of searched.
-    Returns ``(count, gate)``: the number written and the smallest key a later entry (at a
-    higher position) must reach to be able to enter this set.
     """
     zero = tl.zeros([], dtype=tl.int32)
     t = zero + KEY_MIN
@@ -174,7 +178,6 @@ def select_into(
         tl.store(dst_pos + dst, pos, mask=take)
         taken += tl.sum(take_i, axis=0)
         eq_seen += tl.sum(eq_i, axis=0)
-    return taken, tl.where(n_valid <= k, KEY_MIN, next_gate(t, shift))
 
 
 @triton.jit
