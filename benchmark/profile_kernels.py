@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from indexer_topk.bench import parse_tokens, peak_memory_mib, time_call
+from indexer_topk.bench import effective_tflops, parse_tokens, peak_memory_mib, time_call, time_legacy_stages
 from indexer_topk.compare import bitwise_equal as same_bits
 
 
@@ -43,8 +43,7 @@ def check_correctness(layout, topk, device, log):
     for pattern in ("random", "increasing", "equal", "zero_plateau", "nan_rows"):
         w = make_workload(layout, context_tokens=[131072, 20000, 300], rows_per_request=[5, 3, 2], topk=topk,
                           seed=7, device=device, pattern=pattern)
-        args = w.args()
-        kw = dict(topk=topk, layout=w.layout, weight_scale=w.weight_scale)
+        args, kw = w.args(), w.kwargs()
         leg = legacy_indexer_topk(args, **kw)
         fu = fused_indexer_topk(args, **kw)
         fu4 = fused_indexer_topk(args, **kw, num_splits=4)
@@ -56,8 +55,7 @@ def check_correctness(layout, topk, device, log):
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
                    fused_split4_eq_legacy=same_bits(fu4, leg), fused_mode0_eq_legacy=same_bits(fm0, leg),
                    fused_mode2_eq_legacy=same_bits(fm2, leg),
-                   legacy_vs_reference=bool(cmp.ok() if callable(cmp.ok) else cmp.ok),
-                   detail=cmp.summary() if hasattr(cmp, "summary") else str(cmp))
+                   legacy_vs_reference=cmp.ok, detail=cmp.summary())
         log(rec)
         rows.append(rec)
     return rows
@@ -65,18 +63,16 @@ def check_correctness(layout, topk, device, log):
 
 def time_layout(layout, ctx, n_rows, topk, device, log, iters):
     from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size
-    from indexer_topk.backends.legacy import legacy_indexer_topk, legacy_score, legacy_select
+    from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
 
     recs = []
-    flop = None
     for pattern in ("random", "increasing"):
         w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1,
                           device=device, pattern=pattern)
-        args = w.args()
-        kw = dict(topk=topk, layout=w.layout, weight_scale=w.weight_scale)
-        flop = 2.0 * float(w.seq_lens.double().sum()) * 64 * 128
+        args, kw = w.args(), w.kwargs()
+        c4_len = int(w.seq_lens.max())
         out_l = allocate_result(w.rows, topk, device)
         out_f = allocate_result(w.rows, topk, device)
         ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
@@ -115,7 +111,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
             mem = peak_memory_mib(fn, device)
-            rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=flop / ms / 1e9,
+            rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=effective_tflops(w.rows, c4_len, ms),
                        peak_mib=mem, wall_s=time.time() - t0)
             log(rec)
             recs.append(rec)
@@ -123,16 +119,13 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             eq = same_bits(out_f, out_l)
             log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq, per_block_eq_legacy_full=same_bits(out_0, out_l),
                 claimed_eq_legacy_full=same_bits(out_2, out_l)))
-            logits = torch.empty((w.rows, w.page_table.shape[1] * 64), dtype=torch.float32, device=device)
-            ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits), iters=iters)
-            ms_k = bench_ms(lambda: legacy_select(logits, w.seq_lens, w.page_table, topk=topk, out=out_l), iters=iters)
-            ms_t = bench_ms(lambda: torch.topk(logits, topk, dim=1, sorted=False), iters=iters)
-            for name, ms in (("legacy_score", ms_s), ("legacy_select", ms_k), ("torch_topk", ms_t)):
+            stages = time_legacy_stages(w, iters=iters)
+            for name, key in (("legacy_score", "score_ms"), ("legacy_select", "select_ms"), ("torch_topk", "torch_topk_ms")):
+                ms = stages[key]
                 rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms,
-                           tflops=flop / ms / 1e9 if name == "legacy_score" else None)
+                           tflops=effective_tflops(w.rows, c4_len, ms) if name == "legacy_score" else None)
                 log(rec)
                 recs.append(rec)
-            del logits
         w = args = ws = ws0 = ws2 = None  # free the large inputs before the next workload
         torch.cuda.empty_cache()
     return recs
@@ -141,16 +134,15 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
 def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
     """Time the legacy score stage and the fused path under alternative tile configs."""
     from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size
-    from indexer_topk.backends.legacy import legacy_score, legacy_indexer_topk
+    from indexer_topk.backends.legacy import legacy_indexer_topk, legacy_score, logits_width
     from indexer_topk.contract import Layout, allocate_result
     from indexer_topk.kernels import launch
     from indexer_topk.workload import make_workload
 
     w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1, device=device)
-    args = w.args()
-    kw = dict(topk=topk, layout=w.layout, weight_scale=w.weight_scale)
-    flop = 2.0 * float(w.seq_lens.double().sum()) * 64 * 128
-    keys = torch.empty((w.rows, w.page_table.shape[1] * 64), dtype=torch.int32, device=device)
+    args, kw = w.args(), w.kwargs()
+    c4_len = int(w.seq_lens.max())
+    keys = torch.empty((w.rows, logits_width(w.page_table)), dtype=torch.int32, device=device)
     ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
     out_f = allocate_result(w.rows, topk, device)
     out_l = allocate_result(w.rows, topk, device)
@@ -163,8 +155,9 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
                 ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=keys), iters=iters)
                 ms_f = bench_ms(lambda: fused_indexer_topk(args, **kw, out=out_f, workspace=ws), iters=iters)
                 legacy_indexer_topk(args, **kw, out=out_l)
-                rec = dict(layout=layout, pattern="random", variant=f"cfg {spec}", ms=ms_f, tflops=flop / ms_f / 1e9,
-                           score_ms=ms_s, score_tflops=flop / ms_s / 1e9, fused_eq_legacy_full=same_bits(out_f, out_l))
+                rec = dict(layout=layout, pattern="random", variant=f"cfg {spec}", ms=ms_f,
+                           tflops=effective_tflops(w.rows, c4_len, ms_f), score_ms=ms_s,
+                           score_tflops=effective_tflops(w.rows, c4_len, ms_s), fused_eq_legacy_full=same_bits(out_f, out_l))
             except Exception as e:  # a config that does not compile is a data point, not a crash
                 rec = dict(layout=layout, variant=f"cfg {spec}", error=repr(e)[:300])
             log(rec)

@@ -24,9 +24,11 @@ import time
 
 import torch
 
+from indexer_topk.bench import LAYOUTS, environment, gpu_slug
+
 
 def draw_batch(rng: random.Random):
-    layout = rng.choice(["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+    layout = rng.choice(LAYOUTS)
     topk = rng.choice([512, 1024])
     n_req = rng.randint(1, 4)
     total_rows = int(math.exp(rng.uniform(0, math.log(8192))))
@@ -58,13 +60,13 @@ def main(argv=None) -> int:
     argv = list(argv if argv is not None else sys.argv[1:])
     shown = [x for i, x in enumerate(argv) if x != "--out" and (i == 0 or argv[i - 1] != "--out")]
     os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, f"stress_{torch.cuda.get_device_name().lower().replace(' ', '-')}.json")
+    env = environment(device)
+    path = os.path.join(a.out, f"stress_{gpu_slug(env['gpu'])}.json")
 
     def write():
         """The record so far: rewritten after every call, so a run cut short keeps its counts."""
         record = {
-            "gpu": torch.cuda.get_device_name(), "torch_version": torch.__version__,
-            "triton_version": __import__("triton").__version__, "minutes": a.minutes, "seed": a.seed,
+            **env, "minutes": a.minutes, "seed": a.seed,
             "calls": len(done), "mismatches": len(mismatches), "errors": len(errors),
             "peak_mib": torch.cuda.max_memory_allocated() / 2**20,
             "mismatch_cases": mismatches[:20], "error_cases": errors[:20], "batches": done,
@@ -82,9 +84,8 @@ def main(argv=None) -> int:
             w = make_workload(spec["layout"], context_tokens=spec["context_tokens"],
                               rows_per_request=spec["rows_per_request"], topk=spec["topk"], seed=spec["seed"],
                               device=device, pattern=spec["pattern"])
-            kw = dict(topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
-            leg = legacy_indexer_topk(w.args(), **kw)
-            fu = fused_indexer_topk(w.args(), **kw)
+            leg = legacy_indexer_topk(w.args(), **w.kwargs())
+            fu = fused_indexer_topk(w.args(), **w.kwargs())
             done.append(spec)
             if not bitwise_equal(fu, leg):
                 mismatches.append(spec)
