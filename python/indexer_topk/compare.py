@@ -32,7 +32,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .contract import PAGE_SIZE, IndexerTopKResult, Layout, order_keys, scores_from_ordered_bits
+from .contract import PAGE_SIZE, IndexerTopKResult, Layout
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
@@ -290,18 +290,6 @@ def compare_to_reference(
     return cmp
 
 
-def _boundary_values(k1: IndexerTopKResult) -> torch.Tensor:
-    """From a top-(k+1) result, each row's (k+1)-th best score, ``-inf`` where fewer exist."""
-    topk1 = k1.values.shape[1]
-    keys = order_keys(k1.values, k1.raw_indices.clamp(min=0))
-    full = k1.counts.long() == topk1
-    held = torch.arange(topk1, device=keys.device)[None, :] < k1.counts.long()[:, None]
-    keys = torch.where(held, keys, torch.full_like(keys, torch.iinfo(torch.int64).max))
-    worst = keys.min(dim=1).values  # the (k+1)-th best of k+1 candidates is the smallest key
-    vals = scores_from_ordered_bits((worst >> 32).to(torch.int32))
-    return torch.where(full, vals, torch.full_like(vals, float("-inf")))
-
-
 def reference_boundary_values(args, *, topk: int, layout, weight_scale: float = 1.0) -> torch.Tensor:
     """float32 ``[rows]``: each row's ``(k+1)``-th best reference score (``-inf`` if the row has
     at most ``topk`` positions), the ``next_values`` of :func:`compare_to_reference`.
@@ -309,21 +297,15 @@ def reference_boundary_values(args, *, topk: int, layout, weight_scale: float = 
     ``args`` are the seven positional inputs of :func:`indexer_topk.indexer_topk` (e.g.
     ``Workload.args()``).
     """
-    from .reference import reference_indexer_topk
-
-    plus_one = reference_indexer_topk(*args, topk=topk + 1, layout=layout, weight_scale=weight_scale)
-    return _boundary_values(plus_one)
+    return reference_with_boundary(args, topk=topk, layout=layout, weight_scale=weight_scale)[1]
 
 
 def reference_with_boundary(args, *, topk: int, layout, weight_scale: float = 1.0) -> Tuple[IndexerTopKResult, torch.Tensor]:
-    """The reference result and :func:`reference_boundary_values`, for :func:`compare_to_reference`.
+    """The reference result and :func:`reference_boundary_values`, from one fp64 reference pass
+    that keeps ``topk + 1`` candidates; keep it to test-sized shapes."""
+    from .reference import reference_with_next
 
-    Runs the fp64 reference twice (at ``topk`` and ``topk + 1``), so keep it to test-sized shapes.
-    """
-    from .reference import reference_indexer_topk
-
-    expected = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=weight_scale)
-    return expected, reference_boundary_values(args, topk=topk, layout=layout, weight_scale=weight_scale)
+    return reference_with_next(*args, topk=topk, layout=layout, weight_scale=weight_scale)
 
 
 __all__ = [

@@ -31,17 +31,27 @@ def reference_scores(
     ``rows`` selects query rows (default: all). Used by the reference selection and by tests.
     """
     layout = parse_layout(layout)
-    dev = k_cache.device
     if rows is None:
-        rows = torch.arange(q.shape[0], device=dev)
+        rows = torch.arange(q.shape[0], device=k_cache.device)
     if stop is None:
         stop = int(seq_lens.max()) if seq_lens.numel() else 0
+    qf, w = _query_rows(layout, q, q_scale, weights, rows)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
+                         weight_scale, start, stop)
+
+
+def _query_rows(layout, q, q_scale, weights, rows):
+    """float64 dequantised queries ``[R, 64, 128]`` and head weights ``[R, 64]`` of ``rows``."""
     qf = dequantize_query(layout, q[rows], None if q_scale is None else q_scale[rows]).double()
-    w = weights[rows].double()
+    return qf, weights[rows].double()
+
+
+def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, start, stop):
+    """:func:`reference_scores` for rows already gathered: page table rows ``pt`` (int64) and
+    lengths ``lens``, queries and weights from :func:`_query_rows`."""
+    dev = k_cache.device
     pos = torch.arange(start, stop, device=dev)
-    lens = seq_lens[rows].long()
     valid = pos[None, :] < lens[:, None]
-    pt = page_table[rows].long()
     page_idx = (pos // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
     slots = pt[:, page_idx] * PAGE_SIZE + pos % PAGE_SIZE  # [R, B]
     slots = torch.where(valid, slots, torch.zeros_like(slots))  # never dereference garbage pages
@@ -59,29 +69,48 @@ def reference_indexer_topk(
     weight_scale=1.0, row_block=16, ctx_block=4096,
 ) -> IndexerTopKResult:
     """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
+    return reference_with_next(
+        q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
+        weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block, with_next=False,
+    )[0]
+
+
+def reference_with_next(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
+    weight_scale=1.0, row_block=16, ctx_block=4096, with_next=True,
+):
+    """:func:`reference_indexer_topk` and, from the same pass, each row's ``(k+1)``-th best
+    score (float32 ``[rows]``, ``-inf`` where the row has at most ``topk`` positions; ``None``
+    without ``with_next``): the ``next_values`` of :func:`indexer_topk.compare.compare_to_reference`."""
     layout = parse_layout(layout)
     dev = k_cache.device
     n_rows = q.shape[0]
+    keep = topk + 1 if with_next else topk
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
+    nxt = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev) if with_next else None
     counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
         rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)
         lens = seq_lens[rows].long()
+        pt = page_table[rows].long()
+        qf, w = _query_rows(layout, q, q_scale, weights, rows)
         longest = int(lens.max()) if len(rows) else 0
-        best = torch.full((len(rows), topk), neg, dtype=torch.int64, device=dev)
+        best = torch.full((len(rows), keep), neg, dtype=torch.int64, device=dev)
         for c0 in range(0, longest, ctx_block):
             c1 = min(c0 + ctx_block, longest)
-            s = reference_scores(
-                q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout=layout,
-                weight_scale=weight_scale, rows=rows, start=c0, stop=c1,
-            )
+            s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, c0, c1)
             pos = torch.arange(c0, c1, device=dev).expand_as(s)
             keys = order_keys(s, pos)
             keys = torch.where(pos < lens[:, None], keys, torch.full_like(keys, neg))
-            best = torch.cat([best, keys], dim=1).topk(topk, dim=1, sorted=True).values
+            best = torch.cat([best, keys], dim=1).topk(keep, dim=1, sorted=True).values
+        if with_next:
+            k1 = best[:, topk]
+            k1_vals = scores_from_ordered_bits((k1 >> 32).to(torch.int32))
+            nxt[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
+            best = best[:, :topk]
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
         # Long rows: best keys in descending order. Short rows hold every position in `best`:
@@ -92,7 +121,6 @@ def reference_indexer_topk(
         best = torch.gather(best, 1, order)
         pos_sel = torch.where(slot_ok, low - (best & low), torch.zeros_like(best))
         vals = scores_from_ordered_bits((best >> 32).to(torch.int32))
-        pt = page_table[rows].long()
         if pt.shape[1] == 0:  # a zero-width page table: every row is empty, p is masked below
             pt = pt.new_zeros((len(rows), 1))
         page = torch.gather(pt, 1, (pos_sel // PAGE_SIZE).clamp(max=pt.shape[1] - 1))
@@ -100,4 +128,4 @@ def reference_indexer_topk(
         values[rows] = torch.where(slot_ok, vals, torch.full_like(vals, float("-inf")))
         raw[rows] = torch.where(slot_ok, pos_sel, torch.full_like(pos_sel, -1)).to(torch.int32)
         phys[rows] = torch.where(slot_ok, p, torch.full_like(p, -1)).to(torch.int32)
-    return IndexerTopKResult(values, raw, phys, counts)
+    return IndexerTopKResult(values, raw, phys, counts), nxt
