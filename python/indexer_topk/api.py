@@ -126,11 +126,9 @@ def indexer_topk(
         Naming the offending argument, before any kernel runs.
     """
     args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
-    layout = validate_inputs(
+    layout, out = validate_inputs(
         *args, topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values
     )
-    if out is not None and not isinstance(out, IndexerTopKResult):
-        out = IndexerTopKResult(*out)
     name = resolve_backend(backend, layout=layout, topk=topk)
     fn = _backend_fn(name)
     return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)

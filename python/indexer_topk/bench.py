@@ -134,16 +134,28 @@ def device_name(device) -> str:
     return "cpu"
 
 
-def triton_version() -> str:
-    try:
-        from importlib.metadata import PackageNotFoundError, version
+def package_version(*dists: str) -> str:
+    """The installed version of the first of ``dists`` that is installed; ``"installed
+    (version unknown)"`` when only its module is found, ``"not installed"`` otherwise."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
 
+    for d in dists:
         try:
-            return version("triton")
+            return version(d)
         except PackageNotFoundError:
-            return version("pytorch-triton-rocm")
-    except Exception:
-        return "not installed"
+            continue
+    for m in (d.replace("-", "_") for d in dists):
+        try:
+            if find_spec(m) is not None:
+                return "installed (version unknown)"
+        except (ImportError, ValueError):
+            continue
+    return "not installed"
+
+
+def triton_version() -> str:
+    return package_version("triton", "pytorch-triton-rocm")
 
 
 def source_revision() -> Optional[str]:

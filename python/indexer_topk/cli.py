@@ -72,25 +72,6 @@ def _resolve_device(name: str):
         raise CliError(f"--device: unknown device {name!r}; expected auto, cpu or cuda") from None
 
 
-def _version(*dists: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-    from importlib.util import find_spec
-
-    for d in dists:
-        try:
-            return version(d)
-        except PackageNotFoundError:
-            continue
-    modules = [d.replace("-", "_") for d in dists]
-    for m in modules:
-        try:
-            if find_spec(m) is not None:
-                return "installed (version unknown)"
-        except (ImportError, ValueError):
-            continue
-    return "not installed"
-
-
 def _policy_summary(layout=None, topk=None) -> dict:
     """The frozen policy's decision, or why it cannot be read (never raises)."""
     try:
@@ -443,7 +424,7 @@ def cmd_info(a, device) -> int:
     from rich.table import Table
 
     from . import __version__
-    from .bench import triton_version
+    from .bench import package_version, triton_version
     from .envs import envs
     from .policy import KILL_SWITCH
 
@@ -453,8 +434,8 @@ def cmd_info(a, device) -> int:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "triton": triton_version(),
-        "sglang": _version("sglang"),
-        "aiter": _version("amd-aiter", "aiter"),
+        "sglang": package_version("sglang"),
+        "aiter": package_version("amd-aiter", "aiter"),
         "device": _device_info(device),
         "aiter_symbol": _aiter_symbol_state(),
         "kill_switch": {"name": KILL_SWITCH, "value": raw if raw is not None else "unset"},

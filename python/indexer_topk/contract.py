@@ -12,14 +12,13 @@ score first, equal scores broken by the lower position, NaN below every number, 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
 HEADS = 64
 HEAD_DIM = 128
 PAGE_SIZE = 64  # C4 positions per page
-PAGE_BITS = 6
 MX_GROUP = 32  # MXFP4: one ue8m0 exponent per 32 values
 SUPPORTED_TOPK = (512, 1024, 2048)
 
@@ -213,9 +212,11 @@ def validate_inputs(
     weight_scale=1.0,
     out=None,
     check_values: bool = True,
-    allowed_topk=SUPPORTED_TOPK,
-) -> Layout:
+) -> Tuple[Layout, Optional[IndexerTopKResult]]:
     """Check every argument of :func:`indexer_topk.indexer_topk`; raise ``ValueError`` naming it.
+
+    Returns the parsed layout and ``out`` as an :class:`IndexerTopKResult` (a plain 4-tuple is
+    accepted).
 
     Shape, dtype, device and layout checks read only metadata. ``check_values`` adds the checks
     that read tensor contents (``seq_lens`` within ``[0, page_table.shape[1] * 64]``, every page
@@ -223,8 +224,8 @@ def validate_inputs(
     decode callers turn them off.
     """
     layout = parse_layout(layout)
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk not in allowed_topk:
-        raise ValueError(f"topk: unsupported value {topk!r}; expected one of {tuple(allowed_topk)}")
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
+        raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
     if isinstance(weight_scale, torch.Tensor) or not isinstance(weight_scale, (int, float)):
         raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
 
@@ -292,7 +293,7 @@ def validate_inputs(
                     f"page_table: row {r} page {p} holds id {int(page_table[r, p])}, "
                     f"outside the cache of {num_pages} pages"
                 )
-    return layout
+    return layout, out
 
 
 def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> None:

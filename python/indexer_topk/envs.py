@@ -116,10 +116,7 @@ class EnvField(Generic[T]):
         try:
             yield self
         finally:
-            if previous is None:
-                os.environ.pop(self.name, None)
-            else:
-                os.environ[self.name] = previous
+            self.set(previous)  # a str is written back verbatim, None unsets
 
 
 class EnvBool(EnvField[bool]):
@@ -210,4 +207,15 @@ class Envs:
 
 envs = Envs()
 
-__all__ = ["EnvBool", "EnvField", "EnvInt", "EnvStr", "Envs", "envs"]
+# Triton's own flag, read with the spellings Triton accepts (not an Envs field: Triton owns it).
+_TRITON_INTERPRET_TRUE = frozenset({"1", "true", "on", "yes", "y"})
+
+
+def interpreting(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Whether Triton kernels run under the interpreter (``TRITON_INTERPRET``), read from
+    ``environ`` (default ``os.environ``)."""
+    env = os.environ if environ is None else environ
+    return str(env.get("TRITON_INTERPRET", "0")).strip().lower() in _TRITON_INTERPRET_TRUE
+
+
+__all__ = ["EnvBool", "EnvField", "EnvInt", "EnvStr", "Envs", "envs", "interpreting"]

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from .backends.aiter import AITER_TOPK, lookup_aiter_symbol
 from .contract import Layout, parse_layout
-from .envs import envs
+from .envs import envs, interpreting
 
 LOGGER_NAME = "indexer_topk"
 
@@ -47,7 +47,6 @@ PREFILL_MODES = frozenset(
     {"extend", "mixed", "target_verify", "draft_extend", "draft_extend_v2", "split_prefill", "dllm_extend"}
 )
 
-_TRITON_TRUE = frozenset({"1", "true", "yes", "on", "y"})
 
 
 @dataclass(frozen=True)
@@ -167,7 +166,7 @@ def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
         "fused_enabled": envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env),
         "kill_switch_raw": envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw(env),
         "triton_rocm": envs.INDEXER_TOPK_TRITON_ROCM.get(env),
-        "triton_interpret": str(env.get("TRITON_INTERPRET", "")).strip().lower() in _TRITON_TRUE,
+        "triton_interpret": interpreting(env),
     }
     fields.update(_probe_device())
     fields.update(_probe_triton())
@@ -289,35 +288,36 @@ def _why_not_aiter(probe: Probe) -> str:
     return "the installed AITER lacks flydsl_pa_mqa_topk_fp4_prefill"
 
 
-def _decide(p: Probe) -> Tuple[str, str, str, bool]:
-    """``(fused_backend, reason, non_aiter_layout_backend, reference_only)``."""
+def _decide(p: Probe) -> Tuple[str, str, str]:
+    """``(fused_backend, reason, non_aiter_layout_backend)``; a ``"reference"`` fused backend
+    means every call runs the reference (no GPU and no interpreter)."""
     if p.device == "cpu":
         why_cpu = "no GPU" + (f" (torch raised {p.torch_error})" if p.torch_error else "")
         if not p.triton_interpret:
-            return "reference", f"{why_cpu} and the Triton interpreter is off", "reference", True
+            return "reference", f"{why_cpu} and the Triton interpreter is off", "reference"
         if p.triton_version is None:
-            return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", "reference", True
+            return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", "reference"
         if not p.fused_enabled:
-            return "legacy", f"{why_cpu}; kill switch {KILL_SWITCH} is off", "legacy", False
-        return "fused", f"{why_cpu}; Triton kernels run under the interpreter", "fused", False
+            return "legacy", f"{why_cpu}; kill switch {KILL_SWITCH} is off", "legacy"
+        return "fused", f"{why_cpu}; Triton kernels run under the interpreter", "fused"
 
     if not p.fused_enabled:
-        return "legacy", f"kill switch {KILL_SWITCH} is off", "legacy", False
+        return "legacy", f"kill switch {KILL_SWITCH} is off", "legacy"
 
     if p.device == "hip":
         ours = "fused" if (p.triton_rocm and can_use_triton(p)) else "legacy"
         if can_use_aiter(p):
-            return "aiter", f"AITER's fused FP4 kernel on {p.gfx_arch}", ours, False
+            return "aiter", f"AITER's fused FP4 kernel on {p.gfx_arch}", ours
         why = _why_not_aiter(p)
         if ours == "fused":
-            return "fused", f"{why}; our Triton path is opted in (INDEXER_TOPK_TRITON_ROCM=1)", "fused", False
+            return "fused", f"{why}; our Triton path is opted in (INDEXER_TOPK_TRITON_ROCM=1)", "fused"
         if p.triton_rocm:
-            return "legacy", f"{why}; INDEXER_TOPK_TRITON_ROCM=1 but {_why_not_triton(p)}", "legacy", False
-        return "legacy", f"{why}; our Triton path on AMD is opt-in (INDEXER_TOPK_TRITON_ROCM=1)", "legacy", False
+            return "legacy", f"{why}; INDEXER_TOPK_TRITON_ROCM=1 but {_why_not_triton(p)}", "legacy"
+        return "legacy", f"{why}; our Triton path on AMD is opt-in (INDEXER_TOPK_TRITON_ROCM=1)", "legacy"
 
     if not can_use_triton(p):
-        return "legacy", _why_not_triton(p), "legacy", False
-    return "fused", "our Triton fused kernel on NVIDIA", "fused", False
+        return "legacy", _why_not_triton(p), "legacy"
+    return "fused", "our Triton fused kernel on NVIDIA", "fused"
 
 
 def _why_not_triton(p: Probe) -> str:
@@ -362,16 +362,15 @@ class PathPolicy:
         Why, in words.
     """
 
-    __slots__ = ("probe", "fused_backend", "reason", "_other_layout_backend", "_reference_only", "_frozen")
+    __slots__ = ("probe", "fused_backend", "reason", "_other_layout_backend", "_frozen")
 
     def __init__(self, probe: Optional[Probe] = None, *, logger: Optional[logging.Logger] = None):
         probe = probe_environment() if probe is None else probe
-        fused, reason, other, reference_only = _decide(probe)
+        fused, reason, other = _decide(probe)
         self.probe = probe
         self.fused_backend = fused
         self.reason = reason
         self._other_layout_backend = other
-        self._reference_only = reference_only
         self._frozen = True
         (logger or logging.getLogger(LOGGER_NAME)).info("%s", self.log_line())
 
@@ -422,7 +421,7 @@ class PathPolicy:
             The call's ``topk``; AITER's kernel takes only 512 and 1024.
         """
         layout = None if layout is None else parse_layout(layout)
-        if self._reference_only:
+        if self.fused_backend == "reference":
             return "reference"
         if is_decode or _mode_is_decode(forward_mode):
             return "legacy"

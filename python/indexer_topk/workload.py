@@ -64,9 +64,6 @@ class Workload:
     def kwargs(self):
         return {"topk": self.topk, "layout": self.layout.value, "weight_scale": self.weight_scale}
 
-    def input_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.args() if t is not None)
-
 
 def _keys_for_pattern(pattern, k0, k1, c4, u, gen, device):
     """fp32 keys for C4 positions ``k0..k1-1`` of a request of C4 length ``c4`` (rotated basis)."""

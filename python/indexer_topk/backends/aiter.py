@@ -201,8 +201,6 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
     device = q.device
     if out is None:
         out = allocate_result(rows, topk, device)
-    elif not isinstance(out, IndexerTopKResult):
-        out = IndexerTopKResult(*out)
     if rows == 0:
         # AITER rejects an empty batch; there is nothing to select.
         return out

@@ -15,7 +15,7 @@ import triton
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
 from ..kernels.fused import fused_topk_kernel
-from ..kernels.common import interpreting
+from ..envs import interpreting
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, TileConfig, device_sm_count, pack_args, tile_config
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 

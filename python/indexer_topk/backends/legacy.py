@@ -24,7 +24,6 @@ from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 
-DEFAULT_LOGITS_BUDGET_BYTES = 2 << 30
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
 SCORE_SPAN = 8192

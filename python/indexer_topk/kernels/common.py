@@ -5,8 +5,6 @@ score order (see :func:`indexer_topk.contract.ordered_score_bits`); ties between
 are broken by position by the callers, never by the key.
 """
 
-import os
-
 import triton
 import triton.language as tl
 
@@ -23,11 +21,6 @@ KEY_NAN = tl.constexpr(-2147483647)
 COMP_MIN = tl.constexpr(-(2**63))  # below every 64-bit composite (key, position)
 LOW32 = tl.constexpr(4294967295)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000, the fp32 bits of -inf
-
-
-def interpreting() -> bool:
-    """Whether kernels run under the Triton interpreter (the spellings Triton itself accepts)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes", "y")
 
 
 def layout_id(layout) -> int:

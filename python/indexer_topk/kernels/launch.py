@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import torch
 
 from ..contract import Layout
-from .common import interpreting, layout_id
+from ..envs import interpreting
+from .common import layout_id
 
 
 @dataclass(frozen=True)
