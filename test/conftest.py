@@ -28,3 +28,13 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def device():
     return DEVICE
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_fake_installed():
+    """After every test (and its monkeypatches), no fake AITER installation is left behind
+    (see test/fake_aiter)."""
+    yield
+    import fake_aiter
+
+    assert fake_aiter.leftovers() == []

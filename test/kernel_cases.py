@@ -249,8 +249,9 @@ def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
     """Where two results first differ, for assertion messages."""
     a = IndexerTopKResult(*(t.cpu() for t in a))
     b = IndexerTopKResult(*(t.cpu() for t in b))
-    if a.values.shape != b.values.shape:
-        return f"shapes differ: {list(a.values.shape)} vs {list(b.values.shape)}"
+    for name, x, y in zip(IndexerTopKResult._fields, a, b):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{name}: {x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}"
     bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
     if bad_counts:
         r = bad_counts[0]

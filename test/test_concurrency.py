@@ -14,6 +14,31 @@ import torch
 
 import indexer_topk as it
 from indexer_topk import policy
+from kernel_cases import assert_bitwise
+
+
+THREAD_LAYOUTS = ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4", "sglang_fp8"] * 2
+
+
+def run_in_threads(n, work):
+    """Run ``work(i)`` for ``i < n`` on ``n`` threads released together; the ``(i, exception)``
+    of every thread that raised."""
+    errors = []
+    start = threading.Barrier(n)
+
+    def run(i):
+        try:
+            start.wait()
+            work(i)
+        except Exception as exc:  # surfaced by the caller with the thread's index
+            errors.append((i, exc))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
 
 
 def _all_modules():
@@ -51,31 +76,18 @@ def test_threads_get_the_sequential_results():
     """Eight threads calling the operator on their own inputs get what one thread gets."""
     wls = [
         it.make_workload(layout, context_tokens=[2000 + 500 * i, 700], rows_per_request=[2, 1], topk=512, seed=i)
-        for i, layout in enumerate(["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4", "sglang_fp8"] * 2)
+        for i, layout in enumerate(THREAD_LAYOUTS)
     ]
     expected = [it.indexer_topk(*w.args(), **w.kwargs(), backend="reference") for w in wls]
     results = [None] * len(wls)
-    errors = []
-    start = threading.Barrier(len(wls))
 
     def work(i):
-        try:
-            start.wait()
-            for _ in range(3):
-                results[i] = it.indexer_topk(*wls[i].args(), **wls[i].kwargs(), backend="reference")
-        except Exception as exc:  # surfaced below with the thread's index
-            errors.append((i, exc))
+        for _ in range(3):
+            results[i] = it.indexer_topk(*wls[i].args(), **wls[i].kwargs(), backend="reference")
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(wls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
-    for got, exp in zip(results, expected):
-        for a, b in zip(got, exp):
-            assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
-                               b.view(torch.int32) if b.dtype == torch.float32 else b)
+    assert run_in_threads(len(wls), work) == []
+    for i, (got, exp) in enumerate(zip(results, expected)):
+        assert_bitwise(got, exp, f"thread {i}")
 
 
 def test_default_policy_is_built_once_across_threads():
@@ -83,17 +95,7 @@ def test_default_policy_is_built_once_across_threads():
     policy.default_policy.cache_clear()
     try:
         got = []
-        start = threading.Barrier(8)
-
-        def work():
-            start.wait()
-            got.append(policy.default_policy())
-
-        threads = [threading.Thread(target=work) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        assert run_in_threads(8, lambda i: got.append(policy.default_policy())) == []
         assert len(got) == 8 and all(p is got[0] for p in got)
     finally:
         policy.default_policy.cache_clear()
@@ -104,43 +106,29 @@ def test_gpu_threads_with_their_own_streams():
     """Eight threads, each with its own CUDA stream, workspace and outputs, calling ``auto``
     (the fused path), ``legacy`` and ``fused`` three times each while the others run: every
     result equals what one thread gets on the default stream."""
-    layouts = ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4", "sglang_fp8"] * 2
     wls = [
         it.make_workload(layout, context_tokens=[65536 + 4096 * i, 9000], rows_per_request=[6, 3], topk=1024,
                          seed=30 + i, device="cuda")
-        for i, layout in enumerate(layouts)
+        for i, layout in enumerate(THREAD_LAYOUTS)
     ]
     expected = [it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy") for w in wls]
     torch.cuda.synchronize()
     results = [[] for _ in wls]
-    errors = []
-    start = threading.Barrier(len(wls))
 
     def work(i):
-        try:
-            w = wls[i]
-            stream = torch.cuda.Stream()
-            ws = torch.empty(it.workspace_size(w.rows, w.topk, w.layout.value, "cuda"), dtype=torch.uint8, device="cuda")
-            start.wait()
-            with torch.cuda.stream(stream):
-                for backend in ("auto", "legacy", "fused") * 3:
-                    out = it.allocate_result(w.rows, w.topk, "cuda")
-                    kw = {"workspace": ws} if backend != "legacy" else {}
-                    results[i].append((backend, it.indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out,
-                                                                check_values=False, **kw)))
-            stream.synchronize()
-        except Exception as exc:  # surfaced below with the thread's index
-            errors.append((i, exc))
+        w = wls[i]
+        stream = torch.cuda.Stream()
+        ws = torch.empty(it.workspace_size(w.rows, w.topk, w.layout.value, "cuda"), dtype=torch.uint8, device="cuda")
+        with torch.cuda.stream(stream):
+            for backend in ("auto", "legacy", "fused") * 3:
+                out = it.allocate_result(w.rows, w.topk, "cuda")
+                kw = {"workspace": ws} if backend != "legacy" else {}
+                results[i].append((backend, it.indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out,
+                                                            check_values=False, **kw)))
+        stream.synchronize()
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(wls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_in_threads(len(wls), work) == []
     for i, (runs, exp) in enumerate(zip(results, expected)):
         assert len(runs) == 9
         for backend, got in runs:
-            for a, b in zip(got, exp):
-                assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
-                                   b.view(torch.int32) if b.dtype == torch.float32 else b), f"thread {i}, {backend}"
+            assert_bitwise(got, exp, f"thread {i}, {backend}")

@@ -13,9 +13,9 @@ from hypothesis import strategies as st  # noqa: E402
 import indexer_topk as it  # noqa: E402
 from indexer_topk import api  # noqa: E402
 from indexer_topk.compare import compare_to_reference, reference_with_boundary  # noqa: E402
+from indexer_topk.reference import reference_indexer_topk  # noqa: E402
 from indexer_topk.workload import PATTERNS  # noqa: E402
-
-LAYOUTS = ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4")
+from kernel_cases import LAYOUTS, assert_bitwise  # noqa: E402
 # Kernel calls run under the Triton interpreter on a CPU: keep the examples few and small.
 KERNEL_EXAMPLES = int(os.environ.get("INDEXER_TOPK_PROPERTY_EXAMPLES", "6"))
 
@@ -52,10 +52,7 @@ def test_reference_backend_matches_reference_function(w):
     out = it.allocate_result(w.rows, w.topk, "cpu")
     got = it.indexer_topk(*w.args(), **w.kwargs(), backend="reference", out=out)
     assert got is out
-    ref, _ = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
-    for a, b in zip(got, ref):
-        assert torch.equal(a.view(torch.int32) if a.dtype == torch.float32 else a,
-                           b.view(torch.int32) if b.dtype == torch.float32 else b)
+    assert_bitwise(got, reference_indexer_topk(*w.args(), **w.kwargs()), "backend='reference'")
 
 
 @pytest.mark.parametrize("backend", ["legacy", "fused"])

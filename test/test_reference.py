@@ -20,6 +20,7 @@ from indexer_topk.contract import (
 )
 from indexer_topk.formats import allocate_k_cache, quantize_query, write_k_cache
 from indexer_topk.reference import reference_indexer_topk, reference_scores
+from kernel_cases import assert_bitwise
 
 LAYOUTS = ["aiter_mxfp4", "sglang_mxfp4", "sglang_fp8"]
 TOPK = 512
@@ -421,8 +422,7 @@ def test_blocking_does_not_change_the_result(layout):
     one = run_reference(wl, row_block=10**6, ctx_block=10**7)
     for row_block, ctx_block in ((1, 1000), (5, 128), (3, 300), (7, 511), (16, 777)):
         other = run_reference(wl, row_block=row_block, ctx_block=ctx_block)
-        for a, b in zip(one, other):
-            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), (row_block, ctx_block)
+        assert_bitwise(one, other, f"row_block {row_block}, ctx_block {ctx_block}")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -435,8 +435,7 @@ def test_out_is_written_in_place(layout):
     ptrs = [t.data_ptr() for t in out]
     got = indexer_topk(*wl.args(), **wl.kwargs(), backend="reference", out=out)
     assert [t.data_ptr() for t in got] == ptrs
-    for a, b in zip(out, expected):
-        assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    assert_bitwise(out, expected, "in place")
     # a plain tuple works the same way
     out2 = tuple(torch.empty_like(t) for t in out)
     got2 = indexer_topk(*wl.args(), **wl.kwargs(), backend="reference", out=out2)

@@ -51,8 +51,9 @@ def comparison_rule(rtol: float = DEFAULT_RTOL, atol: float = DEFAULT_ATOL) -> s
 
 
 def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
-    """True when all four outputs are identical bit for bit (values compared as int32 bits)."""
-    if a.values.shape != b.values.shape or a.counts.shape != b.counts.shape:
+    """True when all four outputs have the same dtypes and shapes and are identical bit for bit
+    (values compared as int32 bits)."""
+    if any(x.dtype != y.dtype or x.shape != y.shape for x, y in zip(a, b)):
         return False
     va = a.values.contiguous().view(torch.int32)
     vb = b.values.contiguous().view(torch.int32)
