@@ -107,9 +107,6 @@ def build(case: Case, device: str) -> Workload:
     return wl
 
 
-EXTREME_KINDS = ("huge_scale", "exponent_1", "exponent_254")
-
-
 def with_extreme_keys(wl: Workload, kind: str, seed: int) -> Workload:
     """A copy of ``wl`` with key scales at the ends of their range.
 
@@ -321,11 +318,29 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     assert torch.equal(torch.signbit(a[both_zero]), torch.signbit(e[both_zero])), "sign of a zero score differs"
 
 
-def check_fused_against_legacy(case: Case, wl: Workload, device: str, **fused_kw) -> None:
-    """Legacy agrees with the reference; fused (called with ``fused_kw``) keeps the contract
-    and equals legacy bit for bit."""
-    legacy = legacy_result(case, device)
-    assert_matches_reference(legacy, wl, reference_result(case, device))
+def check_fused(case: Case, device: str, num_splits=None, pool=None, what: str = "fused vs legacy"):
+    """Fused (cached, with ``num_splits`` and ``pool``) keeps the contract and equals legacy bit
+    for bit; returns ``(workload, result)``."""
+    wl = build(case, device)
+    res = fused_result(case, device, num_splits, pool)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), what)
+    return wl, res
+
+
+def check_legacy(case: Case, device: str):
+    """Legacy keeps the contract and agrees with the reference; returns ``(workload, result)``."""
+    wl = build(case, device)
+    res = legacy_result(case, device)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+    return wl, res
+
+
+def check_fused_against_legacy(case: Case, device: str, **fused_kw) -> None:
+    """Legacy keeps the contract and agrees with the reference; fused (called with
+    ``fused_kw``) keeps the contract and equals legacy bit for bit."""
+    wl, legacy = check_legacy(case, device)
     res = run_fused(wl, **fused_kw)
     assert_contract(res, wl)
     assert_bitwise(res, legacy, "fused vs legacy")
@@ -519,7 +534,7 @@ def gpu_128k_case(layout: str, topk: int) -> Case:
 
 
 def extreme_case(layout: str, kind: str, gpu: bool = False) -> Case:
-    """Extreme key scales (``kind`` from :data:`EXTREME_KINDS`, or ``nonfinite``: 1% of the fp8
+    """Extreme key scales (``kind`` of :func:`with_extreme_keys`, or ``nonfinite``: 1% of the fp8
     key scales each +inf, -inf and NaN); small for the interpreter, 256K tokens on a GPU."""
     nonfinite = kind == "nonfinite"
     shape = dict(context_tokens=(262144,), rows_per_request=(32,), topk=1024) if gpu else dict(
@@ -528,6 +543,11 @@ def extreme_case(layout: str, kind: str, gpu: bool = False) -> Case:
         f"{'gpu256k-' if gpu else ''}{layout}-{kind}", layout, "decreasing" if nonfinite else "random", seed=15,
         nonfinite_scales=0.01 if nonfinite else 0.0, extreme="" if nonfinite else kind, **shape,
     )
+
+
+# A tie-heavy workload for repeated-call determinism (shared, so it is built once).
+DETERMINISM_CASE = Case("det-zero_plateau", "sglang_mxfp4", "zero_plateau", context_tokens=(2400,),
+                        rows_per_request=(3,), seed=5)
 
 
 def gpu_adversarial_case(pattern: str) -> Case:

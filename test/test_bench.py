@@ -139,7 +139,7 @@ def test_run_backend_failures_become_records(tiny, monkeypatch, exc, status, rea
     assert run.record["median_ms"] is None
 
 
-def test_run_cases_on_real_backends(monkeypatch):
+def test_run_cases_on_real_backends():
     """legacy + fused on one tiny case: both run (under the interpreter) or say why not."""
     case = bench.BenchCase("sglang_fp8", 2200, 2, 512)
     recs = bench.run_cases([case], ["legacy", "fused"], warmup=0, iters=1, device="cpu")

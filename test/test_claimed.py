@@ -31,8 +31,8 @@ def _buffer(count, cap, keys_from, seed):
     else:  # the whole int32 range: every radix pass runs
         keys = torch.randint(-(2**31), 2**31 - 1, (count,), generator=g, dtype=torch.int64).to(torch.int32)
     pos = torch.randperm(50_000, generator=g)[:count].to(torch.int32)
-    key_buf = torch.full((cap,), 0x5A5A5A5A, dtype=torch.int32)
-    pos_buf = torch.full((cap,), 0x5A5A5A5A, dtype=torch.int32)
+    key_buf = torch.full((cap,), kc.INDEX_SENTINEL, dtype=torch.int32)
+    pos_buf = torch.full((cap,), kc.INDEX_SENTINEL, dtype=torch.int32)
     key_buf[:count], pos_buf[:count] = keys, pos
     return key_buf, pos_buf
 
@@ -70,7 +70,7 @@ def test_order_by_position_of_a_shuffled_buffer(count):
     pairs = sorted(zip(pos_buf[:count].tolist(), key_buf[:count].tolist()))
     _order_kernel[(1,)](key_buf, pos_buf, count, TOPK=topk)
     assert list(zip(pos_buf[:count].tolist(), key_buf[:count].tolist())) == pairs
-    assert bool((key_buf[count:] == 0x5A5A5A5A).all()) and bool((pos_buf[count:] == 0x5A5A5A5A).all())
+    assert bool((key_buf[count:] == kc.INDEX_SENTINEL).all()) and bool((pos_buf[count:] == kc.INDEX_SENTINEL).all())
 
 
 def test_claimed_mode_refuses_a_triton_without_atomic_return_broadcast(monkeypatch):

@@ -20,6 +20,16 @@ TINY_DEMO = ["--device", "cpu", "--context", "2200", "--rows", "2"]
 TINY_CHECK = ["--device", "cpu", "--layout", "sglang_mxfp4", "--patterns", "zero_plateau", "--context", "2200", "--rows", "2"]
 
 
+@pytest.fixture
+def cli(monkeypatch):
+    """The CLI module for in-process calls, with TRITON_INTERPRET set (main() sets it for
+    --device cpu) and restored after the test."""
+    from indexer_topk import cli as module
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    return module
+
+
 def run_cli(*args, env_extra=None, timeout=240):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
@@ -58,10 +68,7 @@ def test_info_reports_versions_switch_and_policy():
         assert needle in out, needle
 
 
-def test_info_json(monkeypatch, capsys):
-    from indexer_topk import cli
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() sets it for --device cpu; restore after
+def test_info_json(cli, monkeypatch, capsys):
     monkeypatch.delenv("SGLANG_DSV4_FP4_FUSED_TOPK", raising=False)
     assert cli.main(["info", "--device", "cpu", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
@@ -114,12 +121,9 @@ def test_demo_json_on_a_tiny_cpu_batch():
     _check_demo_doc(doc)
 
 
-def test_demo_is_the_default_and_prints_the_table(monkeypatch, capsys):
+def test_demo_is_the_default_and_prints_the_table(cli, capsys):
     # In process and with the reference only (the subprocess test above runs the kernels);
     # no subcommand: the options go to `demo`.
-    from indexer_topk import cli
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert cli.main([*TINY_DEMO, "--backends", "reference"]) == 0
     out = capsys.readouterr().out
     for needle in ("backend", "time (ms)", "peak MiB", "TFLOP/s", "identical to legacy", "reference",
@@ -148,10 +152,9 @@ def test_check_on_a_tiny_config():
             assert r["comparison"]["ok"] is True
 
 
-def test_check_exits_1_on_a_mismatch(monkeypatch, capsys):
+def test_check_exits_1_on_a_mismatch(cli, monkeypatch, capsys):
     """In process, with a backend that returns the reference's answer with one index moved."""
     import indexer_topk
-    from indexer_topk import cli
     from indexer_topk.reference import reference_indexer_topk
 
     def wrong(*args, backend, out=None, workspace=None, check_values=True, **kw):
@@ -159,7 +162,6 @@ def test_check_exits_1_on_a_mismatch(monkeypatch, capsys):
         res.raw_indices[0, 0] = -5
         return res
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # main() sets it for --device cpu; restore after
     monkeypatch.setattr(indexer_topk, "indexer_topk", wrong)
     rc = cli.main(["check", "--device", "cpu", "--backend", "legacy", "--layout", "sglang_fp8", "--patterns", "random"])
     out = capsys.readouterr().out
@@ -167,14 +169,12 @@ def test_check_exits_1_on_a_mismatch(monkeypatch, capsys):
     assert "MISMATCH" in out and "FAILED" in out
 
 
-def test_check_reports_unavailable_backends(monkeypatch, capsys):
+def test_check_reports_unavailable_backends(cli, monkeypatch, capsys):
     import indexer_topk
-    from indexer_topk import cli
 
     def missing(*args, **kw):
         raise ImportError("No module named 'aiter'")
 
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(indexer_topk, "indexer_topk", missing)
     rc = cli.main(["check", "--device", "cpu", "--backend", "aiter", "--layout", "aiter_mxfp4", "--patterns", "equal"])
     out = capsys.readouterr().out
@@ -201,10 +201,7 @@ def test_bad_option_is_one_line_exit_2():
         (["frobnicate"], ("frobnicate",)),
     ],
 )
-def test_bad_values_are_one_line_errors(argv, needles, monkeypatch, capsys):
-    from indexer_topk import cli
-
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+def test_bad_values_are_one_line_errors(cli, argv, needles, capsys):
     try:
         rc = cli.main(argv)
     except SystemExit as exc:  # argparse's own errors
@@ -230,9 +227,7 @@ def test_bench_script_without_a_gpu_is_a_clear_error():
     assert_one_line_error(p, 2, "needs a CUDA or ROCm GPU")
 
 
-def test_help_lists_the_subcommands(capsys):
-    from indexer_topk import cli
-
+def test_help_lists_the_subcommands(cli, capsys):
     with pytest.raises(SystemExit) as exc:
         cli.main(["--help"])
     assert exc.value.code == 0

@@ -5,7 +5,7 @@ import struct
 import pytest
 import torch
 
-from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
+from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE
 from indexer_topk.formats import (
     allocate_k_cache,
     dequantize_mxfp4,
@@ -20,7 +20,8 @@ from indexer_topk.formats import (
     write_k_cache,
 )
 
-LAYOUTS = [x.value for x in Layout]
+from kernel_cases import LAYOUTS
+
 MXFP4_LAYOUTS = ["aiter_mxfp4", "sglang_mxfp4"]
 
 # e2m1 magnitude code -> value

@@ -24,8 +24,11 @@ from kernel_cases import (
     assert_bitwise,
     assert_contract,
     assert_matches_reference,
+    call_kwargs,
     build,
     check_fused_against_legacy,
+    DETERMINISM_CASE,
+    check_fused,
     edge_length_case,
     extreme_case,
     fused_result,
@@ -65,9 +68,7 @@ def pool_for(which: str, topk: int):
 def test_matches_legacy(case, device):
     """Every layout on random and zero-plateau scores, every adversarial pattern on one layout:
     default launch (automatic splits, full pool) equals legacy bit for bit."""
-    res = fused_result(case, device)
-    assert_contract(res, build(case, device))
-    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    check_fused(case, device)
 
 
 @pytest.mark.parametrize("num_splits", [None, 1], ids=split_id)
@@ -76,10 +77,7 @@ def test_edge_lengths(layout, num_splits, device):
     """Empty rows, rows shorter than, equal to and one longer than topk, an odd row count:
     equal to legacy and to the contract, split or not."""
     case = edge_length_case(layout)
-    wl = build(case, device)
-    res = fused_result(case, device, num_splits)
-    assert_contract(res, wl)
-    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    wl, res = check_fused(case, device, num_splits)
     assert_matches_reference(res, wl, reference_result(case, device))
 
 
@@ -87,9 +85,7 @@ def test_edge_lengths(layout, num_splits, device):
 def test_rows_of_different_requests_share_a_pair(layout, device):
     """One-row requests: each pair spans two page tables and two lengths."""
     case = mixed_requests_case(layout)
-    res = fused_result(case, device)
-    assert_contract(res, build(case, device))
-    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    check_fused(case, device)
 
 
 @pytest.mark.parametrize("num_splits", [None, 1], ids=split_id)
@@ -98,9 +94,7 @@ def test_reversed_page_order(layout, num_splits, device):
     """Rows reading their pages in reverse physical order, one of them beside a partner with the
     original order (the pair disagrees on every page): equal to legacy, split or not."""
     case = reversed_pages_case(layout)
-    res = fused_result(case, device, num_splits)
-    assert_contract(res, build(case, device))
-    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    check_fused(case, device, num_splits)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,9 +117,7 @@ def test_splits_and_pool(case, num_splits, pool, device):
     """Context splits (with the exact merge) and a small pool (a cut every block or two) change
     no bit of the outputs: on exact-zero ties at the selection boundary, on edge lengths, and
     on rows whose every score is NaN."""
-    res = fused_result(case, device, num_splits, pool_for(pool, case.topk))
-    assert_contract(res, build(case, device))
-    assert_bitwise(res, legacy_result(case, device), f"{split_id(num_splits)}, {pool}")
+    check_fused(case, device, num_splits, pool_for(pool, case.topk), f"{split_id(num_splits)}, {pool}")
 
 
 @pytest.mark.parametrize(
@@ -136,9 +128,7 @@ def test_splits_and_pool(case, num_splits, pool, device):
 def test_nonfinite_scores(num_splits, pool, device):
     """Scattered +inf, -inf and NaN scores (non-finite key scales), through cuts and merges."""
     case = nonfinite_case()
-    res = fused_result(case, device, num_splits, pool_for(pool, case.topk))
-    assert_contract(res, build(case, device))
-    assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
+    check_fused(case, device, num_splits, pool_for(pool, case.topk))
 
 
 @pytest.mark.parametrize(
@@ -172,7 +162,7 @@ def test_other_topk(topk, device):
 def test_zero_rows(device):
     """A call without rows returns empty outputs."""
     wl = build(mixed_requests_case("sglang_mxfp4"), device)
-    res = fused_indexer_topk(without_rows(wl), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    res = fused_indexer_topk(without_rows(wl), **call_kwargs(wl))
     assert res.values.shape == (0, wl.topk) and res.counts.shape == (0,)
 
 
@@ -255,10 +245,6 @@ def test_outputs_reused_across_calls(device):
     assert_bitwise(out, run_legacy(wl_short), "outputs reused")
 
 
-DETERMINISM_CASE = Case("det-zero_plateau", "sglang_mxfp4", "zero_plateau", context_tokens=(2400,),
-                        rows_per_request=(3,), seed=5)
-
-
 def test_deterministic(device):
     """Five calls with four splits and a small pool (merge and compactions) on a tie-heavy
     workload give bit-identical outputs."""
@@ -269,36 +255,28 @@ def test_deterministic(device):
         assert_bitwise(run_fused(wl, num_splits=4, pool=pool), first, f"repeat {i + 1}")
 
 
-@pytest.mark.parametrize("pool", POOLS)
-@pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
-def test_per_block_stream_mode(num_splits, pool, device):
-    """Stream mode 0 (survivors appended after every block, no staging strip): the same bits
-    as legacy on exact-zero ties, with cuts every block or two and with the full pool."""
-    case = GEOMETRY_CASES[0]
-    wl = build(case, device)
-    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, case.topk), stream_mode=0)
-    assert_contract(res, wl)
-    assert_bitwise(res, legacy_result(case, device), "per-block stream")
-
-
 CLAIMED_CASES = [
     GEOMETRY_CASES[0],  # exact-zero ties at the boundary
     GEOMETRY_CASES[2],  # NaN rows, an odd row count
     Case("claimed-increasing", "sglang_mxfp4", "increasing", context_tokens=(9000, 300), rows_per_request=(3, 2),
          seed=9),
 ]
+# stream mode 0: survivors appended after every block, no staging strip; stream mode 2: slots
+# claimed atomically, buffers in claim order, composite cuts, counters read only when a buffer
+# could overflow
+OTHER_STREAMS = [(0, GEOMETRY_CASES[0])] + [(2, case) for case in CLAIMED_CASES]
 
 
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
-@pytest.mark.parametrize("case", CLAIMED_CASES, ids=str)
-def test_claimed_stream_mode(case, num_splits, pool, device):
-    """Stream mode 2 (slots claimed atomically, buffers in claim order, composite cuts, counters
-    read only when a buffer could overflow): the same bits as legacy."""
+@pytest.mark.parametrize("stream_mode,case", OTHER_STREAMS, ids=lambda x: str(x))
+def test_other_stream_modes(stream_mode, case, num_splits, pool, device):
+    """Stream modes 0 and 2 give the same bits as legacy, with cuts every block or two (small
+    pool) and with the full pool."""
     wl = build(case, device)
-    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, case.topk), stream_mode=2)
+    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, case.topk), stream_mode=stream_mode)
     assert_contract(res, wl)
-    assert_bitwise(res, legacy_result(case, device), "claimed slots")
+    assert_bitwise(res, legacy_result(case, device), f"stream mode {stream_mode}")
 
 
 @pytest.mark.parametrize("stream_mode", [0, 1])
@@ -402,7 +380,7 @@ def test_gpu_empty_rows_among_1m_token_rows(device):
     """Empty, one-position and full rows of a 1M-token request side by side."""
     case = Case("gpu-1m-empty", "sglang_fp8", context_tokens=(1 << 20,), rows_per_request=(6,), topk=1024, seed=25,
                 seq_lens=(0, 262000, 0, 261999, 1, 0))
-    check_fused_against_legacy(case, build(case, device), device)
+    check_fused_against_legacy(case, device)
 
 
 GPU_EXTREME = [("sglang_fp8", "huge_scale"), ("sglang_fp8", "nonfinite"), ("sglang_mxfp4", "huge_scale"),
@@ -437,9 +415,7 @@ def test_gpu_128k_matches_legacy(layout, topk, device):
 def test_gpu_adversarial_full_shape(pattern, device):
     """64 rows of a 256K-token request under adversarial patterns: fused equals legacy bit for
     bit, and legacy agrees with the reference."""
-    case = gpu_adversarial_case(pattern)
-    wl = build(case, device)
-    check_fused_against_legacy(case, wl, device)
+    check_fused_against_legacy(gpu_adversarial_case(pattern), device)
 
 
 @pytest.mark.gpu
@@ -491,12 +467,7 @@ def test_gpu_empty_rows_among_long_rows(num_splits, device):
     lens = (0, 32766, 0, 511, 512, 513, 29999, 0, 1, 30000, 0)
     case = Case("gpu-empty-long", "sglang_mxfp4", context_tokens=(131072, 120003), rows_per_request=(6, 5),
                 topk=512, seed=22, seq_lens=lens)
-    wl = build(case, device)
-    legacy = legacy_result(case, device)
-    assert_contract(legacy, wl)
-    assert_matches_reference(legacy, wl, reference_result(case, device))
-    res = run_fused(wl, num_splits=num_splits)
-    assert_bitwise(res, legacy, split_id(num_splits))
+    check_fused_against_legacy(case, device, num_splits=num_splits)
 
 
 @pytest.mark.gpu
@@ -504,9 +475,8 @@ def test_gpu_empty_rows_among_long_rows(num_splits, device):
 def test_gpu_single_row(layout, device):
     """One row of a 128K-token context (decode-like: automatic splits spread it over the GPU)."""
     case = Case(f"gpu-1row-{layout}", layout, context_tokens=(131072,), rows_per_request=(1,), topk=2048, seed=23)
-    wl = build(case, device)
     assert plan_fused(1, 2048, device).splits > 1
-    check_fused_against_legacy(case, wl, device)
+    check_fused_against_legacy(case, device)
 
 
 @pytest.mark.gpu
@@ -514,9 +484,8 @@ def test_gpu_4097_rows(device):
     """4097 rows (2049 pairs, the last with a phantom partner) of two requests."""
     case = Case("gpu-4097", "sglang_fp8", context_tokens=(20000, 12000), rows_per_request=(2049, 2048),
                 topk=512, seed=24)
-    wl = build(case, device)
-    assert wl.rows == 4097
-    check_fused_against_legacy(case, wl, device)
+    assert build(case, device).rows == 4097
+    check_fused_against_legacy(case, device)
 
 
 @pytest.mark.gpu

@@ -11,6 +11,7 @@ from indexer_topk.backends.legacy import legacy_indexer_topk, logits_width
 from indexer_topk.contract import PAGE_SIZE
 
 from kernel_cases import (
+    DETERMINISM_CASE,
     LAYOUTS,
     Case,
     GuardedResult,
@@ -19,6 +20,8 @@ from kernel_cases import (
     assert_contract,
     assert_matches_reference,
     build,
+    call_kwargs,
+    check_legacy,
     edge_length_case,
     gpu_128k_case,
     gpu_adversarial_case,
@@ -45,20 +48,14 @@ PATTERN_CASES = pattern_cases()
 def test_matches_reference(case, device):
     """Every layout on random and zero-plateau scores, every adversarial pattern on one layout:
     the legacy outputs agree with the fp64 reference and satisfy the contract."""
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_edge_lengths(layout, device):
     """Empty rows, rows shorter than, equal to and one longer than topk, and an odd row count."""
     case = edge_length_case(layout)
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
     assert res.counts.tolist() == [0, 31, 32, 32, 32, 1, 0, 32, 32]
 
 
@@ -66,10 +63,7 @@ def test_edge_lengths(layout, device):
 def test_rows_of_different_requests_share_a_pair(layout, device):
     """One-row requests: each row pair spans two page tables and two lengths."""
     case = mixed_requests_case(layout)
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -77,10 +71,7 @@ def test_reversed_page_order(layout, device):
     """A row whose pages run in reverse physical order selects the same positions and scores as
     with the original pages, and maps them through its own page table."""
     case = reversed_pages_case(layout)
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
     plain = legacy_result(unreversed(case), device)
     for name in ("values", "raw_indices", "counts"):
         a, b = getattr(res, name), getattr(plain, name)
@@ -106,10 +97,7 @@ def test_nonfinite_scores(device):
     selection boundary go to the lower positions, NaN ranks below -inf, and a short row lists
     its -inf and NaN scores in place."""
     case = nonfinite_case()
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
     short = res.values[3, : wl.topk - 1]
     assert bool(torch.isnan(short).any()) and bool((short == float("-inf")).any())
 
@@ -127,7 +115,7 @@ def test_all_rows_shorter_than_topk(device):
 def test_zero_rows(device):
     """A call without rows returns empty outputs."""
     wl = build(mixed_requests_case("sglang_mxfp4"), device)
-    res = legacy_indexer_topk(without_rows(wl), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    res = legacy_indexer_topk(without_rows(wl), **call_kwargs(wl))
     assert res.values.shape == (0, wl.topk) and res.raw_indices.shape == (0, wl.topk)
     assert res.counts.shape == (0,)
 
@@ -189,9 +177,7 @@ def test_output_guard_bands(device):
 
 def test_deterministic(device):
     """Five calls on a tie-heavy workload give bit-identical outputs."""
-    case = Case("det-zero_plateau", "sglang_mxfp4", "zero_plateau", context_tokens=(2400,), rows_per_request=(3,),
-                seed=5)
-    wl = build(case, device)
+    wl = build(DETERMINISM_CASE, device)
     first = run_legacy(wl)
     for i in range(4):
         assert_bitwise(run_legacy(wl), first, f"repeat {i + 1}")
@@ -210,10 +196,7 @@ GPU_TOPKS = [512, 1024, 2048]
 def test_gpu_128k_matches_reference(layout, topk, device):
     """A 128K-token context (two requests, nine rows): legacy agrees with the reference."""
     case = gpu_128k_case(layout, topk)
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
 
 
 @pytest.mark.gpu
@@ -222,10 +205,7 @@ def test_gpu_adversarial_full_shape(pattern, device):
     """64 rows of a 256K-token request under adversarial score patterns: legacy agrees with the
     reference."""
     case = gpu_adversarial_case(pattern)
-    wl = build(case, device)
-    res = legacy_result(case, device)
-    assert_contract(res, wl)
-    assert_matches_reference(res, wl, reference_result(case, device))
+    wl, res = check_legacy(case, device)
 
 
 @pytest.mark.gpu

@@ -8,8 +8,8 @@ import torch
 
 import indexer_topk.api as api
 from indexer_topk import IndexerTopKResult, Layout, allocate_result, indexer_topk, make_workload
+from kernel_cases import LAYOUTS
 
-LAYOUTS = [x.value for x in Layout]
 NAMES = ("q", "q_scale", "k_cache", "k_scale", "weights", "page_table", "seq_lens")
 TOPK = 512
 
@@ -114,12 +114,10 @@ def test_wrong_dtype(layout, no_kernel):
         args = small(layout)
         args[name] = wrong_dtype(args[name])
         expect(name, args, layout=layout, message="expected dtype")
-    args = small(layout)
-    args["page_table"] = args["page_table"].long()
-    expect("page_table", args, layout=layout, message="expected dtype torch.int32")
-    args = small(layout)
-    args["seq_lens"] = args["seq_lens"].long()
-    expect("seq_lens", args, layout=layout, message="expected dtype torch.int32")
+    for name in ("page_table", "seq_lens"):
+        args = small(layout)
+        args[name] = args[name].long()
+        expect(name, args, layout=layout, message="expected dtype torch.int32")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
