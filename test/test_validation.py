@@ -108,12 +108,25 @@ def test_every_named_backend_is_routed(backend, calls):
 # dtype, shape, device, contiguity
 # ---------------------------------------------------------------------------------------------
 
+# every tensor argument, changed in one property at a time
+TENSOR_MUTATIONS = {
+    "dtype": (wrong_dtype, "expected dtype"),
+    "contiguity": (noncontiguous, "expected a contiguous tensor"),
+}
+
+
+@pytest.mark.parametrize("mutation", TENSOR_MUTATIONS)
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_wrong_dtype(layout, no_kernel):
+def test_wrong_tensor_property(layout, mutation, no_kernel):
+    mutate, message = TENSOR_MUTATIONS[mutation]
     for name in present(layout):
         args = small(layout)
-        args[name] = wrong_dtype(args[name])
-        expect(name, args, layout=layout, message="expected dtype")
+        args[name] = mutate(args[name])
+        expect(name, args, layout=layout, message=message)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int64_page_table_and_lengths(layout, no_kernel):
     for name in ("page_table", "seq_lens"):
         args = small(layout)
         args[name] = args[name].long()
@@ -157,14 +170,6 @@ def test_wrong_device(layout, no_kernel):
     args["q"] = torch.empty_like(args["q"], device="meta")
     with pytest.raises(ValueError, match="expected device meta, got cpu"):
         call(args, layout=layout)
-
-
-@pytest.mark.parametrize("layout", LAYOUTS)
-def test_noncontiguous(layout, no_kernel):
-    for name in present(layout):
-        args = small(layout)
-        args[name] = noncontiguous(args[name])
-        expect(name, args, layout=layout, message="expected a contiguous tensor")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
