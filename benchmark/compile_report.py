@@ -61,7 +61,12 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
 
 def _compile(fn, sig, constexprs, arch, num_warps, num_stages):
     names = fn.arg_names
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()})
+    # A launch specialises every pointer to 16-byte alignment (torch allocations are aligned
+    # far beyond that); without the hint the loads compile unvectorised and never become
+    # cp.async, which misstates the loop the GPU runs.
+    aligned = {(names.index(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t.startswith("*")}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},
+                    attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
 
 

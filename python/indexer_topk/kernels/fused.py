@@ -152,21 +152,26 @@ def fused_topk_kernel(
             tl.atomic_xchg(claim0, 0, sem="relaxed")
             tl.atomic_xchg(claim1, 0, sem="relaxed")
             tl.debug_barrier()
-            due = zero + CAP // BLOCK_N  # blocks done when the counters are next read
-            for b in range(lo, hi, BLOCK_N):
-                pos, u0, u1, take0, take1 = _block_keys(
-                    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                    LAYOUT, BLOCK_N, INTERPRET,
-                )
-                claim(claim0, buf0_key, buf0_pos, u0, pos, take0, BLOCK_N)
-                claim(claim1, buf1_key, buf1_pos, u1, pos, take1, BLOCK_N)
-                done = (b - lo) // BLOCK_N + 1
-                if done == due:
-                    tl.debug_barrier()  # every claim and store of the program has landed
-                    cnt0, gate0 = cut_if_over(buf0_key, buf0_pos, claim0, gate0, CAP - BLOCK_N, TOPK, CAP)
-                    cnt1, gate1 = cut_if_over(buf1_key, buf1_pos, claim1, gate1, CAP - BLOCK_N, TOPK, CAP)
-                    due = done + tl.maximum((CAP - tl.maximum(cnt0, cnt1)) // BLOCK_N, 1)
-                    tl.debug_barrier()
+            # Runs of blocks with no barrier inside (so the key loads can be pipelined): a run
+            # is as many blocks as fit in the fuller buffer whatever they hold, then the
+            # counters are read and a buffer with fewer than BLOCK_N free slots is cut.
+            start = lo
+            run = CAP // BLOCK_N
+            while start < hi:
+                stop = tl.minimum(start + run * BLOCK_N, hi)
+                for b in range(start, stop, BLOCK_N):
+                    pos, u0, u1, take0, take1 = _block_keys(
+                        b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1,
+                        weight_scale, LAYOUT, BLOCK_N, INTERPRET,
+                    )
+                    claim(claim0, buf0_key, buf0_pos, u0, pos, take0, BLOCK_N)
+                    claim(claim1, buf1_key, buf1_pos, u1, pos, take1, BLOCK_N)
+                tl.debug_barrier()  # every claim and store of the program has landed
+                cnt0, gate0 = cut_if_over(buf0_key, buf0_pos, claim0, gate0, CAP - BLOCK_N, TOPK, CAP)
+                cnt1, gate1 = cut_if_over(buf1_key, buf1_pos, claim1, gate1, CAP - BLOCK_N, TOPK, CAP)
+                run = tl.maximum((CAP - tl.maximum(cnt0, cnt1)) // BLOCK_N, 1)
+                tl.debug_barrier()
+                start = stop
             tl.debug_barrier()
             cnt0, gate0 = cut_if_over(buf0_key, buf0_pos, claim0, gate0, TOPK, TOPK, CAP)
             cnt1, gate1 = cut_if_over(buf1_key, buf1_pos, claim1, gate1, TOPK, TOPK, CAP)
@@ -174,22 +179,23 @@ def fused_topk_kernel(
             order_by_position(buf0_key, buf0_pos, cnt0, TOPK)
             order_by_position(buf1_key, buf1_pos, cnt1, TOPK)
         elif STREAM_MODE == 1:
-            for b in range(lo, hi, BLOCK_N):
-                pos, u0, u1, _take0, _take1 = _block_keys(
-                    b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                    LAYOUT, BLOCK_N, INTERPRET,
-                )
-                j = ((b - lo) // BLOCK_N) % (STAGE_N // BLOCK_N)
-                lanes = j * BLOCK_N + tl.arange(0, BLOCK_N)
-                tl.store(stage0 + lanes, u0)
-                tl.store(stage1 + lanes, u1)
-                if (j == STAGE_N // BLOCK_N - 1) | (b + BLOCK_N >= hi):
-                    tl.debug_barrier()  # the whole strip, from every warp, is in place
-                    if not SCORE_ONLY:  # measurement variant: strips written, never read
-                        base = b - j * BLOCK_N
-                        cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
-                        cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
-                    tl.debug_barrier()  # no warp refills the strip before every warp has read it
+            # The strip's blocks are an inner loop with no barrier in it, so the compiler can
+            # software-pipeline the key loads (asynchronous copies issued blocks ahead); a
+            # barrier anywhere in a loop body rules that out.
+            for base in range(lo, hi, STAGE_N):
+                for b in range(base, tl.minimum(base + STAGE_N, hi), BLOCK_N):
+                    pos, u0, u1, _take0, _take1 = _block_keys(
+                        b, end0, end1, gate0, gate1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1,
+                        weight_scale, LAYOUT, BLOCK_N, INTERPRET,
+                    )
+                    lanes = (b - base) + tl.arange(0, BLOCK_N)
+                    tl.store(stage0 + lanes, u0)
+                    tl.store(stage1 + lanes, u1)
+                tl.debug_barrier()  # the whole strip, from every warp, is in place
+                if not SCORE_ONLY:  # measurement variant: strips written, never read
+                    cnt0, gate0 = _flush(stage0, buf0_key, buf0_pos, cnt0, gate0, base, end0, TOPK, CAP, STAGE_N)
+                    cnt1, gate1 = _flush(stage1, buf1_key, buf1_pos, cnt1, gate1, base, end1, TOPK, CAP, STAGE_N)
+                tl.debug_barrier()  # no warp refills the strip before every warp has read it
         else:
             # One innermost loop over the blocks (a nested loop scored measurably slower); a
             # buffer about to overflow is cut back in registers by the loop-free compact_tile.
