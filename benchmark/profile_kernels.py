@@ -61,7 +61,7 @@ def check_correctness(layout, topk, device, log):
     return rows
 
 
-def time_layout(layout, ctx, n_rows, topk, device, log, iters):
+def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
     from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
@@ -108,6 +108,8 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
             variants["fused_pool3k"] = lambda: fused_indexer_topk(
                 args, **kw, out=scratch_out, workspace=ws_big, pool=3 * topk)
         for name, fn in variants.items():
+            if only and name not in only:
+                continue
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
             mem = peak_memory_mib(fn, device)
@@ -115,10 +117,12 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters):
                        peak_mib=mem, wall_s=time.time() - t0)
             log(rec)
             recs.append(rec)
-        if pattern == "random":
-            eq = same_bits(out_f, out_l)
-            log(dict(layout=layout, pattern=pattern, fused_eq_legacy_full=eq, per_block_eq_legacy_full=same_bits(out_0, out_l),
-                claimed_eq_legacy_full=same_bits(out_2, out_l)))
+        if pattern == "random" and (not only or "legacy" in only):
+            legacy_indexer_topk(args, **kw, out=out_l)
+            ran = lambda name: not only or name in only  # noqa: E731
+            flags = dict(fused_eq_legacy_full=(ran("fused"), out_f), per_block_eq_legacy_full=(ran("fused_per_block"), out_0),
+                         claimed_eq_legacy_full=(ran("fused_claimed"), out_2))
+            log(dict(layout=layout, pattern=pattern, **{k: same_bits(o, out_l) for k, (r, o) in flags.items() if r}))
             stages = time_legacy_stages(w, iters=iters)
             for name, key in (("legacy_score", "score_ms"), ("legacy_select", "select_ms"), ("torch_topk", "torch_topk_ms")):
                 ms = stages[key]
@@ -173,6 +177,7 @@ def main(argv=None):
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip-check", action="store_true")
+    p.add_argument("--variants", nargs="*", default=[], help="time only these variants (default: all)")
     p.add_argument("--sweep", nargs="*", default=[], metavar="BN,WARPS,LEGACY_STAGES,FUSED_STAGES",
                    help="tile configs to time")
     p.add_argument("--sweep-layouts", nargs="*", default=[])
@@ -192,7 +197,7 @@ def main(argv=None):
         for layout in a.layouts:
             check_correctness(layout, a.topk, device, log)
     for layout in a.layouts:
-        time_layout(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters)
+        time_layout(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters, a.variants)
     for layout in a.sweep_layouts or a.layouts[:1]:
         if a.sweep:
             sweep_configs(layout, parse_tokens(a.context), a.rows, a.topk, device, log, a.iters, a.sweep)

@@ -26,8 +26,8 @@ class TileConfig:
 # One config per layout; the score tile's numerics depend only on (block_n, num_warps).
 TILE_CONFIGS = {
     Layout.SGLANG_FP8: TileConfig(),
-    Layout.SGLANG_MXFP4: TileConfig(),
-    Layout.AITER_MXFP4: TileConfig(),
+    Layout.SGLANG_MXFP4: TileConfig(fused_stages=1),
+    Layout.AITER_MXFP4: TileConfig(fused_stages=1),
 }
 
 SELECT_CHUNK = 1024
