@@ -178,7 +178,7 @@ def fused_indexer_topk(
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row
     (small pools force frequent cuts, which tests use). ``stream_mode`` 1 (default) stages each
     block's keys and appends survivors once per strip; 0 appends them after every block; 2 lets
-    each survivor claim a slot atomically (not yet measured on a GPU; see
+    each survivor claim a slot atomically (slower on the H200; see
     :mod:`indexer_topk.kernels.fused`). All give the same bits. ``score_only`` is a measurement
     variant that selects nothing (outputs are not valid): in stream mode 0 every block is
     scored and its largest key reduced; in stream mode 1 every block is scored and staged, and no

@@ -20,10 +20,14 @@ class TileConfig:
     block_n: int = 128
     num_warps: int = 4
     logits_stages: int = 3
+    # Software-pipelining depth of the fused kernel's scoring loop; 1 turns pipelining off.
     fused_stages: int = 2
 
 
 # One config per layout; the score tile's numerics depend only on (block_n, num_warps).
+# MXFP4 runs the fused loop unpipelined: on the H200 its pipelined loop spills inside the MMA
+# span and took 17.0 ms at the reference shape (benchmark/results/history/profile_63d894f.log),
+# unpipelined 14.7 ms (benchmark/results/profile_nvidia-h200.log).
 TILE_CONFIGS = {
     Layout.SGLANG_FP8: TileConfig(),
     Layout.SGLANG_MXFP4: TileConfig(fused_stages=1),
