@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability x10 (default 90, Hopper)")
     p.add_argument("--layouts", nargs="+", default=["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
     p.add_argument("--topk", type=int, default=1024)
+    p.add_argument("--fused-stages", type=int, default=None,
+                   help="pipelining depth of the fused kernel instead of the layout's tile config")
     a = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     print(f"triton {triton.__version__}, target sm_{a.arch}, topk {a.topk}")
@@ -120,7 +122,7 @@ def main(argv=None) -> int:
             plan = plan_fused(1024, a.topk, "cpu", 1, None, mode, cfg.block_n)
             const = plan.constexprs(ka.layout, cfg.block_n, score_only, False)
             k = _compile(fused_topk_kernel, _signature(fused_topk_kernel, tensors, constexprs=const), const, a.arch,
-                         cfg.num_warps, cfg.fused_stages)
+                         cfg.num_warps, a.fused_stages or cfg.fused_stages)
             name = f"fused mode {mode}" + (" score_only" if score_only else "")
             print(f"{layout:13s} {name:26s} {_report(k)}")
     return 0
