@@ -107,9 +107,9 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
                                  device=device)
             variants["fused_pool3k"] = lambda: fused_indexer_topk(
                 args, **kw, out=scratch_out, workspace=ws_big, pool=3 * topk)
-        for name, fn in variants.items():
-            if only and name not in only:
-                continue
+        timed = [name for name in variants if not only or name in only]
+        for name in timed:
+            fn = variants[name]
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
             mem = peak_memory_mib(fn, device)
@@ -117,12 +117,12 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
                        peak_mib=mem, wall_s=time.time() - t0)
             log(rec)
             recs.append(rec)
-        if pattern == "random" and (not only or "legacy" in only):
-            legacy_indexer_topk(args, **kw, out=out_l)
-            ran = lambda name: not only or name in only  # noqa: E731
-            flags = dict(fused_eq_legacy_full=(ran("fused"), out_f), per_block_eq_legacy_full=(ran("fused_per_block"), out_0),
-                         claimed_eq_legacy_full=(ran("fused_claimed"), out_2))
-            log(dict(layout=layout, pattern=pattern, **{k: same_bits(o, out_l) for k, (r, o) in flags.items() if r}))
+        if pattern == "random" and "legacy" in timed:
+            # the timed runs left their outputs in place: compare the selecting variants that ran
+            outputs = dict(fused_eq_legacy_full=("fused", out_f), per_block_eq_legacy_full=("fused_per_block", out_0),
+                           claimed_eq_legacy_full=("fused_claimed", out_2))
+            log(dict(layout=layout, pattern=pattern,
+                     **{flag: same_bits(out, out_l) for flag, (name, out) in outputs.items() if name in timed}))
             stages = time_legacy_stages(w, iters=iters)
             for name, key in (("legacy_score", "score_ms"), ("legacy_select", "select_ms"), ("torch_topk", "torch_topk_ms")):
                 ms = stages[key]

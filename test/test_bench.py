@@ -399,3 +399,18 @@ def test_fp8_gpu_tolerance_scales_with_the_row():
     assert mma_tolerance("sglang_mxfp4", "cuda", exp) == cpu
     cmp = compare_to_reference(got, exp, **mma_tolerance("sglang_fp8", "cuda", exp))
     assert cmp.value_rows == [1]  # row 0 within 2e-3 * 3.0 of the reference; row 1 is 1e-2 off
+
+
+def test_tolerance_overrides_replace_the_rule():
+    """A caller's rtol replaces the layout's rule; its atol is the floor of the FP8 per-row tolerance."""
+    from indexer_topk.compare import comparison_rule, mma_tolerance
+
+    vals = torch.tensor([[3.0, 0.5], [1e-6, 0.0]])
+    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
+    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
+    assert mma_tolerance("sglang_fp8", "cuda", exp, rtol=0.1, atol=0.5) == {"rtol": 0.1, "atol": 0.5}
+    assert mma_tolerance("sglang_mxfp4", "cpu", exp, atol=0.25) == {"rtol": compare.DEFAULT_RTOL, "atol": 0.25}
+    per_row = mma_tolerance("sglang_fp8", "cuda", exp, atol=1e-3)["atol"]
+    assert per_row.tolist() == pytest.approx([compare.FP8_MMA_RTOL * 3.0, 1e-3])
+    assert "sglang_fp8 on a GPU" in comparison_rule(device="cuda")
+    assert "sglang_fp8 on a GPU" not in comparison_rule(1e-3, device="cuda") + comparison_rule(device="cpu")

@@ -233,7 +233,7 @@ def cmd_demo(a, device) -> int:
     from rich.table import Table
 
     from .bench import BackendRun, run_backend, workload_record
-    from .compare import compare_to_reference, comparison_rule, reference_boundary_values
+    from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_boundary_values
     from .workload import make_workload
 
     on_gpu = device.type == "cuda"
@@ -281,7 +281,8 @@ def cmd_demo(a, device) -> int:
             for b, run in runs.items():
                 if b == "reference" or not run.ok:
                     continue
-                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table)
+                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=nxt, seq_lens=w.seq_lens,
+                                           page_table=w.page_table, **mma_tolerance(w.layout, device, ref.outputs))
                 run.record["matches_reference"] = cmp.ok
                 run.record["reference_comparison"] = cmp.summary()
             ref.record["matches_legacy"] = runs["legacy"].record.get("matches_reference") if baseline is not None else None
@@ -289,7 +290,7 @@ def cmd_demo(a, device) -> int:
 
     pol = _policy_summary(w.layout.value, w.topk)
     mem = _memory_statement(runs, w, device)
-    rule = comparison_rule()
+    rule = comparison_rule(device=device)
     failures = []
     for b, run in runs.items():
         r = run.record
@@ -487,7 +488,7 @@ def cmd_check(a, device) -> int:
 
     from . import allocate_result, indexer_topk
     from .bench import LAYOUTS, describe_exception, is_unavailable
-    from .compare import DEFAULT_RTOL, compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
+    from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
     from .workload import PATTERNS, make_workload
 
     backends = _choice_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
@@ -508,7 +509,7 @@ def cmd_check(a, device) -> int:
                 w = make_workload(layout, context_tokens=contexts, rows_per_request=rows, topk=a.topk,
                                   seed=a.seed, device=device, pattern=pattern)
                 expected, nxt = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
-                tol = mma_tolerance(layout, device, expected) if a.rtol is None else {"rtol": a.rtol, "atol": a.atol}
+                tol = mma_tolerance(layout, device, expected, rtol=a.rtol, atol=a.atol)
                 for b in backends:
                     entry = {"layout": layout, "pattern": pattern, "backend": b, "rows": w.rows, "c4_len": w.c4_len, "topk": w.topk}
                     try:
@@ -527,9 +528,7 @@ def cmd_check(a, device) -> int:
     bad = [r for r in results if r["status"] in ("mismatch", "error")]
     checked = [r for r in results if r["status"] in ("ok", "mismatch")]
     unavailable = sorted({f"{r['backend']} ({r['detail']})" for r in results if r["status"] == "unavailable"})
-    rule = comparison_rule(a.rtol if a.rtol is not None else DEFAULT_RTOL, a.atol)
-    if a.rtol is None and device.type != "cpu":
-        rule += "; sglang_fp8 on a GPU: rtol 2e-3 plus 2e-3 of the row's largest score (Hopper's fp8 MMA accumulator)"
+    rule = comparison_rule(a.rtol, a.atol, device)
     if a.json:
         print(json.dumps({"device": str(device), "rule": rule, "results": results, "ok": not bad}, indent=1, default=str))
         return 1 if bad else 0
