@@ -23,14 +23,13 @@ import time
 
 import torch
 
-from indexer_topk.bench import effective_tflops, parse_tokens, peak_memory_mib, time_call, time_legacy_stages
+from indexer_topk.bench import effective_tflops, median_ms, parse_tokens, peak_memory_mib, time_legacy_stages
 from indexer_topk.compare import bitwise_equal as same_bits
 
 
-def bench_ms(fn, warmup=3, iters=10):
-    """Median CUDA-event time of ``fn`` in ms (the benchmark harness's timer)."""
-    times = sorted(time_call(fn, warmup=warmup, iters=iters, device="cuda"))
-    return times[len(times) // 2]
+def bench_ms(fn, iters):
+    """Median CUDA-event time of ``fn`` in ms after three warm-up calls (the harness's timer)."""
+    return median_ms(fn, warmup=3, iters=iters, device="cuda")
 
 
 def check_correctness(layout, topk, device, log):
@@ -72,65 +71,56 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
         w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1,
                           device=device, pattern=pattern)
         args, kw = w.args(), w.kwargs()
-        c4_len = int(w.seq_lens.max())
-        out_l = allocate_result(w.rows, topk, device)
-        out_f = allocate_result(w.rows, topk, device)
-        ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
-
-        def run_fused():
-            fused_indexer_topk(args, **kw, out=out_f, workspace=ws)
-
-        def run_legacy():
-            legacy_indexer_topk(args, **kw, out=out_l)
-
-        ws0 = torch.empty(fused_workspace_size(w.rows, topk, layout, device, stream_mode=0), dtype=torch.uint8,
-                          device=device)
-        out_0 = allocate_result(w.rows, topk, device)
-        ws2 = torch.empty(fused_workspace_size(w.rows, topk, layout, device, stream_mode=2), dtype=torch.uint8,
-                          device=device)
-        out_2 = allocate_result(w.rows, topk, device)
-        scratch_out = allocate_result(w.rows, topk, device)
-        variants = {
-            "fused": run_fused,
-            "fused_per_block": lambda: fused_indexer_topk(args, **kw, out=out_0, workspace=ws0, stream_mode=0),
-            "fused_claimed": lambda: fused_indexer_topk(args, **kw, out=out_2, workspace=ws2, stream_mode=2),
-        }
+        # variant -> fused options (None: legacy); selecting variants keep their outputs for the
+        # bitwise check, the measurement variants (score_only, the oversized pool) share one
+        specs = {"fused": {}, "fused_per_block": dict(stream_mode=0), "fused_claimed": dict(stream_mode=2)}
         if pattern == "random":
-            variants["legacy"] = run_legacy
-            variants["fused_score_only"] = lambda: fused_indexer_topk(
-                args, **kw, out=scratch_out, workspace=ws0, score_only=True, stream_mode=0)
-            variants["fused_stage_only"] = lambda: fused_indexer_topk(
-                args, **kw, out=scratch_out, workspace=ws, score_only=True, stream_mode=1)
-            # a two-strip-longer buffer (4096 entries, 2048-key strips): half as many strips,
-            # over the 16 MiB scratch budget, so a measurement only
-            ws_big = torch.empty(fused_workspace_size(w.rows, topk, layout, device, pool=3 * topk), dtype=torch.uint8,
-                                 device=device)
-            variants["fused_pool3k"] = lambda: fused_indexer_topk(
-                args, **kw, out=scratch_out, workspace=ws_big, pool=3 * topk)
-        timed = [name for name in variants if not only or name in only]
+            specs.update({
+                "legacy": None,
+                "fused_score_only": dict(stream_mode=0, score_only=True),
+                "fused_stage_only": dict(stream_mode=1, score_only=True),
+                # a two-strip-longer buffer (4096 entries, 2048-key strips): half as many strips,
+                # over the 16 MiB scratch budget, so a measurement only
+                "fused_pool3k": dict(pool=3 * topk),
+            })
+        timed = [name for name in specs if not only or name in only]
+        outputs = {name: allocate_result(w.rows, topk, device) for name in timed
+                   if name in ("legacy", "fused", "fused_per_block", "fused_claimed")}
+        scratch_out = allocate_result(w.rows, topk, device)
+
+        def call(name):
+            opts, out = specs[name], outputs.get(name, scratch_out)
+            if opts is None:
+                return lambda: legacy_indexer_topk(args, **kw, out=out)
+            sizing = {k: v for k, v in opts.items() if k != "score_only"}
+            ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device, **sizing), dtype=torch.uint8,
+                             device=device)
+            return lambda: fused_indexer_topk(args, **kw, out=out, workspace=ws, **opts)
+
         for name in timed:
-            fn = variants[name]
+            fn = call(name)
             t0 = time.time()
             ms = bench_ms(fn, iters=iters)
             mem = peak_memory_mib(fn, device)
-            rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=effective_tflops(w.rows, c4_len, ms),
+            rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms, tflops=effective_tflops(w.rows, w.c4_len, ms),
                        peak_mib=mem, wall_s=time.time() - t0)
             log(rec)
             recs.append(rec)
+            fn = None  # its workspace goes before the next variant's
         if pattern == "random" and "legacy" in timed:
             # the timed runs left their outputs in place: compare the selecting variants that ran
-            outputs = dict(fused_eq_legacy_full=("fused", out_f), per_block_eq_legacy_full=("fused_per_block", out_0),
-                           claimed_eq_legacy_full=("fused_claimed", out_2))
-            log(dict(layout=layout, pattern=pattern,
-                     **{flag: same_bits(out, out_l) for flag, (name, out) in outputs.items() if name in timed}))
+            flags = dict(fused_eq_legacy_full="fused", per_block_eq_legacy_full="fused_per_block",
+                         claimed_eq_legacy_full="fused_claimed")
+            log(dict(layout=layout, pattern=pattern, **{flag: same_bits(outputs[name], outputs["legacy"])
+                                                        for flag, name in flags.items() if name in outputs}))
             stages = time_legacy_stages(w, iters=iters)
             for name, key in (("legacy_score", "score_ms"), ("legacy_select", "select_ms"), ("torch_topk", "torch_topk_ms")):
                 ms = stages[key]
                 rec = dict(layout=layout, pattern=pattern, variant=name, ms=ms,
-                           tflops=effective_tflops(w.rows, c4_len, ms) if name == "legacy_score" else None)
+                           tflops=effective_tflops(w.rows, w.c4_len, ms) if name == "legacy_score" else None)
                 log(rec)
                 recs.append(rec)
-        w = args = ws = ws0 = ws2 = None  # free the large inputs before the next workload
+        w = args = outputs = scratch_out = None  # free the large inputs before the next workload
         torch.cuda.empty_cache()
     return recs
 
@@ -145,7 +135,6 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
 
     w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1, device=device)
     args, kw = w.args(), w.kwargs()
-    c4_len = int(w.seq_lens.max())
     keys = torch.empty((w.rows, logits_width(w.page_table)), dtype=torch.int32, device=device)
     ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
     out_f = allocate_result(w.rows, topk, device)
@@ -160,8 +149,8 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
                 ms_f = bench_ms(lambda: fused_indexer_topk(args, **kw, out=out_f, workspace=ws), iters=iters)
                 legacy_indexer_topk(args, **kw, out=out_l)
                 rec = dict(layout=layout, pattern="random", variant=f"cfg {spec}", ms=ms_f,
-                           tflops=effective_tflops(w.rows, c4_len, ms_f), score_ms=ms_s,
-                           score_tflops=effective_tflops(w.rows, c4_len, ms_s), fused_eq_legacy_full=same_bits(out_f, out_l))
+                           tflops=effective_tflops(w.rows, w.c4_len, ms_f), score_ms=ms_s,
+                           score_tflops=effective_tflops(w.rows, w.c4_len, ms_s), fused_eq_legacy_full=same_bits(out_f, out_l))
             except Exception as e:  # a config that does not compile is a data point, not a crash
                 rec = dict(layout=layout, variant=f"cfg {spec}", error=repr(e)[:300])
             log(rec)

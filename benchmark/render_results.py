@@ -18,9 +18,6 @@ except ImportError:  # running from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
     import indexer_topk.bench as bench
 
-ENV_KEYS = ("gpu", "torch_version", "triton_version", "indexer_topk_version", "source_revision", "timestamp")
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("json", type=Path)
@@ -31,7 +28,7 @@ def main(argv=None) -> int:
     if not records:
         print(f"{a.json}: no records", file=sys.stderr)
         return 1
-    env = {k: records[0].get(k) for k in ENV_KEYS}
+    env = {k: records[0].get(k) for k in bench.ENV_KEYS}
     bench.write_markdown(records, a.json.with_suffix(".md"), env=env, command=a.command)
     bench.write_plot(records, a.json.with_suffix(".png"), title=f"indexer top-k on {env['gpu']}")
     print(f"wrote {a.json.with_suffix('.md')} and {a.json.with_suffix('.png')}")

@@ -414,3 +414,8 @@ def test_tolerance_overrides_replace_the_rule():
     assert per_row.tolist() == pytest.approx([compare.FP8_MMA_RTOL * 3.0, 1e-3])
     assert "sglang_fp8 on a GPU" in comparison_rule(device="cuda")
     assert "sglang_fp8 on a GPU" not in comparison_rule(1e-3, device="cuda") + comparison_rule(device="cpu")
+
+
+def test_environment_fields_are_the_declared_keys():
+    """render_results reads a run's environment by ENV_KEYS: the harness must write exactly those."""
+    assert tuple(bench.environment("cpu")) == bench.ENV_KEYS

@@ -172,6 +172,9 @@ def source_revision() -> Optional[str]:
     return proc.stdout.strip() or None if proc.returncode == 0 else None
 
 
+ENV_KEYS = ("gpu", "device", "torch_version", "triton_version", "indexer_topk_version", "source_revision", "timestamp")
+
+
 def environment(device) -> dict:
     """Fields every record carries: ``gpu``, ``device``, ``torch_version``, ``triton_version``,
     ``indexer_topk_version``, ``source_revision`` (git, when run from a checkout), ``timestamp``."""
@@ -224,6 +227,11 @@ def time_call(fn: Callable[[], object], *, warmup: int, iters: int, device) -> L
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
+
+
+def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, device) -> float:
+    """Median of :func:`time_call`'s per-call times, in ms."""
+    return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device))
 
 
 def peak_memory_mib(fn: Callable[[], object], device) -> Optional[float]:
@@ -430,12 +438,10 @@ def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=
         def select():
             legacy_select(logits, w.seq_lens, w.page_table, topk=w.topk, out=out, row_start=0)
 
-        def median_ms(fn) -> float:
-            return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device))
-
-        res["score_ms"] = median_ms(score)
-        res["select_ms"] = median_ms(select)
-        res["torch_topk_ms"] = median_ms(lambda: torch.topk(logits, w.topk, dim=1, sorted=False))
+        timing = dict(warmup=warmup, iters=iters, device=device)
+        res["score_ms"] = median_ms(score, **timing)
+        res["select_ms"] = median_ms(select, **timing)
+        res["torch_topk_ms"] = median_ms(lambda: torch.topk(logits, w.topk, dim=1, sorted=False), **timing)
     except Exception as exc:
         res["stage_error"] = failure_reason(exc)
     return res
