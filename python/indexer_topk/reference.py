@@ -71,25 +71,23 @@ def reference_indexer_topk(
     """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
     return reference_with_next(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-        weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block, with_next=False,
+        weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block,
     )[0]
 
 
 def reference_with_next(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
-    weight_scale=1.0, row_block=16, ctx_block=4096, with_next=True,
+    weight_scale=1.0, row_block=16, ctx_block=4096,
 ):
     """:func:`reference_indexer_topk` and, from the same pass, each row's ``(k+1)``-th best
-    score (float32 ``[rows]``, ``-inf`` where the row has at most ``topk`` positions; ``None``
-    without ``with_next``): the ``next_values`` of :func:`indexer_topk.compare.compare_to_reference`."""
+    score (float32 ``[rows]``, ``-inf`` where the row has at most ``topk`` positions): the ``next_values`` of :func:`indexer_topk.compare.compare_to_reference`."""
     layout = parse_layout(layout)
     dev = k_cache.device
     n_rows = q.shape[0]
-    keep = topk + 1 if with_next else topk
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
-    nxt = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev) if with_next else None
+    nxt = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
     counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
@@ -98,19 +96,18 @@ def reference_with_next(
         pt = page_table[rows].long()
         qf, w = _query_rows(layout, q, q_scale, weights, rows)
         longest = int(lens.max()) if len(rows) else 0
-        best = torch.full((len(rows), keep), neg, dtype=torch.int64, device=dev)
+        best = torch.full((len(rows), topk + 1), neg, dtype=torch.int64, device=dev)
         for c0 in range(0, longest, ctx_block):
             c1 = min(c0 + ctx_block, longest)
             s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, c0, c1)
             pos = torch.arange(c0, c1, device=dev).expand_as(s)
             keys = order_keys(s, pos)
             keys = torch.where(pos < lens[:, None], keys, torch.full_like(keys, neg))
-            best = torch.cat([best, keys], dim=1).topk(keep, dim=1, sorted=True).values
-        if with_next:
-            k1 = best[:, topk]
-            k1_vals = scores_from_ordered_bits((k1 >> 32).to(torch.int32))
-            nxt[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
-            best = best[:, :topk]
+            best = torch.cat([best, keys], dim=1).topk(topk + 1, dim=1, sorted=True).values
+        k1 = best[:, topk]
+        k1_vals = scores_from_ordered_bits((k1 >> 32).to(torch.int32))
+        nxt[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
+        best = best[:, :topk]
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
         # Long rows: best keys in descending order. Short rows hold every position in `best`:
