@@ -18,6 +18,7 @@ import torch
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
 from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance, reference_with_boundary
+from indexer_topk.formats import _aiter_scale_column
 from indexer_topk.contract import CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerTopKResult, Layout, order_keys
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
@@ -80,10 +81,7 @@ def reverse_row_pages(wl: Workload, row: int) -> Workload:
     page_table[row, :n] = torch.arange(
         first_new + n - 1, first_new - 1, -1, dtype=torch.int32, device=page_table.device
     )
-    return Workload(
-        wl.layout, wl.q, wl.q_scale, k_cache, k_scale, wl.weights, page_table.contiguous(), wl.seq_lens,
-        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
-    )
+    return dataclasses.replace(wl, k_cache=k_cache, k_scale=k_scale, page_table=page_table.contiguous())
 
 
 @functools.lru_cache(maxsize=None)
@@ -121,14 +119,13 @@ def with_extreme_keys(wl: Workload, kind: str, seed: int) -> Workload:
     k_scale = None if wl.k_scale is None else wl.k_scale.clone()
     dev = k_cache.device
     if kind == "huge_scale":
-        pos = (wl.seq_lens.long() // 2).clamp(min=0)
+        pos = wl.seq_lens.long() // 2
         live = wl.seq_lens > 0
         slots = (wl.page_table.long().gather(1, (pos // PAGE_SIZE)[:, None])[:, 0] * PAGE_SIZE + pos % PAGE_SIZE)[live]
         slots = slots.unique()
         page, off = slots // PAGE_SIZE, slots % PAGE_SIZE
         if wl.layout is Layout.SGLANG_FP8:
-            scales = k_cache.view(pages, -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]
-            scales[page, off] *= 2.0**100
+            fp8_key_scales(k_cache)[page, off] *= 2.0**100
         else:
             for chunk in range(4):
                 _set_exponents(wl.layout, k_cache, k_scale, page, off, torch.full_like(page, chunk), None, 100)
@@ -141,10 +138,12 @@ def with_extreme_keys(wl: Workload, kind: str, seed: int) -> Workload:
         _set_exponents(wl.layout, k_cache, k_scale, slot // PAGE_SIZE, slot % PAGE_SIZE, chunk, value, 0)
     else:
         raise ValueError(f"unknown extreme kind {kind!r}")
-    return Workload(
-        wl.layout, wl.q, wl.q_scale, k_cache, k_scale, wl.weights, wl.page_table, wl.seq_lens,
-        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
-    )
+    return dataclasses.replace(wl, k_cache=k_cache, k_scale=k_scale)
+
+
+def fp8_key_scales(k_cache: torch.Tensor) -> torch.Tensor:
+    """A view ``[pages, 64]`` of the fp32 per-key scales of an sglang_fp8 cache."""
+    return k_cache.view(k_cache.shape[0], -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]
 
 
 def _set_exponents(layout, k_cache, k_scale, page, off, chunk, value, add) -> None:
@@ -153,8 +152,8 @@ def _set_exponents(layout, k_cache, k_scale, page, off, chunk, value, add) -> No
     if layout is Layout.SGLANG_MXFP4:
         index = (page, PAGE_SIZE * 64 + off * 4 + chunk)
         target = k_cache
-    else:  # aiter_mxfp4: scales [pages, 1, 4, 64], slot s of a chunk at column (s % 16) * 4 + s // 16
-        index = (page, torch.zeros_like(page), chunk, (off % 16) * 4 + off // 16)
+    else:  # aiter_mxfp4: scales [pages, 1, 4, 64]
+        index = (page, torch.zeros_like(page), chunk, _aiter_scale_column(off))
         target = k_scale
     if value is None:
         target[index] = (target[index].long() + add).clamp(max=254).to(torch.uint8)
@@ -172,14 +171,11 @@ def with_nonfinite_key_scales(wl: Workload, fraction: float, seed: int) -> Workl
     slots = torch.randperm(pages * PAGE_SIZE, generator=gen)
     n = int(fraction * pages * PAGE_SIZE)
     k_cache = wl.k_cache.clone()
-    scales = k_cache.view(pages, -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]  # [pages, 64]
+    scales = fp8_key_scales(k_cache)
     for i, value in enumerate((float("inf"), float("-inf"), float("nan"))):
         chosen = slots[i * n : (i + 1) * n].to(k_cache.device)
         scales[chosen // PAGE_SIZE, chosen % PAGE_SIZE] = value
-    return Workload(
-        wl.layout, wl.q, wl.q_scale, k_cache, wl.k_scale, wl.weights, wl.page_table, wl.seq_lens,
-        wl.topk, wl.weight_scale, wl.context_tokens, wl.pattern,
-    )
+    return dataclasses.replace(wl, k_cache=k_cache)
 
 
 def without_rows(wl: Workload):
@@ -219,9 +215,11 @@ def legacy_result(case: Case, device: str) -> IndexerTopKResult:
 
 
 @functools.lru_cache(maxsize=None)
-def fused_result(case: Case, device: str, num_splits=None, pool=None) -> IndexerTopKResult:
-    """Fused outputs of ``case`` with a fresh workspace (cached: do not modify)."""
-    return run_fused(build(case, device), num_splits=num_splits, pool=pool)
+def fused_result(case: Case, device: str, num_splits=None, pool=None, stream_mode=None) -> IndexerTopKResult:
+    """Fused outputs of ``case`` with a fresh workspace (cached: do not modify); ``None``
+    leaves the backend's default."""
+    kw = {} if stream_mode is None else {"stream_mode": stream_mode}
+    return run_fused(build(case, device), num_splits=num_splits, pool=pool, **kw)
 
 
 @functools.lru_cache(maxsize=None)
@@ -318,11 +316,11 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     assert torch.equal(torch.signbit(a[both_zero]), torch.signbit(e[both_zero])), "sign of a zero score differs"
 
 
-def check_fused(case: Case, device: str, num_splits=None, pool=None, what: str = "fused vs legacy"):
-    """Fused (cached, with ``num_splits`` and ``pool``) keeps the contract and equals legacy bit
-    for bit; returns ``(workload, result)``."""
+def check_fused(case: Case, device: str, num_splits=None, pool=None, what: str = "fused vs legacy", stream_mode=None):
+    """Fused (cached, with ``num_splits``, ``pool`` and ``stream_mode``) keeps the contract and
+    equals legacy bit for bit; returns ``(workload, result)``."""
     wl = build(case, device)
-    res = fused_result(case, device, num_splits, pool)
+    res = fused_result(case, device, num_splits, pool, stream_mode)
     assert_contract(res, wl)
     assert_bitwise(res, legacy_result(case, device), what)
     return wl, res

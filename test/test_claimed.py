@@ -46,7 +46,7 @@ def _best(keys, pos, k):
 @pytest.mark.parametrize("keys_from", ["ties", "full_range"])
 @pytest.mark.parametrize("count", [65, 200, 256])
 def test_cut_of_a_shuffled_buffer(count, keys_from):
-    topk, cap, old_gate = 64, 256, -(2**31)
+    topk, cap, old_gate = 64, 256, -(2**31)  # the lowest gate: the cut alone raises it
     key_buf, pos_buf = _buffer(count, cap, keys_from, seed=count)
     keys, pos = key_buf[:count].clone(), pos_buf[:count].clone()
     counter = torch.tensor([count], dtype=torch.int32)
@@ -55,12 +55,16 @@ def test_cut_of_a_shuffled_buffer(count, keys_from):
     best = _best(keys, pos, topk)
     assert sorted(zip(key_buf[:topk].tolist(), pos_buf[:topk].tolist())) == sorted(best)
     assert int(counter) == topk
-    # the gate rises, never past the k-th key plus one (a later, higher position needs to beat
-    # the k-th strictly), and everything at or above it is either kept or can still enter
+    # the gate rises above every dropped key (none of them could have entered later either) and
+    # never past the k-th key plus one (a later, higher position needs to beat the k-th strictly)
     kth = best[-1][0]
-    assert old_gate <= int(gate) <= kth + 1
     dropped = set(zip(keys.tolist(), pos.tolist())) - set(best)
-    assert all(key <= kth for key, _ in dropped)
+    assert max(key for key, _ in dropped) < int(gate) <= kth + 1
+    # a gate already above the cut's stays: gates only rise
+    key_buf, pos_buf = _buffer(count, cap, keys_from, seed=count)
+    counter.fill_(count)
+    _cut_kernel[(1,)](key_buf, pos_buf, counter, gate, count, kth + 1, TOPK=topk, CAP=cap)
+    assert int(gate) == kth + 1
 
 
 @pytest.mark.parametrize("count", [0, 1, 37, 64])

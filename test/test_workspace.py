@@ -36,24 +36,23 @@ def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
     programs = 264
     want = 256 + 4 * (2 * programs * 2 * 2048 + programs * 2 * 1024)
     for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
-        assert fused_workspace_size(1024, 1024, layout, "cpu") == want
-    assert want <= 16 << 20
+        size = fused_workspace_size(1024, 1024, layout, "cpu")
+        assert size == want and size <= 16 << 20
     # the per-block stream needs no strip; the claimed-slot stream a counter per row slot instead
     no_strip = want - 4 * programs * 2 * 1024
     assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=0) == no_strip
     assert fused_workspace_size(1024, 1024, "sglang_fp8", "cpu", stream_mode=2) == no_strip + 4 * programs * 2
 
 
-@pytest.mark.parametrize("backend", ["fused"])
-def test_fused_workspace_too_small_or_misaligned(wl, backend, monkeypatch):
+def test_fused_workspace_too_small_or_misaligned(wl, monkeypatch):
     _refuse_kernels(monkeypatch)
     n = fused_workspace_size(wl.rows, wl.topk, wl.layout, "cpu")
     with pytest.raises(ValueError, match="^workspace: .* needed"):
-        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n - 1, dtype=torch.uint8))
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="fused", workspace=torch.zeros(n - 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="^workspace: must start"):
-        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n + 1, dtype=torch.uint8)[1:])
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="fused", workspace=torch.zeros(n + 1, dtype=torch.uint8)[1:])
     with pytest.raises(ValueError, match="^workspace: expected a uint8"):
-        it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, workspace=torch.zeros(n, dtype=torch.int8))
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="fused", workspace=torch.zeros(n, dtype=torch.int8))
 
 
 def test_legacy_workspace_needs_two_rows(wl, monkeypatch):
