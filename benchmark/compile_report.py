@@ -3,9 +3,9 @@
 
     python benchmark/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
-For the fused kernel in each stream mode (and its measurement variants), the legacy logits
-kernel and the selection kernel (legacy top-k and split merge), it prints registers per thread, stack (spilled registers), shared memory,
-counts of a few instructions in the PTX (barriers, atomics, wgmma, cp.async) and the
+For the fused kernel, the legacy logits kernel and the selection kernel (legacy top-k and split
+merge), it prints registers per thread, stack (spilled registers), shared memory, counts of a
+few instructions in the PTX (barriers, atomics, wgmma, cp.async, bulk tensor copies) and the
 local-memory loads and stores in the machine code, also those between the first and the last
 warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
 ``ptxas`` / ``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The
@@ -32,6 +32,7 @@ if importlib.util.find_spec("indexer_topk") is None:  # running from a checkout 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from indexer_topk.backends.fused import plan_fused  # noqa: E402
+from indexer_topk.contract import Layout  # noqa: E402
 from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
 from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config  # noqa: E402
 from indexer_topk.kernels.logits import logits_kernel  # noqa: E402
@@ -39,8 +40,7 @@ from indexer_topk.kernels.select import MODE_KEYS, MODE_SEGMENTS, select_rows_ke
 from indexer_topk.workload import make_workload  # noqa: E402
 
 POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
-# (stream mode, score_only): the fused variants the profile times
-FUSED_VARIANTS = [(0, True), (1, True), (0, False), (1, False), (2, False)]
+KEY_DESCRIPTOR = "tensordesc<fp8e4nv[1, 64, 128]>"  # what a launch with bulk copies passes as kdesc
 
 
 def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = None):
@@ -48,6 +48,8 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
     for name in fn.arg_names:
         if name in constexprs:
             sig[name] = "constexpr"
+        elif name == "kdesc":
+            sig[name] = KEY_DESCRIPTOR
         elif name in tensors:
             sig[name] = POINTER_TYPES[tensors[name].dtype]
         elif name in floats:
@@ -65,6 +67,9 @@ def _compile(fn, sig, constexprs, arch, num_warps, num_stages):
     # far beyond that); without the hint the loads compile unvectorised and never become
     # cp.async, which misstates the loop the GPU runs.
     aligned = {(names.index(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t.startswith("*")}
+    constexprs = dict(constexprs)
+    if sig.get("kdesc") == "constexpr":  # no descriptor: the kernel gathers keys with pointers
+        constexprs["kdesc"] = None
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs=aligned)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
@@ -80,7 +85,7 @@ def _report(kernel) -> str:
         sass = subprocess.run([cuobjdump, "--dump-sass", path], capture_output=True, text=True).stdout
     field = lambda key: re.search(rf"{key}:(\d+)", usage).group(1)  # noqa: E731
     ptx = kernel.asm["ptx"]
-    counts = {k: ptx.count(k) for k in ("bar.sync", "atom.", "wgmma.mma_async", "cp.async")}
+    counts = {k: ptx.count(k) for k in ("bar.sync", "atom.", "wgmma.mma_async", "cp.async.ca", "cp.async.bulk.tensor")}
     # local-memory traffic in the machine code: spills read and written, in all and between the
     # first and the last warpgroup MMA (the scoring part of the streaming loop)
     code = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4,}\*/", line)]
@@ -100,6 +105,7 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--fused-stages", type=int, default=None,
                    help="pipelining depth of the fused kernel instead of the layout's tile config")
+    p.add_argument("--no-tma", action="store_true", help="FP8 keys through pointer gathers, as without bulk copies")
     a = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     print(f"triton {triton.__version__}, target sm_{a.arch}, topk {a.topk}")
@@ -107,24 +113,29 @@ def main(argv=None) -> int:
         w = make_workload(layout, context_tokens=[2000], rows_per_request=[2], topk=32, seed=0, device="cpu")
         ka = pack_args(w.args(), w.layout)
         cfg = tile_config(w.layout)
+        tma = Layout(layout) is Layout.SGLANG_FP8 and not a.no_tma
         tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
-        const = dict(LAYOUT=ka.layout, BLOCK_N=cfg.block_n, INTERPRET=False)
+        const = dict(LAYOUT=ka.layout, R=cfg.rows, TMA=tma, INTERPRET=False, STAGES=cfg.logits_stages)
+        if not tma:
+            const["kdesc"] = None
         k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
                      cfg.num_warps, cfg.logits_stages)
-        print(f"{layout:13s} legacy logits              {_report(k)}")
+        print(f"{layout:13s} legacy logits   {_report(k)}")
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout
             for mode, splits, known_t, name in ((MODE_KEYS, 1, True, "legacy top-k"), (MODE_SEGMENTS, 8, False, "split merge")):
                 const = dict(MODE=mode, TOPK=a.topk, SPLITS=splits, CHUNK=SELECT_CHUNK, KNOWN_T=known_t)
                 k = _compile(select_rows_kernel, _signature(select_rows_kernel, {}, constexprs=const), const, a.arch,
                              SELECT_WARPS, 1)
-                print(f"{'any':13s} {name:26s} {_report(k)}")
-        for mode, score_only in FUSED_VARIANTS:
-            plan = plan_fused(1024, a.topk, "cpu", 1, None, mode, cfg.block_n)
-            const = plan.constexprs(ka.layout, cfg.block_n, score_only, False)
+                print(f"{'any':13s} {name:15s} {_report(k)}")
+        stages = a.fused_stages or cfg.fused_stages
+        for splits in (1, 8):
+            plan = plan_fused(1024, a.topk, "cpu", splits, None, cfg.rows)
+            const = plan.constexprs(ka.layout, tma, False, stages)
+            if not tma:
+                const["kdesc"] = None
             k = _compile(fused_topk_kernel, _signature(fused_topk_kernel, tensors, constexprs=const), const, a.arch,
-                         cfg.num_warps, a.fused_stages or cfg.fused_stages)
-            name = f"fused mode {mode}" + (" score_only" if score_only else "")
-            print(f"{layout:13s} {name:26s} {_report(k)}")
+                         cfg.num_warps, stages)
+            print(f"{layout:13s} {f'fused splits {splits}':15s} {_report(k)}")
     return 0
 
 

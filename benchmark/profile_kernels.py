@@ -6,11 +6,11 @@ Run on a GPU from the repository root::
 
 For each layout, on one DSv4-shaped prefill (one request, ``rows`` query tokens at the end of
 the context), it times side by side: the legacy path (total, score stage, top-k stage and
-``torch.topk(sorted=False)`` on the same logits), the fused path (stream mode 1, staged: the
-default; stream mode 0, an append after every block; stream mode 2, slots claimed atomically),
-the fused kernel with selection switched off (``score_only``: every block is scored, nothing
-selected) and the fused path on the increasing-score adversarial pattern. It also checks fused == legacy bitwise and
-legacy against the fp64 reference on a smaller ragged batch. Medians of CUDA-event timings.
+``torch.topk(sorted=False)`` on the same logits), the fused path, the fused path with a larger
+candidate pool (fewer cuts; over the scratch budget, so a measurement only) and the fused path
+on the increasing-score adversarial pattern. It also checks fused == legacy bitwise (default
+launch, four context splits, a one-page pool that forces a cut every page or two) and legacy
+against the fp64 reference on a smaller ragged batch. Medians of CUDA-event timings.
 """
 
 from __future__ import annotations
@@ -46,14 +46,12 @@ def check_correctness(layout, topk, device, log):
         leg = legacy_indexer_topk(args, **kw)
         fu = fused_indexer_topk(args, **kw)
         fu4 = fused_indexer_topk(args, **kw, num_splits=4)
-        fm0 = fused_indexer_topk(args, **kw, stream_mode=0)
-        fm2 = fused_indexer_topk(args, **kw, stream_mode=2)
+        fp = fused_indexer_topk(args, **kw, pool=64)
         ref, nxt = reference_with_boundary(args, topk=topk, layout=layout, weight_scale=w.weight_scale)
         cmp = compare_to_reference(leg, ref, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table,
                                    **mma_tolerance(layout, device, ref))
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
-                   fused_split4_eq_legacy=same_bits(fu4, leg), fused_mode0_eq_legacy=same_bits(fm0, leg),
-                   fused_mode2_eq_legacy=same_bits(fm2, leg),
+                   fused_split4_eq_legacy=same_bits(fu4, leg), fused_pool64_eq_legacy=same_bits(fp, leg),
                    legacy_vs_reference=cmp.ok, detail=cmp.summary())
         log(rec)
         rows.append(rec)
@@ -71,29 +69,22 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
         w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1,
                           device=device, pattern=pattern)
         args, kw = w.args(), w.kwargs()
-        # variant -> fused options (None: legacy); selecting variants keep their outputs for the
-        # bitwise check, the measurement variants (score_only, the oversized pool) share one
-        specs = {"fused": {}, "fused_per_block": dict(stream_mode=0), "fused_claimed": dict(stream_mode=2)}
+        # variant -> fused options (None: legacy); every variant keeps its outputs for the
+        # bitwise check
+        specs = {"fused": {}}
         if pattern == "random":
-            specs.update({
-                "legacy": None,
-                "fused_score_only": dict(stream_mode=0, score_only=True),
-                "fused_stage_only": dict(stream_mode=1, score_only=True),
-                # a two-strip-longer buffer (4096 entries, 2048-key strips): half as many strips,
-                # over the 16 MiB scratch budget, so a measurement only
-                "fused_pool3k": dict(pool=3 * topk),
-            })
+            # a buffer three times topk past it: fewer cuts and longer stretches between counter
+            # reads, over the 16 MiB scratch budget, so a measurement only
+            specs.update({"legacy": None, "fused_pool3k": dict(pool=3 * topk)})
         timed = [name for name in specs if not only or name in only]
-        outputs = {name: allocate_result(w.rows, topk, device) for name in timed
-                   if name in ("legacy", "fused", "fused_per_block", "fused_claimed")}
+        outputs = {name: allocate_result(w.rows, topk, device) for name in timed}
         scratch_out = allocate_result(w.rows, topk, device)
 
         def call(name):
             opts, out = specs[name], outputs.get(name, scratch_out)
             if opts is None:
                 return lambda: legacy_indexer_topk(args, **kw, out=out)
-            sizing = {k: v for k, v in opts.items() if k != "score_only"}
-            ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device, **sizing), dtype=torch.uint8,
+            ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device, **opts), dtype=torch.uint8,
                              device=device)
             return lambda: fused_indexer_topk(args, **kw, out=out, workspace=ws, **opts)
 
@@ -109,8 +100,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
             fn = None  # its workspace goes before the next variant's
         if pattern == "random" and "legacy" in timed:
             # the timed runs left their outputs in place: compare the selecting variants that ran
-            flags = dict(fused_eq_legacy_full="fused", per_block_eq_legacy_full="fused_per_block",
-                         claimed_eq_legacy_full="fused_claimed")
+            flags = dict(fused_eq_legacy_full="fused", pool3k_eq_legacy_full="fused_pool3k")
             log(dict(layout=layout, pattern=pattern, **{flag: same_bits(outputs[name], outputs["legacy"])
                                                         for flag, name in flags.items() if name in outputs}))
             stages = time_legacy_stages(w, iters=iters)
@@ -142,8 +132,8 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
     saved = launch.TILE_CONFIGS[Layout(layout)]
     try:
         for spec in configs:
-            bn, nw, ls, fs = (int(x) for x in spec.split(","))
-            launch.TILE_CONFIGS[Layout(layout)] = launch.TileConfig(bn, nw, ls, fs)
+            rows, nw, ls, fs = (int(x) for x in spec.split(","))
+            launch.TILE_CONFIGS[Layout(layout)] = launch.TileConfig(rows, nw, ls, fs)
             try:
                 ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=keys), iters=iters)
                 ms_f = bench_ms(lambda: fused_indexer_topk(args, **kw, out=out_f, workspace=ws), iters=iters)
@@ -167,7 +157,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--variants", nargs="*", default=[], help="time only these variants (default: all)")
-    p.add_argument("--sweep", nargs="*", default=[], metavar="BN,WARPS,LEGACY_STAGES,FUSED_STAGES",
+    p.add_argument("--sweep", nargs="*", default=[], metavar="ROWS,WARPS,LEGACY_STAGES,FUSED_STAGES",
                    help="tile configs to time")
     p.add_argument("--sweep-layouts", nargs="*", default=[])
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "profile.json"))
@@ -204,8 +194,7 @@ def main(argv=None):
             extra = f"  score {r['score_ms']:.3f} ms {r['score_tflops']:.0f} TF/s eq={r['fused_eq_legacy_full']}" if "score_ms" in r else ""
             print(f"{r['layout']:14s} {r['pattern']:11s} {r['variant']:18s} {r['ms']:8.3f} {tf:>8s} {pm:>9s}{extra}")
     flags = ("fused_eq_legacy", "fused_eq_legacy_full", "legacy_vs_reference", "fused_split4_eq_legacy",
-             "fused_mode0_eq_legacy", "per_block_eq_legacy_full",
-             "fused_mode2_eq_legacy", "claimed_eq_legacy_full")
+             "fused_pool64_eq_legacy", "pool3k_eq_legacy_full")
     bad = [r for r in records if any(r.get(f) is False for f in flags)]
     print(f"correctness failures: {len(bad)}")
     return 1 if bad else 0

@@ -201,11 +201,9 @@ def run_fused(wl: Workload, **kw) -> IndexerTopKResult:
 
 
 def small_pool(topk: int) -> int:
-    """The smallest candidate pool the fused backend takes: at least one 128-position block,
-    with ``topk + pool`` a power of two (the register-tile cut needs that). The buffer is then
-    cut back after every block or two."""
-    cap = 1 << (topk + 128 - 1).bit_length()
-    return cap - topk
+    """The smallest candidate pool the fused backend takes: one 64-key page. The buffer is then
+    cut back after every page or two."""
+    return 64
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,11 +213,10 @@ def legacy_result(case: Case, device: str) -> IndexerTopKResult:
 
 
 @functools.lru_cache(maxsize=None)
-def fused_result(case: Case, device: str, num_splits=None, pool=None, stream_mode=None) -> IndexerTopKResult:
+def fused_result(case: Case, device: str, num_splits=None, pool=None) -> IndexerTopKResult:
     """Fused outputs of ``case`` with a fresh workspace (cached: do not modify); ``None``
     leaves the backend's default."""
-    kw = {} if stream_mode is None else {"stream_mode": stream_mode}
-    return run_fused(build(case, device), num_splits=num_splits, pool=pool, **kw)
+    return run_fused(build(case, device), num_splits=num_splits, pool=pool)
 
 
 @functools.lru_cache(maxsize=None)
@@ -316,11 +313,11 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     assert torch.equal(torch.signbit(a[both_zero]), torch.signbit(e[both_zero])), "sign of a zero score differs"
 
 
-def check_fused(case: Case, device: str, num_splits=None, pool=None, what: str = "fused vs legacy", stream_mode=None):
-    """Fused (cached, with ``num_splits``, ``pool`` and ``stream_mode``) keeps the contract and
-    equals legacy bit for bit; returns ``(workload, result)``."""
+def check_fused(case: Case, device: str, num_splits=None, pool=None, what: str = "fused vs legacy"):
+    """Fused (cached, with ``num_splits`` and ``pool``) keeps the contract and equals legacy bit
+    for bit; returns ``(workload, result)``."""
     wl = build(case, device)
-    res = fused_result(case, device, num_splits, pool, stream_mode)
+    res = fused_result(case, device, num_splits, pool)
     assert_contract(res, wl)
     assert_bitwise(res, legacy_result(case, device), what)
     return wl, res

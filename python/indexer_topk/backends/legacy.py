@@ -78,11 +78,11 @@ def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_co
         return logits
     cfg = tile_config(layout)
     span = SCORE_SPAN
-    grid = (triton.cdiv(row_count, 2), triton.cdiv(width, span))
+    grid = (triton.cdiv(row_count, cfg.rows), triton.cdiv(width, span))
     logits_kernel[grid](
-        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.page_table, ka.page_table.stride(0), ka.seq_lens,
-        min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0), width, span,
-        LAYOUT=ka.layout, BLOCK_N=cfg.block_n, INTERPRET=ka.interpret,
+        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
+        ka.seq_lens, min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0),
+        width, span, LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
     return logits

@@ -1,37 +1,45 @@
-"""Host-side launch helpers shared by the Triton backends: argument packing and tile configs."""
+"""Host-side launch helpers shared by the Triton backends: argument packing, tile configs and
+the bulk-copy descriptor of the FP8 key cache."""
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
-from ..contract import Layout
+from ..contract import HEAD_DIM, PAGE_SIZE, Layout
 from ..envs import interpreting
 from .common import layout_id
+from .geometry import GEOMETRY
+
+try:  # host-side tensor descriptors (bulk tensor copies on Hopper and later)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except ImportError:  # older Triton: every layout gathers keys with pointer loads
+    TensorDescriptor = None
 
 
 @dataclass(frozen=True)
 class TileConfig:
-    """Score-tile shape. Legacy and fused kernels must use the same ``block_n`` and ``num_warps``
-    so that they issue the same MMA and reduction sequence and produce bitwise-equal scores."""
+    """Score-tile shape. Legacy and fused kernels must use the same ``rows`` and ``num_warps``
+    so that they issue the same MMA and reduction sequence and produce bitwise-equal scores.
 
-    block_n: int = 128
-    num_warps: int = 4
+    ``rows`` query rows share each key page (one MMA with N = rows * 64); ``*_stages`` are the
+    software-pipelining depths of the legacy and the fused scoring loops (1 turns it off).
+    """
+
+    rows: int = 4
+    num_warps: int = 8
     logits_stages: int = 3
-    # Software-pipelining depth of the fused kernel's scoring loop; 1 turns pipelining off.
-    fused_stages: int = 2
+    fused_stages: int = 3
 
 
-# One config per layout; the score tile's numerics depend only on (block_n, num_warps).
-# MXFP4 runs the fused loop unpipelined: on the H200 its pipelined loop spills inside the MMA
-# span and took 17.0 ms at the reference shape (benchmark/results/history/profile_63d894f.log),
-# unpipelined 14.7 ms (benchmark/results/profile_nvidia-h200.log).
+# One config per layout; the score tile's numerics depend only on (rows, num_warps).
 TILE_CONFIGS = {
     Layout.SGLANG_FP8: TileConfig(),
-    Layout.SGLANG_MXFP4: TileConfig(fused_stages=1),
-    Layout.AITER_MXFP4: TileConfig(fused_stages=1),
+    Layout.SGLANG_MXFP4: TileConfig(),
+    Layout.AITER_MXFP4: TileConfig(),
 }
 
 SELECT_CHUNK = 1024
@@ -56,6 +64,15 @@ class KernelArgs:
     seq_lens: torch.Tensor
     layout: int
     interpret: bool
+    kdesc: Optional[object] = None  # TensorDescriptor of the FP8 key pages, or None (pointer loads)
+
+    @property
+    def pages(self) -> int:
+        return self.kc.shape[0]
+
+    @property
+    def tma(self) -> bool:
+        return self.kdesc is not None
 
 
 def pack_args(args, layout: Layout) -> KernelArgs:
@@ -65,7 +82,32 @@ def pack_args(args, layout: Layout) -> KernelArgs:
     qs = q_scale.view(torch.uint8) if q_scale is not None else qb
     kf = k_cache.view(torch.float32) if layout is Layout.SGLANG_FP8 else k_cache
     ks = k_scale if k_scale is not None else k_cache
-    return KernelArgs(qb, qs, weights, k_cache, kf, ks, page_table, seq_lens, layout_id(layout), interpreting())
+    interpret = interpreting()
+    kdesc = key_descriptor(k_cache, layout) if not interpret else None
+    return KernelArgs(qb, qs, weights, k_cache, kf, ks, page_table, seq_lens, layout_id(layout), interpret, kdesc)
+
+
+def bulk_copies_available(device) -> bool:
+    """Whether kernels on ``device`` can take a key page with one bulk tensor copy: an NVIDIA
+    GPU of compute capability 9.0 or later and a Triton with host tensor descriptors."""
+    device = torch.device(device)
+    if TensorDescriptor is None or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def key_descriptor(k_cache: torch.Tensor, layout: Layout):
+    """The FP8 key pages as a ``[pages, 64, 128]`` e4m3 tensor descriptor with one page per copy,
+    or None where bulk copies are unavailable (other layouts, other devices, an unaligned cache).
+    Pages outside the cache read as zeros through a descriptor."""
+    if Layout(layout) is not Layout.SGLANG_FP8 or k_cache.shape[0] == 0 or not bulk_copies_available(k_cache.device):
+        return None
+    if k_cache.data_ptr() % 16:
+        return None
+    pages = k_cache.shape[0]
+    page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
+    view = k_cache.as_strided((pages, PAGE_SIZE, HEAD_DIM), (page_bytes, HEAD_DIM, 1)).view(torch.float8_e4m3fn)
+    return TensorDescriptor(view, [pages, PAGE_SIZE, HEAD_DIM], [page_bytes, HEAD_DIM, 1], [1, PAGE_SIZE, HEAD_DIM])
 
 
 def device_sm_count(device) -> int:

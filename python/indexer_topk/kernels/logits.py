@@ -10,45 +10,59 @@ import triton
 import triton.language as tl
 
 from .common import KEY_MIN, ordered_key
-from .score import load_row_pair, score_pair
+from .geometry import PAGE
+from .score import group_rows, load_queries, pages_agree, score_page
+
+AGREE_CHUNK = tl.constexpr(256)
+
+
+@triton.jit
+def _score_span(
+    lo, hi, end, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
+    out_ptrs, live, R: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+    UNIFORM: tl.constexpr, STAGES: tl.constexpr,
+):
+    for b in tl.range(lo, hi, PAGE, num_stages=STAGES):
+        s = score_page(
+            b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
+            R, LAYOUT, TMA, INTERPRET, UNIFORM,
+        )
+        pos = b + tl.arange(0, PAGE)[:, None]
+        key = tl.where(pos < ends[None, :], ordered_key(s), KEY_MIN)
+        tl.store(out_ptrs + pos, key, mask=live & (pos < end))
 
 
 @triton.jit
 def logits_kernel(
-    q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
+    q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
     weight_scale, keys, stride_keys, width, span,
-    LAYOUT: tl.constexpr, BLOCK_N: tl.constexpr, INTERPRET: tl.constexpr,
+    LAYOUT: tl.constexpr, R: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Program (pair, chunk): keys of rows ``row_start + 2 * pair + {0, 1}`` over one span."""
-    pair = tl.program_id(0)
-    chunk = tl.program_id(1)
-    r0 = row_start + pair * 2
-    r1 = r0 + 1
-    v1 = r1 < n_rows
-    len0 = tl.load(seq_lens + r0)
-    len1 = tl.load(seq_lens + r1, mask=v1, other=0)
-    lo = chunk * span
+    """Program (group, chunk): keys of rows ``row_start + R * group + (0 .. R-1)`` over one span
+    of positions; rows at or past ``n_rows`` are not written."""
+    r0 = row_start + tl.program_id(0) * R
+    lo = tl.program_id(1) * span
     end = tl.minimum(lo + span, width)
-    hi = tl.minimum(end, tl.maximum(len0, len1))
-    end1 = tl.where(v1, end, 0)  # row 1 may not exist
-    out0 = keys + (r0 - row_start).to(tl.int64) * stride_keys
-    out1 = out0 + stride_keys
+    ends, hi, lead = group_rows(seq_lens, r0, n_rows, lo, end, R)
+    rows = r0 + tl.arange(0, R)
+    out_ptrs = keys + (rows - row_start).to(tl.int64)[None, :] * stride_keys
+    live = (rows < n_rows)[None, :]
     scored_to = lo
     if lo < hi:
-        qt0, qt1, w0, w1, pt0, pt1 = load_row_pair(
-            q_ptr, qs_ptr, w_ptr, pt_ptr, stride_pt, r0, n_rows, LAYOUT, INTERPRET
-        )
-        for b in range(lo, hi, BLOCK_N):
-            pos = b + tl.arange(0, BLOCK_N)
-            s0, s1 = score_pair(
-                pos, len0, len1, pt0, pt1, kc_ptr, kf_ptr, ks_ptr, qt0, qt1, w0, w1, weight_scale,
-                LAYOUT, INTERPRET,
+        qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
+        pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
+        if pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R, AGREE_CHUNK):
+            _score_span(
+                lo, hi, end, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w,
+                weight_scale, out_ptrs, live, R, LAYOUT, TMA, INTERPRET, True, STAGES,
             )
-            tl.store(out0 + pos, tl.where(pos < len0, ordered_key(s0), KEY_MIN), mask=pos < end)
-            tl.store(out1 + pos, tl.where(pos < len1, ordered_key(s1), KEY_MIN), mask=pos < end1)
-        scored_to = lo + tl.cdiv(hi - lo, BLOCK_N) * BLOCK_N
-    pad = tl.full([BLOCK_N], KEY_MIN, tl.int32)
-    for b in range(scored_to, end, BLOCK_N):
-        pos = b + tl.arange(0, BLOCK_N)
-        tl.store(out0 + pos, pad, mask=pos < end)
-        tl.store(out1 + pos, pad, mask=pos < end1)
+        else:
+            _score_span(
+                lo, hi, end, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w,
+                weight_scale, out_ptrs, live, R, LAYOUT, TMA, INTERPRET, False, 1,
+            )
+        scored_to = lo + tl.cdiv(hi - lo, PAGE) * PAGE
+    pad = tl.full([PAGE, R], KEY_MIN, tl.int32)
+    for b in range(scored_to, end, PAGE):
+        pos = b + tl.arange(0, PAGE)[:, None]
+        tl.store(out_ptrs + pos, pad, mask=live & (pos < end))

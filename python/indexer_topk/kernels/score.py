@@ -1,170 +1,238 @@
-"""The shared score tile: one function both the legacy and the fused kernel call.
+"""The shared score tile: the functions both the legacy and the fused kernel score with.
 
-Math (per query row ``r``, key position ``j``)::
+Math, for a group of ``R`` query rows ``r`` and one page of 64 keys ``j``::
 
-    acc[j, h]  = sum_d k[j, d] * q[r, h, d]              # one MMA, keys on the M side
-    score[j]   = sum_h weights[r, h] * relu(acc[j, h])   # fp32, in registers
-    score[j]  *= k_scale[j]                              # sglang_fp8 only
-    score[j]  *= weight_scale
+    acc[j, (r, h)] = sum_d k[j, d] * q[r, h, d]              # one MMA: M = 64 keys, N = R * 64
+    score[j, r]    = sum_h weights[r, h] * relu(acc[j, (r, h)]) + 0.0
+    score[j, r]   *= k_scale[j]                              # sglang_fp8 only
+    score[j, r]   *= weight_scale
 
-Keys sit on the MMA's M side so the 64-head reduction runs along N, inside a thread and its
-quad, instead of across warps. A program scores a pair of query rows against one key tile:
-in a prefill the rows of a request share its page-table row, so the tile is loaded once for
-both; where the two rows disagree on a page the block needs, row 1 is rescored from its own
-pages. Each row has its own MMA, so a row's scores never depend on its partner, and the two
-kernels that call this tile with the same ``BLOCK_N`` and warp count produce bitwise-equal
-scores.
+Keys sit on the MMA's M side and the ``R`` rows of a group share one MMA along N, so each key
+page is read once for ``R * 64`` query heads, and the 64-head reduction runs along N, inside a
+thread and its quad, never across warps. A page of 64 keys is the natural tile: contiguous in
+every layout, so on a GPU the FP8 page arrives with one bulk tensor copy (a ``TensorDescriptor``
+over ``[pages, 64, 128]``, see :func:`indexer_topk.kernels.launch.key_descriptor`).
 
-MXFP4: the query is widened once per row to bf16 with its 2**e block scales folded in (exact:
-an e2m1 value times a power of two has at most two significant bits); key tiles go to
-``tl.dot_scaled`` as packed e2m1 with their ue8m0 scales, which widens them the same exact way
-inside the MMA pipeline. FP8 operands feed the fp8 MMA directly. Under the Triton interpreter
-every operand is widened to fp32 by hand, because the interpreter's bf16 dot is unreliable.
+Bitwise agreement: an MMA output element depends only on its key and its query head, and the
+head reduction only on the tile's layout, so a row's scores are the same bits whichever rows
+share its group, whenever two kernels use the same ``R`` and warp count. Both kernels take them
+from :func:`indexer_topk.kernels.launch.tile_config`.
+
+``relu`` keeps NaN (a NaN dot gives a NaN score, as in the reference); the ``+ 0.0`` makes a sum
+of only ``-0`` terms ``+0``, so the sign of a zero never depends on how ``relu`` treats ``-0``.
+
+MXFP4: the query is widened once per group to bf16 with its 2**e block scales folded in (exact:
+an e2m1 value times a power of two has at most two significant bits); key pages go to
+``tl.dot_scaled`` as packed e2m1 with their ue8m0 scales, which widens them the same exact way.
+FP8 operands feed the fp8 MMA directly. Under the Triton interpreter every operand is widened to
+fp32 by hand, because the interpreter's bf16 dot is unreliable.
 """
 
 import triton
 import triton.language as tl
 
-from .common import e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32
+from .common import LAYOUT_AITER_MXFP4, LAYOUT_SGLANG_FP8, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32
+from .geometry import (
+    AI4_CHUNK_STRIDE,
+    AI4_INTERLEAVE,
+    AI4_PAGE_BYTES,
+    AI4_PIECE,
+    AI4_SCALE_PAGE,
+    DIM,
+    FP8_PAGE_BYTES,
+    FP8_PAGE_WORDS,
+    FP8_Q_ROW,
+    FP8_SCALE_WORD,
+    GROUP,
+    MX_Q_ROW,
+    MX_Q_SCALE_ROW,
+    NCHUNKS,
+    NHEADS,
+    PAGE,
+    PDIM,
+    SG4_PAGE_BYTES,
+    SG4_SCALE_OFFSET,
+)
+
+FP8 = tl.constexpr(LAYOUT_SGLANG_FP8)
+AITER = tl.constexpr(LAYOUT_AITER_MXFP4)
 
 
 @triton.jit
-def load_query_t(q_ptr, qs_ptr, row, rvalid, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """Query row ``row`` as the MMA's B operand: ``[128 (d), 64 (h)]``."""
-    d = tl.arange(0, 128)[:, None]
-    h = tl.arange(0, 64)[None, :]
-    row64 = row.to(tl.int64)
-    rvalid = (d * 0 + h * 0 + rvalid.to(tl.int32)) != 0  # a full-shape mask
-    if LAYOUT == 2:
-        raw = tl.load(q_ptr + row64 * 8192 + h * 128 + d, mask=rvalid, other=0)
+def load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R: tl.constexpr, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
+    """Rows ``r0 .. r0 + R - 1`` as the MMA's B operand ``[128 (d), R * 64 (row, head)]`` and
+    their weights ``[R * 64]`` fp32; rows at or past ``n_rows`` are zeros."""
+    d = tl.arange(0, DIM)[:, None]
+    col = tl.arange(0, R * NHEADS)[None, :]
+    row = (r0 + col // NHEADS).to(tl.int64)
+    h = col % NHEADS
+    valid = (d * 0 + row) < n_rows
+    if LAYOUT == FP8:
+        raw = tl.load(q_ptr + row * FP8_Q_ROW + h * DIM + d, mask=valid, other=0)
         if INTERPRET:
             qt = e4m3_to_f32(raw.to(tl.int32))
         else:
             qt = raw.to(tl.float8e4nv, bitcast=True)
     else:
-        byte = tl.load(q_ptr + row64 * 4096 + h * 64 + d // 2, mask=rvalid, other=0).to(tl.int32)
+        byte = tl.load(q_ptr + row * MX_Q_ROW + h * PDIM + d // 2, mask=valid, other=0).to(tl.int32)
         code = (byte >> ((d & 1) * 4)) & 0xF
-        chunk = d // 32
-        if LAYOUT == 0:
-            sidx = chunk * 64 + (h % 16) * 4 + h // 16
+        chunk = d // GROUP
+        if LAYOUT == AITER:
+            sidx = chunk * NHEADS + (h % AI4_INTERLEAVE) * NCHUNKS + h // AI4_INTERLEAVE
         else:
-            sidx = h * 4 + chunk
-        e = tl.load(qs_ptr + row64 * 256 + sidx, mask=rvalid, other=127).to(tl.int32)
+            sidx = h * NCHUNKS + chunk
+        e = tl.load(qs_ptr + row * MX_Q_SCALE_ROW + sidx, mask=valid, other=127).to(tl.int32)
         qt = e2m1_to_f32(code) * ue8m0_to_f32(e)
         if not INTERPRET:
             qt = qt.to(tl.bfloat16)
-    return qt
+    wrow = r0 + tl.arange(0, R * NHEADS) // NHEADS
+    w = tl.load(w_ptr + wrow.to(tl.int64) * NHEADS + tl.arange(0, R * NHEADS) % NHEADS, mask=wrow < n_rows, other=0)
+    return qt, w.to(tl.float32)
 
 
 @triton.jit
-def load_weights(w_ptr, row, rvalid):
-    h = tl.arange(0, 64)
-    m = (h * 0 + rvalid.to(tl.int32)) != 0
-    return tl.load(w_ptr + row.to(tl.int64) * 64 + h, mask=m, other=0).to(tl.float32)
+def load_page(
+    kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """The 64 keys of ``page``: ``(operand, block scales, [64] fp32 key scale)``. A page id outside
+    ``[0, n_pages)`` (possible only with the value checks off) reads as zeros, never outside the cache.
 
-
-@triton.jit
-def load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, m, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """Keys at (page, off) for a block: ``(operand, block scales, [BLOCK_N] fp32 key scale)``.
-
-    FP8: the e4m3 tile ``[BLOCK_N, 128]`` and the per-key fp32 scale. MXFP4 on a GPU: the packed
-    e2m1 tile ``[BLOCK_N, 64]`` and its ue8m0 scales ``[BLOCK_N, 4]`` for ``tl.dot_scaled``;
-    under the interpreter: the widened fp32 tile (scales folded in).
+    FP8: the e4m3 tile ``[64, 128]`` (one bulk copy through ``kdesc`` when ``TMA``) and the
+    per-key fp32 scale. MXFP4 on a GPU: the packed e2m1 tile ``[64, 64]`` and its ue8m0 scales
+    ``[64, 4]`` for ``tl.dot_scaled``; under the interpreter: the widened fp32 tile (scales
+    folded in). The unused outputs are placeholders.
     """
-    page64 = page.to(tl.int64)[:, None]
-    o = off[:, None]
-    mm = m[:, None]
-    ones = tl.full(off.shape, 1.0, tl.float32)
-    if LAYOUT == 2:
-        d = tl.arange(0, 128)[None, :]
-        raw = tl.load(kc_ptr + page64 * 8448 + o * 128 + d, mask=mm, other=0)
-        if INTERPRET:
-            k = e4m3_to_f32(raw.to(tl.int32))
+    ok = (page >= 0) & (page < n_pages)
+    page64 = tl.where(ok, page, 0).to(tl.int64)
+    o = tl.arange(0, PAGE)[:, None]
+    m = (o * 0 + ok.to(tl.int32)) != 0  # full-shape masks
+    m1 = (tl.arange(0, PAGE) * 0 + ok.to(tl.int32)) != 0
+    ones = tl.full([PAGE], 1.0, tl.float32)
+    if LAYOUT == FP8:
+        kscale = tl.load(kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + tl.arange(0, PAGE), mask=m1, other=0.0)
+        if TMA:
+            k = tl.reshape(kdesc.load([page, 0, 0]), [PAGE, DIM])
         else:
-            k = raw.to(tl.float8e4nv, bitcast=True)
-        kscale = tl.load(kf_ptr + page.to(tl.int64) * 2112 + 2048 + off, mask=m, other=0.0)
-        return k, raw, kscale
+            d = tl.arange(0, DIM)[None, :]
+            raw = tl.load(kc_ptr + page64 * FP8_PAGE_BYTES + o * DIM + d, mask=m, other=0)
+            if INTERPRET:
+                k = e4m3_to_f32(raw.to(tl.int32))
+            else:
+                k = raw.to(tl.float8e4nv, bitcast=True)
+        return k, kscale, kscale
     elif INTERPRET:
-        d = tl.arange(0, 128)[None, :]
-        if LAYOUT == 0:
-            pay = page64 * 4096 + (d // 32) * 1024 + o * 16 + (d % 32) // 2
-            sc = tl.load(ks_ptr + page64 * 256 + (d // 32) * 64 + (o % 16) * 4 + o // 16, mask=mm, other=127)
+        d = tl.arange(0, DIM)[None, :]
+        c = d // GROUP
+        if LAYOUT == AITER:
+            pay = page64 * AI4_PAGE_BYTES + c * AI4_CHUNK_STRIDE + o * AI4_PIECE + (d % GROUP) // 2
+            sc = tl.load(
+                ks_ptr + page64 * AI4_SCALE_PAGE + c * PAGE + (o % AI4_INTERLEAVE) * NCHUNKS + o // AI4_INTERLEAVE,
+                mask=m, other=127,
+            )
         else:
-            pay = page64 * 4352 + o * 64 + d // 2
-            sc = tl.load(kc_ptr + page64 * 4352 + 4096 + o * 4 + d // 32, mask=mm, other=127)
-        byte = tl.load(kc_ptr + pay, mask=mm, other=0).to(tl.int32)
+            pay = page64 * SG4_PAGE_BYTES + o * PDIM + d // 2
+            sc = tl.load(kc_ptr + page64 * SG4_PAGE_BYTES + SG4_SCALE_OFFSET + o * NCHUNKS + c, mask=m, other=127)
+        byte = tl.load(kc_ptr + pay, mask=m, other=0).to(tl.int32)
         code = (byte >> ((d & 1) * 4)) & 0xF
         k = e2m1_to_f32(code) * ue8m0_to_f32(sc.to(tl.int32))
         return k, byte, ones
     else:
-        j = tl.arange(0, 64)[None, :]  # payload byte
-        c = tl.arange(0, 4)[None, :]  # 32-wide chunk
-        if LAYOUT == 0:
-            packed = tl.load(kc_ptr + page64 * 4096 + (j // 16) * 1024 + o * 16 + j % 16, mask=mm, other=0)
-            scales = tl.load(ks_ptr + page64 * 256 + c * 64 + (o % 16) * 4 + o // 16, mask=mm, other=127)
+        j = tl.arange(0, PDIM)[None, :]  # payload byte
+        c = tl.arange(0, NCHUNKS)[None, :]
+        if LAYOUT == AITER:
+            packed = tl.load(
+                kc_ptr + page64 * AI4_PAGE_BYTES + (j // AI4_PIECE) * AI4_CHUNK_STRIDE + o * AI4_PIECE + j % AI4_PIECE,
+                mask=m, other=0,
+            )
+            scales = tl.load(
+                ks_ptr + page64 * AI4_SCALE_PAGE + c * PAGE + (o % AI4_INTERLEAVE) * NCHUNKS + o // AI4_INTERLEAVE,
+                mask=m, other=127,
+            )
         else:
-            packed = tl.load(kc_ptr + page64 * 4352 + o * 64 + j, mask=mm, other=0)
-            scales = tl.load(kc_ptr + page64 * 4352 + 4096 + o * 4 + c, mask=mm, other=127)
+            packed = tl.load(kc_ptr + page64 * SG4_PAGE_BYTES + o * PDIM + j, mask=m, other=0)
+            scales = tl.load(kc_ptr + page64 * SG4_PAGE_BYTES + SG4_SCALE_OFFSET + o * NCHUNKS + c, mask=m, other=127)
         return packed, scales, ones
 
 
 @triton.jit
-def row_scores(k, kblk, kscale, qt, w, weight_scale, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """``[BLOCK_N]`` fp32 scores of one query row against a key tile (see :func:`load_key_tile`)."""
+def page_scores(
+    k, kblk, kscale, qt, w, weight_scale,
+    R: tl.constexpr, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr,
+):
+    """``[64, R]`` fp32 scores of the group's rows against one key page (see :func:`load_page`)."""
     if INTERPRET:
         acc = tl.dot(k, qt, input_precision="ieee", out_dtype=tl.float32)
-    elif LAYOUT == 2:
+    elif LAYOUT == FP8:
         acc = tl.dot(k, qt, out_dtype=tl.float32)
     else:
-        # e2m1 keys with ue8m0 block scales against the bf16 query (its scales already folded)
+        # e2m1 keys with ue8m0 block scales against the bf16 queries (their scales folded)
         acc = tl.dot_scaled(k, kblk, "e2m1", qt, None, "bf16", out_dtype=tl.float32)
-    # relu that keeps NaN (a NaN dot must give a NaN score, as in the reference)
-    acc = tl.where(acc < 0, 0.0, acc)
-    # + 0.0: a head sum of only -0 terms is +0, as in the reference's sum
-    s = tl.sum(acc * w[None, :], axis=1) + 0.0
-    if LAYOUT == 2:
-        s = s * kscale
+    acc = tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
+    s = tl.sum(tl.reshape(acc * w[None, :], [PAGE, R, NHEADS]), axis=2) + 0.0
+    if LAYOUT == FP8:
+        s = s * kscale[:, None]
     return s * weight_scale
 
 
 @triton.jit
-def load_row_pair(q_ptr, qs_ptr, w_ptr, pt_ptr, stride_pt, r0, n_rows, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr):
-    """What a program keeps for its row pair ``(r0, r0 + 1)``: both queries as MMA operands,
-    their weights and page-table rows (row 1 may not exist: zeros, and row 0's page table)."""
-    r1 = r0 + 1
-    v1 = r1 < n_rows
-    qt0 = load_query_t(q_ptr, qs_ptr, r0, r0 < n_rows, LAYOUT, INTERPRET)
-    qt1 = load_query_t(q_ptr, qs_ptr, r1, v1, LAYOUT, INTERPRET)
-    w0 = load_weights(w_ptr, r0, r0 < n_rows)
-    w1 = load_weights(w_ptr, r1, v1)
-    pt0 = pt_ptr + r0.to(tl.int64) * stride_pt
-    pt1 = pt_ptr + tl.where(v1, r1, r0).to(tl.int64) * stride_pt
-    return qt0, qt1, w0, w1, pt0, pt1
+def group_rows(seq_lens, r0, n_rows, lo, hi_cap, R: tl.constexpr):
+    """Per-row facts of the group at ``r0`` over the span ``[lo, hi_cap)``.
+
+    Returns ``(ends [R], hi, lead)``: each row's last needed position + 1 inside the span (0 for
+    rows past ``n_rows``), the span's end for the group (the longest row's), and the row holding
+    the longest length (its page-table row names every page the group needs).
+    """
+    rows = r0 + tl.arange(0, R)
+    lens = tl.load(seq_lens + rows, mask=rows < n_rows, other=0)
+    hi = tl.minimum(hi_cap, tl.max(lens, axis=0))
+    ends = tl.maximum(tl.minimum(lens, hi), lo)
+    lead = r0 + tl.argmax(lens, axis=0)
+    return ends, hi, lead
 
 
 @triton.jit
-def score_pair(
-    pos, len0, len1, pt0_ptr, pt1_ptr, kc_ptr, kf_ptr, ks_ptr,
-    qt0, qt1, w0, w1, weight_scale,
-    LAYOUT: tl.constexpr, INTERPRET: tl.constexpr,
-):
-    """Scores ``(s0, s1)`` ``[BLOCK_N]`` of the row pair at positions ``pos``.
+def pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R: tl.constexpr, CHUNK: tl.constexpr):
+    """Whether every row of the group names, for each page it needs in ``[lo, end)``, the same
+    page as the lead row: then one key tile serves the whole group."""
+    pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
+    bad = tl.zeros([], dtype=tl.int32)
+    for r in tl.static_range(R):
+        end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
+        pt_r = pt_ptr + (r0 + r).to(tl.int64) * stride_pt
+        col_end = (end + PAGE - 1) // PAGE
+        for c0 in range(lo // PAGE, col_end, CHUNK):
+            cols = c0 + tl.arange(0, CHUNK)
+            m = cols < col_end
+            a = tl.load(pt_r + cols, mask=m, other=0)
+            b = tl.load(pt_lead + cols, mask=m, other=0)
+            bad += tl.sum((a != b).to(tl.int32), axis=0)
+    return bad == 0
 
-    ``pt0_ptr`` / ``pt1_ptr`` point at each row's page-table row. Positions a row does not
-    need (``pos >= len``) hold unspecified values.
+
+@triton.jit
+def score_page(
+    b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
+    R: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+    UNIFORM: tl.constexpr,
+):
+    """``[64, R]`` scores of the group at the page starting at position ``b``.
+
+    ``UNIFORM``: the rows share their pages (:func:`pages_agree`), so the lead row's page serves
+    all. Otherwise each row needing the page scores its own (the same MMA, its column kept), so
+    its bits equal the uniform case's. Rows not needing the page hold unspecified values.
     """
-    need0 = pos < len0
-    need1 = pos < len1
-    col = pos >> 6
-    off = pos & 63
-    p0 = tl.load(pt0_ptr + col, mask=need0, other=-1)
-    p1 = tl.load(pt1_ptr + col, mask=need1, other=-1)
-    page = tl.where(need0, p0, p1)
-    k, kblk, kscale = load_key_tile(kc_ptr, kf_ptr, ks_ptr, page, off, need0 | need1, LAYOUT, INTERPRET)
-    s0 = row_scores(k, kblk, kscale, qt0, w0, weight_scale, LAYOUT, INTERPRET)
-    s1 = row_scores(k, kblk, kscale, qt1, w1, weight_scale, LAYOUT, INTERPRET)
-    disagree = tl.sum((need0 & need1 & (p0 != p1)).to(tl.int32), axis=0)
-    if disagree > 0:
-        k1, kblk1, kscale1 = load_key_tile(kc_ptr, kf_ptr, ks_ptr, p1, off, need1, LAYOUT, INTERPRET)
-        s1 = row_scores(k1, kblk1, kscale1, qt1, w1, weight_scale, LAYOUT, INTERPRET)
-    return s0, s1
+    if UNIFORM:
+        page = tl.load(pt_lead + b // PAGE)
+        k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
+        s = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET)
+    else:
+        s = tl.zeros([PAGE, R], dtype=tl.float32)
+        col = tl.arange(0, R)[None, :]
+        for r in tl.static_range(R):
+            end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
+            if b < end:
+                page = tl.load(pt_ptr + (r0 + r).to(tl.int64) * stride_pt + b // PAGE)
+                k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
+                s_r = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET)
+                s = tl.where(col == r, s_r, s)
+    return s
