@@ -61,7 +61,7 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
     return sig
 
 
-def _compile(fn, sig, constexprs, arch, num_warps, num_stages):
+def _compile(fn, sig, constexprs, arch, num_warps, num_stages, maxnreg=None):
     names = fn.arg_names
     # A launch specialises every pointer to 16-byte alignment (torch allocations are aligned
     # far beyond that); without the hint the loads compile unvectorised and never become
@@ -72,7 +72,10 @@ def _compile(fn, sig, constexprs, arch, num_warps, num_stages):
         constexprs["kdesc"] = None
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},
                     attrs=aligned)
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages)
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
 
 
 def _report(kernel) -> str:
@@ -105,6 +108,7 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--fused-stages", type=int, default=None,
                    help="pipelining depth of the fused kernel instead of the layout's tile config")
+    p.add_argument("--maxnreg", type=int, default=None, help="register cap of the fused kernel instead of the config's")
     p.add_argument("--no-tma", action="store_true", help="FP8 keys through pointer gathers, as without bulk copies")
     a = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
@@ -134,7 +138,7 @@ def main(argv=None) -> int:
             if not tma:
                 const["kdesc"] = None
             k = _compile(fused_topk_kernel, _signature(fused_topk_kernel, tensors, constexprs=const), const, a.arch,
-                         cfg.num_warps, stages)
+                         cfg.num_warps, stages, a.maxnreg or cfg.fused_maxnreg)
             print(f"{layout:13s} {f'fused splits {splits}':15s} {_report(k)}")
     return 0
 

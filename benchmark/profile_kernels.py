@@ -132,8 +132,9 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
     saved = launch.TILE_CONFIGS[Layout(layout)]
     try:
         for spec in configs:
-            rows, nw, ls, fs = (int(x) for x in spec.split(","))
-            launch.TILE_CONFIGS[Layout(layout)] = launch.TileConfig(rows, nw, ls, fs)
+            rows, nw, ls, fs, *cap = (int(x) for x in spec.split(","))
+            maxnreg = (cap[0] or None) if cap else saved.fused_maxnreg
+            launch.TILE_CONFIGS[Layout(layout)] = launch.TileConfig(rows, nw, ls, fs, maxnreg)
             try:
                 ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=keys), iters=iters)
                 ms_f = bench_ms(lambda: fused_indexer_topk(args, **kw, out=out_f, workspace=ws), iters=iters)
@@ -157,7 +158,7 @@ def main(argv=None):
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--variants", nargs="*", default=[], help="time only these variants (default: all)")
-    p.add_argument("--sweep", nargs="*", default=[], metavar="ROWS,WARPS,LEGACY_STAGES,FUSED_STAGES",
+    p.add_argument("--sweep", nargs="*", default=[], metavar="ROWS,WARPS,LEGACY_STAGES,FUSED_STAGES[,MAXNREG]",
                    help="tile configs to time")
     p.add_argument("--sweep-layouts", nargs="*", default=[])
     p.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "profile.json"))

@@ -16,7 +16,7 @@ import triton
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
 from ..kernels.fused import fused_topk_kernel
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, pack_args, tile_config
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
@@ -206,7 +206,7 @@ def fused_indexer_topk(
         ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, counters, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
-        num_warps=cfg.num_warps, num_stages=cfg.fused_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
     )
     if plan.splits > 1:
         select_rows_kernel[(rows,)](

@@ -41,13 +41,22 @@ def beats_gate(key, pos, gate_key, gate_pos):
 
 
 @triton.jit
-def claim(cnt_ptrs, buf_key, buf_pos, key, pos, take):
-    """Store the taken entries at slots claimed from their rows' counters; ``cnt_ptrs``,
-    ``buf_key`` and ``buf_pos`` are pointer tensors of ``key``'s shape (each entry's row's
-    counter and buffer base)."""
-    slot = tl.atomic_add(cnt_ptrs, tl.full(key.shape, 1, tl.int32), mask=take, sem="relaxed")
-    tl.store(buf_key + slot, key, mask=take)
-    tl.store(buf_pos + slot, pos, mask=take)
+def claim(counters, key_base, pos_base, entrants, b, R: tl.constexpr, CAP: tl.constexpr, PAGE: tl.constexpr):
+    """Store the entrants of one page at slots claimed from their rows' counters.
+
+    ``entrants`` ``[PAGE, R]``: the key of each position ``b + i`` of row ``r`` that enters,
+    ``KEY_MIN`` elsewhere (no score has that key). Row ``r``'s counter is ``counters + r`` and its
+    buffer starts at ``key_base / pos_base + r * CAP``. Only ``entrants`` crosses into the layout
+    of the memory operations; positions and addresses are built there.
+    """
+    flat = tl.reshape(entrants, [PAGE * R])  # one layout for the atomic and both stores
+    idx = tl.arange(0, PAGE * R)
+    take = flat != KEY_MIN
+    r = idx % R
+    pos = b + idx // R
+    slot = tl.atomic_add(counters + r, idx * 0 + 1, mask=take, sem="relaxed")
+    tl.store(key_base + r * CAP + slot, flat, mask=take)
+    tl.store(pos_base + r * CAP + slot, pos, mask=take)
 
 
 @triton.jit

@@ -30,7 +30,7 @@ from .candidates import beats_gate, claim, cut, no_gate, order_by_position, read
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 from .select import finalize_row
-from .common import ordered_key
+from .common import KEY_MIN, ordered_key
 
 # 0.6180339887 * 2**20: the scrambled visit's step is n * GOLDEN >> 20, nudged to be coprime.
 GOLDEN = tl.constexpr(648056)
@@ -46,7 +46,7 @@ def _gcd(a, b):
 
 @triton.jit
 def visit_step(n):
-    """A step coprime to ``n`` near ``n`` times the golden ratio (1 for ``n <= 2``)."""
+    """A step coprime to ``n`` near ``n`` times the golden ratio, below ``n`` (1 for ``n <= 2``)."""
     step = tl.maximum((n.to(tl.int64) * GOLDEN >> 20).to(tl.int32), 1)
     while _gcd(n, step) != 1:
         step += 1
@@ -55,16 +55,15 @@ def visit_step(n):
 
 @triton.jit
 def _stretch(
-    i0, i1, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
+    i0, i1, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
     qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
     R: tl.constexpr, CAP: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     UNIFORM: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Score visits ``i0 .. i1`` and claim slots for every key beating its row's gate."""
-    rr = tl.arange(0, R)[None, :]
-    step64 = step.to(tl.int64)  # i * step may pass 2**31 on long contexts
-    for i in tl.range(i0, i1, num_stages=STAGES):
-        b = lo + ((i * step64) % n).to(tl.int32) * PAGE
+    """Score visits ``i0 .. i1`` (the first at page ``v`` of the split) and claim slots for every
+    key beating its row's gate; returns the page of visit ``i1``."""
+    for _ in tl.range(i0, i1, num_stages=STAGES):
+        b = lo + v * PAGE
         s = score_page(
             b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
             R, LAYOUT, TMA, INTERPRET, UNIFORM,
@@ -72,8 +71,14 @@ def _stretch(
         pos = b + tl.arange(0, PAGE)[:, None]
         key = ordered_key(s)
         take = (pos < ends[None, :]) & beats_gate(key, pos, gate_key[None, :], gate_pos[None, :])
-        zero = tl.zeros([PAGE, R], tl.int32)
-        claim(counters + rr + zero, key_base + rr * CAP + zero, pos_base + rr * CAP + zero, key, pos, take)
+        entrants = tl.where(take, key, KEY_MIN)
+        # a page with no entrant skips the claims, whose memory operations need the entrants
+        # moved out of the tile's layout
+        if tl.max(tl.max(entrants, axis=1), axis=0) > KEY_MIN:
+            claim(counters, key_base, pos_base, entrants, b, R, CAP, PAGE)
+        v += step  # the next visit: (v + step) mod n, with step < n
+        v = tl.where(v >= n, v - n, v)
+    return v
 
 
 @triton.jit
@@ -138,25 +143,26 @@ def fused_topk_kernel(
         fullest = tl.zeros([], dtype=tl.int32)
         tl.debug_barrier()
         i = tl.zeros([], dtype=tl.int32)
+        v = tl.zeros([], dtype=tl.int32)  # the page visit i scores: (i * step) mod n
         while i < n:
             # pages that fit whatever they hold: each adds at most 64 entries to a row
             stop = tl.minimum(n, i + (CAP - fullest) // PAGE)
             if uniform:
-                _stretch(
-                    i, stop, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
+                v = _stretch(
+                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
                     qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
                     R, CAP, LAYOUT, TMA, INTERPRET, True, STAGES,
                 )
             else:
-                _stretch(
-                    i, stop, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
+                v = _stretch(
+                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
                     qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
                     R, CAP, LAYOUT, TMA, INTERPRET, False, 1,
                 )
             i = stop
             tl.debug_barrier()  # every claim and store of the program has landed
             fullest = tl.zeros([], dtype=tl.int32)
-            for r in tl.static_range(R):
+            for r in range(R):  # a loop, not unrolled: one copy of the cut in the binary
                 count = read_count(counters + r)
                 if count > CAP - MIN_FREE:
                     gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, counters + r, count, TOPK, TILE)
@@ -165,7 +171,7 @@ def fused_topk_kernel(
                     count = tl.zeros([], dtype=tl.int32) + TOPK
                 fullest = tl.maximum(fullest, count)
             tl.debug_barrier()
-        for r in tl.static_range(R):
+        for r in range(R):
             row = r0 + r
             if row < n_rows:
                 count = read_count(counters + r)

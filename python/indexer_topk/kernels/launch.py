@@ -33,6 +33,10 @@ class TileConfig:
     num_warps: int = 8
     logits_stages: int = 3
     fused_stages: int = 3
+    # Register cap of the fused kernel: its cuts and final sorts want far more registers than
+    # the scoring loop, and uncapped they set the whole kernel's count (one program per SM);
+    # capped, two programs fit on an SM and only the rare cut code spills.
+    fused_maxnreg: Optional[int] = 128
 
 
 # One config per layout; the score tile's numerics depend only on (rows, num_warps).
@@ -44,6 +48,11 @@ TILE_CONFIGS = {
 
 SELECT_CHUNK = 1024
 SELECT_WARPS = 8
+
+
+def launch_options(cfg: TileConfig, interpret: bool) -> dict:
+    """Compile options of the fused kernel beyond warps and stages (none under the interpreter)."""
+    return {} if interpret or not cfg.fused_maxnreg else {"maxnreg": cfg.fused_maxnreg}
 
 
 def tile_config(layout: Layout) -> TileConfig:

@@ -196,7 +196,7 @@ def pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R: tl.constexpr, CHUNK: t
     page as the lead row: then one key tile serves the whole group."""
     pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
     bad = tl.zeros([], dtype=tl.int32)
-    for r in tl.static_range(R):
+    for r in range(R):
         end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
         pt_r = pt_ptr + (r0 + r).to(tl.int64) * stride_pt
         col_end = (end + PAGE - 1) // PAGE
@@ -228,7 +228,7 @@ def score_page(
     else:
         s = tl.zeros([PAGE, R], dtype=tl.float32)
         col = tl.arange(0, R)[None, :]
-        for r in tl.static_range(R):
+        for r in range(R):
             end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
             if b < end:
                 page = tl.load(pt_ptr + (r0 + r).to(tl.int64) * stride_pt + b // PAGE)
