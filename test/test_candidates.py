@@ -17,8 +17,8 @@ import kernel_cases as kc
 
 
 @triton.jit
-def _cut_kernel(key_ptr, pos_ptr, cnt_ptr, gate_ptr, count, TOPK: tl.constexpr, TILE: tl.constexpr):
-    gk, gp = cut(key_ptr, pos_ptr, cnt_ptr, count, TOPK, TILE)
+def _cut_kernel(key_ptr, pos_ptr, gate_ptr, count, TOPK: tl.constexpr, TILE: tl.constexpr):
+    gk, gp = cut(key_ptr, pos_ptr, count, TOPK, TILE)
     tl.store(gate_ptr, gk)
     tl.store(gate_ptr + 1, gp)
 
@@ -60,12 +60,10 @@ def test_cut_of_a_shuffled_buffer(count, keys_from):
     topk, tile = 64, 256
     key_buf, pos_buf = _buffer(count, tile, keys_from, seed=count)
     entries = list(zip(key_buf[:count].tolist(), pos_buf[:count].tolist()))
-    counter = torch.tensor([count], dtype=torch.int32)
     gate = torch.zeros(2, dtype=torch.int32)
-    _cut_kernel[(1,)](key_buf, pos_buf, counter, gate, count, TOPK=topk, TILE=tile)
+    _cut_kernel[(1,)](key_buf, pos_buf, gate, count, TOPK=topk, TILE=tile)
     best = _order(entries)[:topk]
     assert sorted(zip(key_buf[:topk].tolist(), pos_buf[:topk].tolist())) == sorted(best)
-    assert int(counter) == topk
     # the gate is the topk-th entry itself: every dropped entry fails it, every kept one but
     # the gate meets it, and a newcomer passes exactly when it beats the topk-th
     assert tuple(gate.tolist()) == best[-1]

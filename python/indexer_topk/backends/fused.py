@@ -26,6 +26,7 @@ MAX_SPLITS = 64
 # fits 16 MiB).
 MAX_SPLIT_ROWS = 256
 QUEUE_BYTES = 256
+MAX_STRIP = 1024  # keys per row scored between flushes, at most
 ENTRY_BYTES = 8  # an int32 key and an int32 position
 
 
@@ -36,9 +37,9 @@ def _next_pow2(n: int) -> int:
 def default_pool(topk: int) -> int:
     """Candidate room beyond ``topk`` in each row's buffer (a multiple of the 64-key page).
 
-    A buffer is cut once fewer than half of it is free, so each cut is amortised over at least
-    ``pool / 2`` entering scores; ``topk * 5 / 8`` keeps a full grid's buffers at rows 1024,
-    topk 1024 under 14 MiB on an H200.
+    A buffer is cut when a strip's entrants do not fit, so each cut is amortised over about
+    ``pool`` entering scores; ``topk * 5 / 8`` keeps a full grid's buffers and strips at rows
+    1024, topk 1024 under 16 MiB on an H200.
     """
     return max(PAGE_SIZE, topk * 5 // 8 // PAGE_SIZE * PAGE_SIZE)
 
@@ -64,17 +65,23 @@ class FusedPlan:
         return _next_pow2(self.cap)
 
     @property
-    def min_free(self) -> int:
-        """A buffer with fewer free slots is cut between stretches of pages (at least one page)."""
-        return max(PAGE_SIZE, self.pool // 2 // PAGE_SIZE * PAGE_SIZE)
+    def strip(self) -> int:
+        """Keys per row a program scores between flushes: whole pages, a power of two that fits
+        beside a freshly cut buffer (``strip <= pool``)."""
+        return min(MAX_STRIP, 1 << (self.pool.bit_length() - 1))
 
     @property
     def buffer_entries(self) -> int:
         return self.programs * self.group_rows * self.cap
 
     @property
-    def counters(self) -> int:
-        return self.programs * self.group_rows
+    def strip_entries(self) -> int:
+        return self.programs * self.group_rows * self.strip
+
+    @property
+    def state_words(self) -> int:
+        """Per row slot: its count, gate key and gate position."""
+        return self.programs * self.group_rows * 3
 
     @property
     def segment_counts(self) -> int:
@@ -87,14 +94,14 @@ class FusedPlan:
     @property
     def nbytes(self) -> int:
         return QUEUE_BYTES + ENTRY_BYTES * (self.buffer_entries + self.segment_entries) + 4 * (
-            self.counters + self.segment_counts
+            self.strip_entries + self.state_words + self.segment_counts
         )
 
     def constexprs(self, layout_id: int, tma: bool, interpret: bool, stages: int) -> dict:
         """The fused kernel's compile-time arguments for this plan."""
         return dict(
             LAYOUT=layout_id, R=self.group_rows, TOPK=self.topk, CAP=self.cap, TILE=self.tile,
-            MIN_FREE=self.min_free, SPLITS=self.splits, TMA=tma, INTERPRET=interpret, STAGES=stages,
+            STRIP=self.strip, SPLITS=self.splits, TMA=tma, INTERPRET=interpret, STAGES=stages,
         )
 
 
@@ -162,13 +169,14 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         off += 4 * n
         return t
 
-    buf_key, buf_pos, counters = take(plan.buffer_entries), take(plan.buffer_entries), take(plan.counters)
+    buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
+    strip, state = take(plan.strip_entries), take(plan.state_words)
     if plan.splits > 1:
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
         seg_cnt = take(plan.segment_counts)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
-    return queue, buf_key, buf_pos, counters, seg_key, seg_pos, seg_cnt
+    return queue, buf_key, buf_pos, strip, state, seg_key, seg_pos, seg_cnt
 
 
 def fused_indexer_topk(
@@ -195,7 +203,7 @@ def fused_indexer_topk(
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    queue, buf_key, buf_pos, counters, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue, buf_key, buf_pos, strip, state, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
     queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
@@ -203,7 +211,7 @@ def fused_indexer_topk(
     out_bits = out.values.view(torch.int32)
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0), width,
-        ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, counters, queue, n_items, span,
+        ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, strip, state, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),

@@ -1,15 +1,19 @@
 """The fused streaming kernel: score key pages and keep only bounded candidate sets.
 
 A persistent grid of programs pulls work items from an atomic counter; an item is a group of
-``R`` query rows and one context split. For each page of 64 keys the program computes the
-group's ``[64, R]`` scores with the shared tile (:mod:`.score`), turns them into order keys, and
-every key that beats its row's gate claims a slot in the row's candidate buffer
-(:mod:`.candidates`). The scoring loop holds no barrier, so the compiler pipelines its key
-copies; it runs in stretches short enough that no buffer can overflow (``free // 64`` pages,
-each page adding at most 64 entries to a row). Between stretches the counters are read and a
-buffer with fewer than ``MIN_FREE`` free slots is cut back to ``TOPK``, raising its gate.
+``R`` query rows and one context split. The program scores the split a strip of ``S`` pages at
+a time:
 
-Pages are visited in a scrambled order: page ``i`` of the split's ``n`` is
+* the scoring loop scores each page for the group (``[64, R]``, the shared tile of
+  :mod:`.score`) and stores the order keys to the program's staging strip in scratch
+  (L2-resident), ``KEY_MIN`` past each row's length. It holds nothing else: no barrier, no
+  gate, no data-dependent branch, so the compiler pipelines its bulk key copies and keeps it
+  in the registers of the legacy score loop (two programs per SM);
+* the flush then takes, per row, the strip's keys that beat the row's gate and appends them to
+  the row's candidate buffer with one prefix sum; when they would not fit, the buffer is first
+  cut back to its best ``TOPK`` (:mod:`.candidates`), which raises the gate.
+
+Pages are visited in a scrambled order: visit ``i`` of the split's ``n`` pages scores page
 ``(i * step) % n`` with ``step`` near ``n`` times the golden ratio and coprime to ``n``, a
 low-discrepancy sequence that spreads the first visits over the whole context. Scores that
 trend along the context then enter the candidate sets about as rarely as random ones, instead
@@ -19,22 +23,24 @@ cuts compare (key, position) composites.
 At the end of an item each row is cut to ``TOPK`` and either written as the contract's outputs
 (one split per row) or stored in position order for the merge kernel
 (:func:`.select.select_rows_kernel`, segment mode). Scratch per program is ``R`` buffers of
-``CAP`` keys and ``CAP`` positions and ``R`` counters, plus ``rows * SPLITS * (TOPK * 8 + 4)``
-bytes for split rows: independent of the context length.
+``CAP`` keys and ``CAP`` positions, ``R`` strips of ``S * 64`` keys and ``3 * R`` words of row
+state, plus ``rows * SPLITS * (TOPK * 8 + 4)`` bytes for split rows: independent of the context
+length.
 """
 
 import triton
 import triton.language as tl
 
-from .candidates import beats_gate, claim, cut, no_gate, order_by_position, read_count
+from .candidates import beats_gate, cut, order_by_position
+from .common import KEY_MIN, ordered_key
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 from .select import finalize_row
-from .common import KEY_MIN, ordered_key
 
 # 0.6180339887 * 2**20: the scrambled visit's step is n * GOLDEN >> 20, nudged to be coprime.
 GOLDEN = tl.constexpr(648056)
 AGREE_CHUNK = tl.constexpr(256)
+INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
@@ -54,43 +60,76 @@ def visit_step(n):
 
 
 @triton.jit
-def _stretch(
+def _stage(
     i0, i1, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
-    qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
-    R: tl.constexpr, CAP: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+    qt, w, weight_scale, strip,
+    R: tl.constexpr, STRIP: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     UNIFORM: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Score visits ``i0 .. i1`` (the first at page ``v`` of the split) and claim slots for every
-    key beating its row's gate; returns the page of visit ``i1``."""
-    for _ in tl.range(i0, i1, num_stages=STAGES):
+    """Score visits ``i0 .. i1`` (the first at page ``v``) into the strip: row ``r``'s key of
+    visit ``i0 + k``, position ``j`` of its page, at ``strip[r * STRIP + k * 64 + j]``. Returns
+    the page of visit ``i1``."""
+    rows = tl.arange(0, R)[None, :] * STRIP
+    lane = tl.arange(0, PAGE)[:, None]
+    for i in tl.range(i0, i1, num_stages=STAGES):
         b = lo + v * PAGE
         s = score_page(
             b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
             R, LAYOUT, TMA, INTERPRET, UNIFORM,
         )
-        pos = b + tl.arange(0, PAGE)[:, None]
-        key = ordered_key(s)
-        take = (pos < ends[None, :]) & beats_gate(key, pos, gate_key[None, :], gate_pos[None, :])
-        entrants = tl.where(take, key, KEY_MIN)
-        # a page with no entrant skips the claims, whose memory operations need the entrants
-        # moved out of the tile's layout
-        if tl.max(tl.max(entrants, axis=1), axis=0) > KEY_MIN:
-            claim(counters, key_base, pos_base, entrants, b, R, CAP, PAGE)
+        key = tl.where(b + lane < ends[None, :], ordered_key(s), KEY_MIN)
+        tl.store(strip + rows + (i - i0) * PAGE + lane, key)
         v += step  # the next visit: (v + step) mod n, with step < n
         v = tl.where(v >= n, v - n, v)
     return v
 
 
 @triton.jit
+def _flush_row(
+    strip_row, filled, v0, n, step, lo, buf_key, buf_pos, state,
+    TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, STRIP: tl.constexpr,
+):
+    """Append the strip's keys of one row that beat its gate (the first ``filled`` strip
+    slots, from visits starting at page ``v0``); cut the buffer first when they would not fit.
+
+    ``state`` holds the row's count, gate key and gate position. After a cut the buffer holds
+    ``TOPK`` entries and ``STRIP <= CAP - TOPK``, so the strip always fits then.
+    """
+    offs = tl.arange(0, STRIP)
+    page = (v0 + (offs // PAGE) * step) % n
+    pos = lo + page * PAGE + offs % PAGE
+    key = tl.load(strip_row + offs, mask=offs < filled, other=KEY_MIN)
+    count = tl.load(state)
+    gate_key = tl.load(state + 1)
+    gate_pos = tl.load(state + 2)
+    take = (key != KEY_MIN) & beats_gate(key, pos, gate_key, gate_pos)
+    n_take = tl.sum(take.to(tl.int32), axis=0)
+    if count + n_take > CAP:
+        gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
+        count = tl.zeros([], dtype=tl.int32) + TOPK
+        take = take & beats_gate(key, pos, gate_key, gate_pos)
+        n_take = tl.sum(take.to(tl.int32), axis=0)
+        tl.store(state + 1, gate_key)
+        tl.store(state + 2, gate_pos)
+        tl.store(state, count)
+    if n_take > 0:
+        take_i = take.to(tl.int32)
+        dst = count + tl.cumsum(take_i, axis=0) - take_i
+        tl.store(buf_key + dst, key, mask=take)
+        tl.store(buf_pos + dst, pos, mask=take)
+        tl.store(state, count + n_take)
+
+
+@triton.jit
 def _finish_row(
-    buf_key, buf_pos, cnt_ptr, count, seq_len, row, split, pt_ptr, stride_pt,
+    buf_key, buf_pos, count, seq_len, row, split, pt_ptr, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     TOPK: tl.constexpr, TILE: tl.constexpr, SPLITS: tl.constexpr,
 ):
     row64 = row.to(tl.int64)
     seq_len = tl.maximum(seq_len, 0)  # with the value checks off a length may be negative
     if count > TOPK:
-        cut(buf_key, buf_pos, cnt_ptr, count, TOPK, TILE)
+        cut(buf_key, buf_pos, count, TOPK, TILE)
         count = tl.minimum(count, TOPK)
         tl.debug_barrier()
     if SPLITS == 1:
@@ -115,17 +154,18 @@ def _finish_row(
 @triton.jit
 def fused_topk_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, width, seq_lens, n_rows,
-    weight_scale, buf_key_all, buf_pos_all, counters_all, queue, n_items, split_span,
+    weight_scale, buf_key_all, buf_pos_all, strip_all, state_all, queue, n_items, split_span,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-    MIN_FREE: tl.constexpr, SPLITS: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
+    STRIP: tl.constexpr, SPLITS: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
-    rr = tl.arange(0, R)
     key_base = buf_key_all + pid * (R * CAP)
     pos_base = buf_pos_all + pid * (R * CAP)
-    counters = counters_all + pid * R
+    strip = strip_all + pid * (R * STRIP)
+    state = state_all + pid * (3 * R)  # per row: count, gate key, gate position
+    rr = tl.arange(0, R)
     item = tl.atomic_add(queue, 1)
     while item < n_items:
         group = item // SPLITS
@@ -138,48 +178,38 @@ def fused_topk_kernel(
         qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
         uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R, AGREE_CHUNK)
         pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
-        tl.atomic_xchg(counters + rr, tl.zeros([R], tl.int32), sem="relaxed")
-        gate_key, gate_pos = no_gate(R)
-        fullest = tl.zeros([], dtype=tl.int32)
-        tl.debug_barrier()
-        i = tl.zeros([], dtype=tl.int32)
-        v = tl.zeros([], dtype=tl.int32)  # the page visit i scores: (i * step) mod n
-        while i < n:
-            # pages that fit whatever they hold: each adds at most 64 entries to a row
-            stop = tl.minimum(n, i + (CAP - fullest) // PAGE)
+        tl.store(state + rr * 3, tl.zeros([R], tl.int32))
+        tl.store(state + rr * 3 + 1, tl.full([R], KEY_MIN, tl.int32))  # every entry beats it
+        tl.store(state + rr * 3 + 2, tl.full([R], INT32_MAX, tl.int32))
+        v = tl.zeros([], dtype=tl.int32)  # the page of visit i: (i * step) mod n
+        for i in range(0, n, STRIP // PAGE):
+            stop = tl.minimum(n, i + STRIP // PAGE)
+            v0 = v
             if uniform:
-                v = _stretch(
-                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
-                    qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
-                    R, CAP, LAYOUT, TMA, INTERPRET, True, STAGES,
+                v = _stage(
+                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt,
+                    r0, ends, qt, w, weight_scale, strip, R, STRIP, LAYOUT, TMA, INTERPRET, True, STAGES,
                 )
             else:
-                v = _stretch(
-                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends,
-                    qt, w, weight_scale, gate_key, gate_pos, counters, key_base, pos_base,
-                    R, CAP, LAYOUT, TMA, INTERPRET, False, 1,
+                v = _stage(
+                    i, stop, v, n, step, lo, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt,
+                    r0, ends, qt, w, weight_scale, strip, R, STRIP, LAYOUT, TMA, INTERPRET, False, 1,
                 )
-            i = stop
-            tl.debug_barrier()  # every claim and store of the program has landed
-            fullest = tl.zeros([], dtype=tl.int32)
-            for r in range(R):  # a loop, not unrolled: one copy of the cut in the binary
-                count = read_count(counters + r)
-                if count > CAP - MIN_FREE:
-                    gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, counters + r, count, TOPK, TILE)
-                    gate_key = tl.where(rr == r, gk, gate_key)
-                    gate_pos = tl.where(rr == r, gp, gate_pos)
-                    count = tl.zeros([], dtype=tl.int32) + TOPK
-                fullest = tl.maximum(fullest, count)
-            tl.debug_barrier()
+            tl.debug_barrier()  # the whole strip, from every warp, is in place
+            for r in range(R):  # a loop, not unrolled: one copy of the flush and the cut
+                _flush_row(
+                    strip + r * STRIP, (stop - i) * PAGE, v0, n, step, lo, key_base + r * CAP, pos_base + r * CAP,
+                    state + r * 3, TOPK, CAP, TILE, STRIP,
+                )
+                tl.debug_barrier()
         for r in range(R):
             row = r0 + r
             if row < n_rows:
-                count = read_count(counters + r)
                 # positions past the page table do not exist (a longer length is possible only
                 # with the value checks off)
                 seq_len = tl.minimum(tl.load(seq_lens + row), width)
                 _finish_row(
-                    key_base + r * CAP, pos_base + r * CAP, counters + r, count, seq_len, row, split,
+                    key_base + r * CAP, pos_base + r * CAP, tl.load(state + r * 3), seq_len, row, split,
                     pt_ptr, stride_pt, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
                     TOPK, TILE, SPLITS,
                 )
