@@ -28,15 +28,16 @@ def _refuse_kernels(monkeypatch):
 
 def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
     """At rows = topk = 1024 on an H200-sized GPU (264 program slots, 256 groups of four rows)
-    the scratch is the queue, a 1664-entry buffer (keys and positions) and a counter per row
-    slot: under 16 MiB, the same for every layout (no context length enters), and enough for
-    every smaller call too (an engine sizes one workspace for its largest batch)."""
+    the scratch is the queue and, per row slot, a 1664-entry buffer (keys and positions), a
+    512-key staging strip and three words of state: under 16 MiB, the same for every layout (no
+    context length enters), and enough for every smaller call too (an engine sizes one
+    workspace for its largest batch)."""
     from indexer_topk.backends import fused
 
     monkeypatch.setattr(fused, "device_sm_count", lambda device: 132)
     fused._max_plan_bytes.cache_clear()
-    programs, cap = 256, 1024 + 640
-    want = 256 + 8 * programs * 4 * cap + 4 * programs * 4
+    programs, cap, strip = 256, 1024 + 640, 512
+    want = 256 + 8 * programs * 4 * cap + 4 * programs * 4 * (strip + 3)
     for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
         assert fused.plan_fused(1024, 1024, "cpu", group_rows=4).nbytes == want
         size = fused_workspace_size(1024, 1024, layout, "cpu")
