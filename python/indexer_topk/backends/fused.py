@@ -22,9 +22,9 @@ from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
 MAX_SPLITS = 64
 # Split rows only while the per-split candidate lists stay small next to the buffers (at topk
-# 1024: 2 MiB of lists beside 13.4 MiB of buffers on an H200, so every call of up to 1024 rows
-# fits 16 MiB).
-MAX_SPLIT_ROWS = 256
+# 1024: at most 4 MiB of lists beside 10.3 MiB of buffers and strips on an H200, so every call
+# of up to 1024 rows fits 16 MiB).
+MAX_SPLIT_ROWS = 512
 QUEUE_BYTES = 256
 MAX_STRIP = 1024  # keys per row scored between flushes, at most
 ENTRY_BYTES = 8  # an int32 key and an int32 position
@@ -38,10 +38,11 @@ def default_pool(topk: int) -> int:
     """Candidate room beyond ``topk`` in each row's buffer (a multiple of the 64-key page).
 
     A buffer is cut when a strip's entrants do not fit, so each cut is amortised over about
-    ``pool`` entering scores; ``topk * 5 / 8`` keeps a full grid's buffers and strips at rows
-    1024, topk 1024 under 16 MiB on an H200.
+    ``pool`` entering scores, and the strip scored between flushes is at most ``pool`` keys:
+    ``topk`` keeps a full grid's buffers and strips at rows 1024, topk 1024 near 10 MiB on an
+    H200.
     """
-    return max(PAGE_SIZE, topk * 5 // 8 // PAGE_SIZE * PAGE_SIZE)
+    return max(PAGE_SIZE, topk // PAGE_SIZE * PAGE_SIZE)
 
 
 @dataclass(frozen=True)
@@ -78,10 +79,6 @@ class FusedPlan:
     def strip_entries(self) -> int:
         return self.programs * self.group_rows * self.strip
 
-    @property
-    def state_words(self) -> int:
-        """Per row slot: its count, gate key and gate position."""
-        return self.programs * self.group_rows * 3
 
     @property
     def segment_counts(self) -> int:
@@ -94,7 +91,7 @@ class FusedPlan:
     @property
     def nbytes(self) -> int:
         return QUEUE_BYTES + ENTRY_BYTES * (self.buffer_entries + self.segment_entries) + 4 * (
-            self.strip_entries + self.state_words + self.segment_counts
+            self.strip_entries + self.segment_counts
         )
 
     def constexprs(self, layout_id: int, tma: bool, interpret: bool, stages: int) -> dict:
@@ -113,7 +110,7 @@ def _slots(device) -> int:
 
 def plan_fused(
     rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-    group_rows: int = 4,
+    group_rows: int = 2,
 ) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when groups are too few
     to occupy every program slot."""
@@ -170,13 +167,13 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         return t
 
     buf_key, buf_pos = take(plan.buffer_entries), take(plan.buffer_entries)
-    strip, state = take(plan.strip_entries), take(plan.state_words)
+    strip = take(plan.strip_entries)
     if plan.splits > 1:
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
         seg_cnt = take(plan.segment_counts)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
-    return queue, buf_key, buf_pos, strip, state, seg_key, seg_pos, seg_cnt
+    return queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt
 
 
 def fused_indexer_topk(
@@ -203,7 +200,7 @@ def fused_indexer_topk(
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    queue, buf_key, buf_pos, strip, state, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
     queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
@@ -211,7 +208,7 @@ def fused_indexer_topk(
     out_bits = out.values.view(torch.int32)
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0), width,
-        ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, strip, state, queue, n_items, span,
+        ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
         out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
         **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),

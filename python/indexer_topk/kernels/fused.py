@@ -9,9 +9,10 @@ a time:
   (L2-resident), ``KEY_MIN`` past each row's length. It holds nothing else: no barrier, no
   gate, no data-dependent branch, so the compiler pipelines its bulk key copies and keeps it
   in the registers of the legacy score loop (two programs per SM);
-* the flush then takes, per row, the strip's keys that beat the row's gate and appends them to
-  the row's candidate buffer with one prefix sum; when they would not fit, the buffer is first
-  cut back to its best ``TOPK`` (:mod:`.candidates`), which raises the gate.
+* the flush then takes, for all rows at once, the strip's keys that beat their row's gate and
+  appends them to the rows' candidate buffers with one prefix sum; a buffer they would not fit
+  is first cut back to its best ``TOPK`` (:mod:`.candidates`), which raises its gate. Counts
+  and gates stay in registers.
 
 Pages are visited in a scrambled order: visit ``i`` of the split's ``n`` pages scores page
 ``(i * step) % n`` with ``step`` near ``n`` times the golden ratio and coprime to ``n``, a
@@ -23,8 +24,7 @@ cuts compare (key, position) composites.
 At the end of an item each row is cut to ``TOPK`` and either written as the contract's outputs
 (one split per row) or stored in position order for the merge kernel
 (:func:`.select.select_rows_kernel`, segment mode). Scratch per program is ``R`` buffers of
-``CAP`` keys and ``CAP`` positions, ``R`` strips of ``S * 64`` keys and ``3 * R`` words of row
-state, plus ``rows * SPLITS * (TOPK * 8 + 4)`` bytes for split rows: independent of the context
+``CAP`` keys and ``CAP`` positions and ``R`` strips of ``S * 64`` keys, plus ``rows * SPLITS * (TOPK * 8 + 4)`` bytes for split rows: independent of the context
 length.
 """
 
@@ -85,39 +85,48 @@ def _stage(
 
 
 @triton.jit
-def _flush_row(
-    strip_row, filled, v0, n, step, lo, buf_key, buf_pos, state,
-    TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, STRIP: tl.constexpr,
-):
-    """Append the strip's keys of one row that beat its gate (the first ``filled`` strip
-    slots, from visits starting at page ``v0``); cut the buffer first when they would not fit.
+def _pick(vec, r, R: tl.constexpr):
+    """Element ``r`` of a small ``[R]`` vector, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, R) == r, vec, 0), axis=0)
 
-    ``state`` holds the row's count, gate key and gate position. After a cut the buffer holds
-    ``TOPK`` entries and ``STRIP <= CAP - TOPK``, so the strip always fits then.
+
+@triton.jit
+def _flush(
+    strip, filled, v0, n, step, lo, key_base, pos_base, count, gate_key, gate_pos,
+    R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, STRIP: tl.constexpr,
+):
+    """Append the strip's keys that beat their row's gate (the first ``filled`` slots of each
+    row, from visits starting at page ``v0``) to the rows' buffers, all rows at once; a row whose
+    entrants would not fit is cut first. ``count``, ``gate_key`` and ``gate_pos`` (``[R]``) are
+    the rows' states; returns them updated.
+
+    After a cut the buffer holds ``TOPK`` entries and ``STRIP <= CAP - TOPK``, so the strip
+    always fits then.
     """
     offs = tl.arange(0, STRIP)
     page = (v0 + (offs // PAGE) * step) % n
-    pos = lo + page * PAGE + offs % PAGE
-    key = tl.load(strip_row + offs, mask=offs < filled, other=KEY_MIN)
-    count = tl.load(state)
-    gate_key = tl.load(state + 1)
-    gate_pos = tl.load(state + 2)
-    take = (key != KEY_MIN) & beats_gate(key, pos, gate_key, gate_pos)
-    n_take = tl.sum(take.to(tl.int32), axis=0)
-    if count + n_take > CAP:
-        gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
-        count = tl.zeros([], dtype=tl.int32) + TOPK
-        take = take & beats_gate(key, pos, gate_key, gate_pos)
-        n_take = tl.sum(take.to(tl.int32), axis=0)
-        tl.store(state + 1, gate_key)
-        tl.store(state + 2, gate_pos)
-        tl.store(state, count)
-    if n_take > 0:
-        take_i = take.to(tl.int32)
-        dst = count + tl.cumsum(take_i, axis=0) - take_i
-        tl.store(buf_key + dst, key, mask=take)
-        tl.store(buf_pos + dst, pos, mask=take)
-        tl.store(state, count + n_take)
+    pos = (lo + page * PAGE + offs % PAGE)[None, :]
+    rr = tl.arange(0, R)
+    key = tl.load(strip + rr[:, None] * STRIP + offs[None, :], mask=offs[None, :] < filled, other=KEY_MIN)
+    take = (key != KEY_MIN) & beats_gate(key, pos, gate_key[:, None], gate_pos[:, None])
+    n_take = tl.sum(take.to(tl.int32), axis=1)
+    if tl.max(count + n_take, axis=0) > CAP:
+        for r in range(R):  # a loop, not unrolled: one copy of the cut
+            c = _pick(count, r, R)
+            if c + _pick(n_take, r, R) > CAP:
+                gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE)
+                gate_key = tl.where(rr == r, gk, gate_key)
+                gate_pos = tl.where(rr == r, gp, gate_pos)
+                count = tl.where(rr == r, TOPK, count)
+            tl.debug_barrier()
+        take = take & beats_gate(key, pos, gate_key[:, None], gate_pos[:, None])
+        n_take = tl.sum(take.to(tl.int32), axis=1)
+    take_i = take.to(tl.int32)
+    dst = count[:, None] + tl.cumsum(take_i, axis=1) - take_i
+    row_base = rr[:, None] * CAP
+    tl.store(key_base + row_base + dst, key, mask=take)
+    tl.store(pos_base + row_base + dst, pos + 0 * key, mask=take)
+    return count + n_take, gate_key, gate_pos
 
 
 @triton.jit
@@ -154,7 +163,7 @@ def _finish_row(
 @triton.jit
 def fused_topk_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, width, seq_lens, n_rows,
-    weight_scale, buf_key_all, buf_pos_all, strip_all, state_all, queue, n_items, split_span,
+    weight_scale, buf_key_all, buf_pos_all, strip_all, queue, n_items, split_span,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
     LAYOUT: tl.constexpr, R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
     STRIP: tl.constexpr, SPLITS: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
@@ -164,8 +173,6 @@ def fused_topk_kernel(
     key_base = buf_key_all + pid * (R * CAP)
     pos_base = buf_pos_all + pid * (R * CAP)
     strip = strip_all + pid * (R * STRIP)
-    state = state_all + pid * (3 * R)  # per row: count, gate key, gate position
-    rr = tl.arange(0, R)
     item = tl.atomic_add(queue, 1)
     while item < n_items:
         group = item // SPLITS
@@ -178,9 +185,9 @@ def fused_topk_kernel(
         qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
         uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R, AGREE_CHUNK)
         pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
-        tl.store(state + rr * 3, tl.zeros([R], tl.int32))
-        tl.store(state + rr * 3 + 1, tl.full([R], KEY_MIN, tl.int32))  # every entry beats it
-        tl.store(state + rr * 3 + 2, tl.full([R], INT32_MAX, tl.int32))
+        count = tl.zeros([R], tl.int32)
+        gate_key = tl.full([R], KEY_MIN, tl.int32)  # every entry beats it
+        gate_pos = tl.full([R], INT32_MAX, tl.int32)
         v = tl.zeros([], dtype=tl.int32)  # the page of visit i: (i * step) mod n
         for i in range(0, n, STRIP // PAGE):
             stop = tl.minimum(n, i + STRIP // PAGE)
@@ -196,12 +203,11 @@ def fused_topk_kernel(
                     r0, ends, qt, w, weight_scale, strip, R, STRIP, LAYOUT, TMA, INTERPRET, False, 1,
                 )
             tl.debug_barrier()  # the whole strip, from every warp, is in place
-            for r in range(R):  # a loop, not unrolled: one copy of the flush and the cut
-                _flush_row(
-                    strip + r * STRIP, (stop - i) * PAGE, v0, n, step, lo, key_base + r * CAP, pos_base + r * CAP,
-                    state + r * 3, TOPK, CAP, TILE, STRIP,
-                )
-                tl.debug_barrier()
+            count, gate_key, gate_pos = _flush(
+                strip, (stop - i) * PAGE, v0, n, step, lo, key_base, pos_base, count, gate_key, gate_pos,
+                R, TOPK, CAP, TILE, STRIP,
+            )
+            tl.debug_barrier()  # no warp refills the strip before every warp has read it
         for r in range(R):
             row = r0 + r
             if row < n_rows:
@@ -209,7 +215,7 @@ def fused_topk_kernel(
                 # with the value checks off)
                 seq_len = tl.minimum(tl.load(seq_lens + row), width)
                 _finish_row(
-                    key_base + r * CAP, pos_base + r * CAP, tl.load(state + r * 3), seq_len, row, split,
+                    key_base + r * CAP, pos_base + r * CAP, _pick(count, r, R), seq_len, row, split,
                     pt_ptr, stride_pt, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
                     TOPK, TILE, SPLITS,
                 )

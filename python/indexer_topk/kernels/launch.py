@@ -29,14 +29,13 @@ class TileConfig:
     software-pipelining depths of the legacy and the fused scoring loops (1 turns it off).
     """
 
-    rows: int = 4
-    num_warps: int = 8
+    rows: int = 2
+    num_warps: int = 4
     logits_stages: int = 3
     fused_stages: int = 3
-    # Register cap of the fused kernel: its cuts and final sorts want far more registers than
-    # the scoring loop, and uncapped they set the whole kernel's count (one program per SM);
-    # capped, two programs fit on an SM and only the rare cut code spills.
-    fused_maxnreg: Optional[int] = 128
+    # Register cap of the fused kernel (None: the compiler's choice). Four warps at up to 255
+    # registers still fit two programs on an SM.
+    fused_maxnreg: Optional[int] = None
 
 
 # One config per layout; the score tile's numerics depend only on (rows, num_warps).
