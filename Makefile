@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> First run: creating $(VENV) with CPU PyTorch, Triton and indexer-topk (1-2 minutes, once)"
 	$(PYTHON) -m venv $(VENV)
 	@echo "==> [1/3] $(TORCH_SPEC), CPU build, from $(TORCH_CPU_INDEX)"
-	$(BIN)/pip install --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_SPEC)" || { \
+	@$(BIN)/pip install --retries 0 --index-url $(TORCH_CPU_INDEX) "$(TORCH_SPEC)" || { \
 	  echo "==> $(TORCH_CPU_INDEX) did not serve $(TORCH_SPEC); installing it from the default index" \
 	       "(on Linux x86_64 that is the CUDA build, several GB)"; \
 	  $(BIN)/pip install "$(TORCH_SPEC)"; }
@@ -34,12 +34,13 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> $(VENV) is ready; $(BIN)/indexer-topk runs the command line from this checkout"
 
 demo: $(VENV)/.installed
-	@echo "==> $(BIN)/indexer-topk demo $(ARGS)  (without a GPU: a small batch under the Triton interpreter, about 15 s)"
+	@echo "==> demo: without a GPU, a small batch under the Triton interpreter (15-30 s)"
 	$(BIN)/indexer-topk demo $(ARGS)
 
 test: $(VENV)/.installed
-	@echo "==> CPU test suite: about 5 minutes on 2 cores (kernels run under the Triton interpreter;"
-	@echo "    the first run also downloads SGLang's release to test the plugin on its own code)"
+	@echo "==> CPU test suite: about 5 minutes on two idle cores, more on a busy machine"
+	@echo "    (kernels run under the Triton interpreter; the first run also downloads SGLang's"
+	@echo "    release to test the plugin on SGLang's own code)"
 	$(BIN)/python -m pytest -m "not gpu" -q $(ARGS)
 
 # On a GPU machine with torch and triton already installed (see the README): GPU tests and benchmark.

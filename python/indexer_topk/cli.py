@@ -418,9 +418,9 @@ def cmd_info(a, device) -> int:
     from rich.table import Table
 
     from . import __version__
-    from .versions import package_version, triton_version
     from .envs import envs
     from .policy import KILL_SWITCH
+    from .versions import package_version, triton_version
 
     raw = envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw()
     info = {

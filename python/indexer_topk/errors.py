@@ -23,7 +23,7 @@ class BackendUnavailable(RuntimeError):
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` is the allocator running out of device (or host) memory."""
+    """Whether ``exc`` is torch's ``OutOfMemoryError`` or any error whose message says "out of memory"."""
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
     return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
 
