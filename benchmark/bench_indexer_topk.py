@@ -10,10 +10,10 @@ import sys
 from pathlib import Path
 
 try:
-    import indexer_topk.bench as bench
+    from indexer_topk.bench.cli import main
 except ImportError:  # running from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-    import indexer_topk.bench as bench
+    from indexer_topk.bench.cli import main
 
 if __name__ == "__main__":
-    sys.exit(bench.main(sys.argv[1:], prog="python benchmark/bench_indexer_topk.py"))
+    sys.exit(main(sys.argv[1:], prog="python benchmark/bench_indexer_topk.py"))

@@ -23,8 +23,10 @@ import time
 
 import torch
 
-from indexer_topk.bench import effective_tflops, median_ms, parse_tokens, peak_memory_mib, time_legacy_stages
+from indexer_topk.bench.runs import time_legacy_stages
+from indexer_topk.bench.timing import effective_tflops, median_ms, peak_memory_mib
 from indexer_topk.compare import bitwise_equal as same_bits
+from indexer_topk.options import parse_tokens
 
 
 def bench_ms(fn, iters):

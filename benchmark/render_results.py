@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 try:
-    import indexer_topk.bench as bench
+    from indexer_topk.bench import environment, report
 except ImportError:  # running from a checkout without installing the package
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
-    import indexer_topk.bench as bench
+    from indexer_topk.bench import environment, report
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,9 +29,9 @@ def main(argv=None) -> int:
     if not records:
         print(f"{a.json}: no records", file=sys.stderr)
         return 1
-    env = {k: records[0].get(k) for k in bench.ENV_KEYS}
-    bench.write_markdown(records, a.json.with_suffix(".md"), env=env, command=a.command)
-    bench.write_plot(records, a.json.with_suffix(".png"), title=f"indexer top-k on {env['gpu']}")
+    env = {k: records[0].get(k) for k in environment.ENV_KEYS}
+    report.write_markdown(records, a.json.with_suffix(".md"), env=env, command=a.command)
+    report.write_plot(records, a.json.with_suffix(".png"), title=f"indexer top-k on {env['gpu']}")
     print(f"wrote {a.json.with_suffix('.md')} and {a.json.with_suffix('.png')}")
     return 0
 

@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from indexer_topk.bench import LAYOUTS, environment, gpu_slug
+from indexer_topk.bench.environment import environment, gpu_slug
+from indexer_topk.options import LAYOUTS
 
 
 def draw_batch(rng: random.Random):

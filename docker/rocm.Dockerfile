@@ -36,7 +36,7 @@ print('aiter from', s.origin); sys.exit(0 if s and s.origin.startswith('/opt/ait
 
 # Only what the package build reads; torch and triton come from the SGLang image.
 WORKDIR /opt/indexer-topk
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY python ./python
 RUN python3 -m pip install --no-cache-dir --no-deps . \
  && python3 -c "import importlib.metadata as m; \

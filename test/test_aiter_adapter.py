@@ -13,6 +13,7 @@ import indexer_topk
 from indexer_topk import policy
 from indexer_topk.backends import aiter as adapter
 from indexer_topk.contract import IndexerTopKResult, Layout, allocate_result
+from indexer_topk.errors import BackendUnavailable
 from indexer_topk.policy import PathPolicy, Probe
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
@@ -23,7 +24,9 @@ from kernel_cases import assert_bitwise
 
 @pytest.fixture
 def fake(monkeypatch):
-    """The reference fake, installed for one test."""
+    """The reference fake, installed for one test; it computes on the CPU, so the adapter's
+    gfx950 check is lifted (:func:`test_device_problem` covers that check)."""
+    monkeypatch.setattr(adapter, "device_problem", lambda device: None)
     with fake_aiter.installed(monkeypatch, "reference") as module:
         yield module
 
@@ -213,19 +216,22 @@ def test_empty_batch_does_not_call_aiter(fake):
 # Refusals
 # ---------------------------------------------------------------------------------------------
 
+# A layout or topk AITER's kernel lacks is valid input it cannot serve: "unavailable", not a
+# ValueError, so the benchmark and `check` do not count it as a failure.
+
 @pytest.mark.parametrize("layout", ["sglang_mxfp4", "sglang_fp8"])
 def test_rejects_other_layouts(fake, layout):
     wl = make_workload(layout, context_tokens=(1024,), rows_per_request=2)
-    with pytest.raises(ValueError, match="aiter_mxfp4"):
+    with pytest.raises(BackendUnavailable, match="aiter_mxfp4"):
         indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(BackendUnavailable, match="^layout"):
         adapter.aiter_indexer_topk(wl.args(), topk=512, layout=Layout(layout), weight_scale=1.0)
     assert fake.CALLS == []
 
 
 def test_rejects_topk_2048(fake):
     wl = workload()
-    with pytest.raises(ValueError, match="topk"):
+    with pytest.raises(BackendUnavailable, match="^topk"):
         indexer_topk.indexer_topk(*wl.args(), **dict(wl.kwargs(), topk=2048), backend="aiter")
     assert fake.CALLS == []
 
@@ -239,12 +245,44 @@ def test_rejects_topk_2048(fake):
         ("absent", "ModuleNotFoundError"),
     ],
 )
-def test_symbol_missing_raises_runtime_error(monkeypatch, variant, words):
+def test_symbol_missing_is_unavailable(monkeypatch, variant, words):
     wl = workload()
     with fake_aiter.installed(monkeypatch, variant):
-        with pytest.raises(RuntimeError, match="backend 'aiter' is not available") as info:
+        with pytest.raises(BackendUnavailable, match="backend 'aiter' is not available") as info:
             indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
     assert words in str(info.value)
+
+
+class _Props:
+    def __init__(self, arch):
+        self.gcnArchName = arch
+
+
+@pytest.mark.parametrize(
+    "device, hip, arch, words",
+    [
+        ("cpu", None, None, "the inputs are on cpu"),
+        ("cuda", None, None, "this is a CUDA GPU"),
+        ("cuda", "7.2", "gfx942:sramecc+:xnack-", "this GPU is gfx942"),
+        ("cuda", "7.2", "", "unknown architecture"),
+        ("cuda", "7.2", "gfx950:sramecc+:xnack-", None),
+    ],
+)
+def test_device_problem(monkeypatch, device, hip, arch, words):
+    """AITER ships its symbol on every ROCm GPU; only gfx950 runs the kernel."""
+    monkeypatch.setattr(torch.version, "hip", hip, raising=False)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: _Props(arch))
+    problem = adapter.device_problem(torch.device(device))
+    assert problem is None if words is None else words in problem
+
+
+def test_symbol_present_on_another_device_is_unavailable(monkeypatch):
+    """With AITER's symbol importable, inputs it cannot take are refused before AITER runs."""
+    wl = workload()
+    with fake_aiter.installed(monkeypatch, "reference") as module:
+        with pytest.raises(BackendUnavailable, match="inputs are on cpu"):
+            indexer_topk.indexer_topk(*wl.args(), **wl.kwargs(), backend="aiter")
+        assert module.CALLS == []
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
-"""The benchmark harness pieces that run on a CPU, and the output comparison rules.
+"""The benchmark harness pieces that run on a CPU (:mod:`indexer_topk.bench`).
 
-Timing and peak memory on a GPU are exercised by the GPU benchmark itself; here: token and
-grid parsing, records from real (interpreted) backend runs and from failures, the JSON /
-markdown / plot writers on fake records, and :mod:`indexer_topk.compare`.
+Timing and peak memory on a GPU are exercised by the GPU benchmark itself; here: the grid,
+records from real (interpreted) backend runs and from failures, the JSON / markdown / plot
+writers on fake records, and the benchmark command's options and exit status.
 """
 
 import json
@@ -11,45 +11,27 @@ import math
 import pytest
 import torch
 
-from indexer_topk import bench, compare
-from indexer_topk.contract import IndexerTopKResult, order_keys
-from indexer_topk.reference import reference_indexer_topk, reference_scores
+from indexer_topk import compare
+from indexer_topk.bench import cli as bench_cli
+from indexer_topk.bench import environment, grid, report, runs, timing
+from indexer_topk.contract import IndexerTopKResult
+from indexer_topk.errors import BackendUnavailable
+from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
 
 # ============================================================================================
-# Parsing and the grid
+# The grid and the clocks
 # ============================================================================================
 
 
-@pytest.mark.parametrize(
-    "text, tokens",
-    [("65536", 65536), ("64K", 65536), ("768k", 786432), ("1M", 1048576), (" 256K ", 262144)],
-)
-def test_parse_tokens(text, tokens):
-    assert bench.parse_tokens(text) == tokens
-    assert bench.parse_tokens(bench.format_tokens(tokens)) == tokens
-
-
-@pytest.mark.parametrize("text", ["", "12X", "1.5M", "-4K", "0"])
-def test_parse_tokens_rejects(text):
-    with pytest.raises(ValueError):
-        bench.parse_tokens(text)
-
-
-def test_parse_list_names_the_option():
-    assert bench.parse_list("1,2, 3", int, name="--rows") == [1, 2, 3]
-    with pytest.raises(ValueError, match="--rows"):
-        bench.parse_list("1,x", int, name="--rows")
-
-
 def test_gpu_slug():
-    assert bench.gpu_slug("NVIDIA H200") == "nvidia-h200"
-    assert bench.gpu_slug("AMD Instinct MI355X (gfx950)") == "amd-instinct-mi355x-gfx950"
-    assert bench.gpu_slug("???") == "device"
+    assert environment.gpu_slug("NVIDIA H200") == "nvidia-h200"
+    assert environment.gpu_slug("AMD Instinct MI355X (gfx950)") == "amd-instinct-mi355x-gfx950"
+    assert environment.gpu_slug("???") == "device"
 
 
 def test_default_grid_has_every_case_and_the_adversarial_set():
-    cases = bench.build_grid()
+    cases = grid.build_grid()
     main = [c for c in cases if c.pattern == "random"]
     extra = [c for c in cases if c.pattern != "random"]
     assert len(main) == 3 * 4 * 2 * 2
@@ -64,17 +46,17 @@ def test_default_grid_has_every_case_and_the_adversarial_set():
 
 def test_effective_tflops_counts_rows_times_c4():
     # 1024 rows x 196608 positions is 3.30e12 FLOP; in 3.3 ms that is ~1000 TFLOP/s.
-    tf = bench.effective_tflops(1024, 196608, 3.3)
+    tf = timing.effective_tflops(1024, 196608, 3.3)
     assert tf == pytest.approx(2 * 1024 * 196608 * 64 * 128 / 3.3e-3 / 1e12)
     assert 990 < tf < 1010
-    assert bench.effective_tflops(1, 1, 0) is None
+    assert timing.effective_tflops(1, 1, 0) is None
 
 
 def test_time_call_runs_warmup_then_iters_on_cpu():
     calls = []
-    times = bench.time_call(lambda: calls.append(1), warmup=2, iters=5, device="cpu")
+    times = timing.time_call(lambda: calls.append(1), warmup=2, iters=5, device="cpu")
     assert len(calls) == 7 and len(times) == 5 and all(t >= 0 for t in times)
-    assert bench.peak_memory_mib(lambda: None, "cpu") is None
+    assert timing.peak_memory_mib(lambda: None, "cpu") is None
 
 
 # ============================================================================================
@@ -89,7 +71,7 @@ def tiny():
 
 
 def test_run_backend_reference_record(tiny):
-    run = bench.run_backend(tiny, "reference", warmup=1, iters=2, device="cpu")
+    run = runs.run_backend(tiny, "reference", warmup=1, iters=2, device="cpu")
     r = run.record
     assert run.ok and r["status"] == "ok" and r["reason"] is None
     for key in ("layout", "rows", "context_tokens", "c4_len", "topk", "backend", "median_ms", "tflops", "peak_mib", "matches_legacy"):
@@ -101,26 +83,29 @@ def test_run_backend_reference_record(tiny):
     ref = reference_indexer_topk(*tiny.args(), **tiny.kwargs())
     assert compare.bitwise_equal(run.outputs, ref)
     # A baseline sets matches_legacy by the bitwise rule.
-    assert bench.run_backend(tiny, "reference", iters=0, device="cpu", baseline=ref).record["matches_legacy"] is True
+    assert runs.run_backend(tiny, "reference", iters=0, device="cpu", baseline=ref).record["matches_legacy"] is True
     bent = IndexerTopKResult(ref.values.clone(), ref.raw_indices, ref.physical_indices, ref.counts)
     bent.values[0, 0] = torch.nextafter(bent.values[0, 0], torch.tensor(math.inf))
-    assert bench.run_backend(tiny, "reference", iters=0, device="cpu", baseline=bent).record["matches_legacy"] is False
+    assert runs.run_backend(tiny, "reference", iters=0, device="cpu", baseline=bent).record["matches_legacy"] is False
 
 
 def test_run_backend_times_first_call_when_asked(tiny):
-    r = bench.run_backend(tiny, "reference", iters=0, device="cpu", time_first_call=True).record
+    r = runs.run_backend(tiny, "reference", iters=0, device="cpu", time_first_call=True).record
     assert r["median_ms"] > 0 and "first call" in r["timed_calls"]
-    assert bench.run_backend(tiny, "reference", iters=0, device="cpu").record["median_ms"] is None
+    assert runs.run_backend(tiny, "reference", iters=0, device="cpu").record["median_ms"] is None
 
 
 @pytest.mark.parametrize(
     "exc, status, reason",
     [
-        (ImportError("No module named 'aiter'"), "unavailable", "ImportError: No module named 'aiter'"),
-        (NotImplementedError("no decode path"), "unavailable", "NotImplementedError: no decode path"),
-        (RuntimeError("needs gfx950"), "unavailable", "RuntimeError: needs gfx950"),
-        (ValueError("layout: only aiter_mxfp4"), "unavailable", "ValueError: layout: only aiter_mxfp4"),
+        (BackendUnavailable("backend 'aiter' is not available: no aiter"), "unavailable",
+         "BackendUnavailable: backend 'aiter' is not available"),
+        # A fault inside a kernel is a failure, never "cannot run here".
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "error",
+         "RuntimeError: CUDA error: an illegal memory access"),
         (RuntimeError("CUDA out of memory. Tried to allocate 4 GiB"), "error", "OOM: RuntimeError: CUDA out of memory"),
+        (ImportError("cannot import name 'launch'"), "error", "ImportError: cannot import name 'launch'"),
+        (NotImplementedError("no decode path"), "error", "NotImplementedError: no decode path"),
         (ValueError("values disagree"), "error", "ValueError: values disagree"),
         (ZeroDivisionError("bug"), "error", "ZeroDivisionError: bug"),
     ],
@@ -132,7 +117,7 @@ def test_run_backend_failures_become_records(tiny, monkeypatch, exc, status, rea
         raise exc
 
     monkeypatch.setattr(api, "_backend_fn", lambda name: boom)
-    run = bench.run_backend(tiny, "legacy", iters=1, device="cpu")
+    run = runs.run_backend(tiny, "legacy", iters=1, device="cpu")
     assert run.outputs is None
     assert run.record["status"] == status
     assert run.record["reason"].startswith(reason)
@@ -140,26 +125,22 @@ def test_run_backend_failures_become_records(tiny, monkeypatch, exc, status, rea
 
 
 def test_run_cases_on_real_backends():
-    """legacy + fused on one tiny case: both run (under the interpreter) or say why not."""
-    case = bench.BenchCase("sglang_fp8", 2200, 2, 512)
-    recs = bench.run_cases([case], ["legacy", "fused"], warmup=0, iters=1, device="cpu")
+    """legacy + fused on one tiny case, both run under the interpreter: records, stage times,
+    agreement and speed-up."""
+    case = grid.BenchCase("sglang_fp8", 2200, 2, 512)
+    recs = grid.run_cases([case], ["legacy", "fused"], warmup=0, iters=1, device="cpu")
     assert [r["backend"] for r in recs] == ["legacy", "fused"]
     legacy, fused = recs
     for r in recs:
         assert r["case"] == case.name and r["gpu"] == "cpu" and r["torch_version"] == torch.__version__
         assert "peak_memory_method" in r and "timing_method" in r and r["timestamp"]
-        assert r["status"] in ("ok", "unavailable"), r.get("reason")
-        if r["status"] != "ok":
-            assert r["error"] and r["reason"]
-    if legacy["status"] == "ok":
-        assert legacy["matches_legacy"] is True
-        for key in ("score_ms", "select_ms", "torch_topk_ms"):
-            assert legacy[key] is not None and legacy[key] > 0, legacy.get("stage_error")
-    if fused["status"] == "ok":
-        assert fused["workspace_mib"] > 0
-        if legacy["status"] == "ok":
-            assert fused["matches_legacy"] is True
-            assert fused["speedup_vs_legacy"] == pytest.approx(legacy["median_ms"] / fused["median_ms"])
+        assert r["status"] == "ok" and r["reason"] is None and "error" not in r, r.get("reason")
+    assert legacy["matches_legacy"] is True
+    for key in ("score_ms", "select_ms", "torch_topk_ms"):
+        assert legacy[key] is not None and legacy[key] > 0, legacy.get("stage_error")
+    assert fused["workspace_mib"] > 0
+    assert fused["matches_legacy"] is True
+    assert fused["speedup_vs_legacy"] == pytest.approx(legacy["median_ms"] / fused["median_ms"])
 
 
 def test_run_cases_failing_case_becomes_error_records_and_continues(monkeypatch):
@@ -172,9 +153,9 @@ def test_run_cases_failing_case_becomes_error_records_and_continues(monkeypatch)
         return make_workload(case.layout, context_tokens=[case.context_tokens], rows_per_request=[case.rows],
                              topk=case.topk, device=device)
 
-    monkeypatch.setattr(bench, "_workload_for", fake_workload)
-    cases = [bench.BenchCase("sglang_fp8", 1 << 20, 1024, 512), bench.BenchCase("sglang_fp8", 1000, 2, 512)]
-    recs = bench.run_cases(cases, ["reference"], warmup=0, iters=1, device="cpu")
+    monkeypatch.setattr(grid, "_workload_for", fake_workload)
+    cases = [grid.BenchCase("sglang_fp8", 1 << 20, 1024, 512), grid.BenchCase("sglang_fp8", 1000, 2, 512)]
+    recs = grid.run_cases(cases, ["reference"], warmup=0, iters=1, device="cpu")
     assert len(built) == 2 and len(recs) == 2
     assert recs[0]["status"] == "error" and recs[0]["error"].startswith("OOM:")
     assert recs[0]["c4_len"] == (1 << 20) // 4
@@ -211,8 +192,8 @@ def fake_records():
 
 
 def test_table_rows_render_every_state():
-    rows = bench.table_rows(fake_records())
-    assert all(len(r) == len(bench.TABLE_COLUMNS) for r in rows)
+    rows = report.table_rows(fake_records())
+    assert all(len(r) == len(report.TABLE_COLUMNS) for r in rows)
     legacy = rows[0]
     assert legacy[:6] == ("sglang_fp8", "1024", "64K", "1024", "random", "legacy")
     assert legacy[9] == "baseline" and "score" in legacy[11] and "torch.topk" in legacy[11]
@@ -225,10 +206,10 @@ def test_table_rows_render_every_state():
 def test_write_json_and_markdown(tmp_path):
     recs = fake_records()
     env = {"gpu": "NVIDIA H200", "torch_version": "2.13.0", "triton_version": "3.9.0", "timestamp": "2026-01-01T00:00:00+00:00"}
-    jp = bench.write_json(recs, tmp_path / "out" / "bench_nvidia-h200.json")
+    jp = report.write_json(recs, tmp_path / "out" / "bench_nvidia-h200.json")
     assert json.loads(jp.read_text()) == recs
     cmd = "python benchmark/bench_indexer_topk.py --quick"
-    md = bench.write_markdown(recs, tmp_path / "bench.md", env=env, command=cmd).read_text()
+    md = report.write_markdown(recs, tmp_path / "bench.md", env=env, command=cmd).read_text()
     assert "NVIDIA H200" in md and "torch 2.13.0" in md and "triton 3.9.0" in md
     assert f"`{cmd}`" in md
     assert "reset_peak_memory_stats" in md and "max_memory_allocated" in md
@@ -242,180 +223,40 @@ def _is_png(path):
 
 
 def test_write_plot(tmp_path):
-    assert _is_png(bench.write_plot(fake_records(), tmp_path / "a.png"))
+    assert _is_png(report.write_plot(fake_records(), tmp_path / "a.png"))
     # Without rows=1024/topk=1024 records the most common shape is plotted.
     other = [dict(r, rows=256, topk=512) for r in fake_records()]
-    sel, rows, topk = bench._plot_selection(other, 1024, 1024)
+    sel, rows, topk = report.plot_selection(other, 1024, 1024)
     assert (rows, topk) == (256, 512) and len(sel) == 16
-    assert _is_png(bench.write_plot(other, tmp_path / "b.png"))
+    assert _is_png(report.write_plot(other, tmp_path / "b.png"))
     # Nothing to plot still leaves a file behind.
-    assert _is_png(bench.write_plot([], tmp_path / "c.png"))
+    assert _is_png(report.write_plot([], tmp_path / "c.png"))
 
 
 def test_render_table():
     from rich.console import Console
 
     console = Console(width=200, record=True)
-    console.print(bench.render_table(fake_records()))
+    console.print(report.render_table(fake_records()))
     text = console.export_text()
     assert "sglang_fp8" in text and "baseline" in text and "error: OOM" in text
 
 
 def test_main_rejects_bad_options_before_looking_for_a_gpu(capsys):
-    assert bench.main(["--layouts", "nope"]) == 2
+    assert bench_cli.main(["--layouts", "nope"]) == 2
     assert "--layouts" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exc:
-        bench.main(["--pattern", "nope"])
+        bench_cli.main(["--pattern", "nope"])
     assert exc.value.code == 2
-
-
-# ============================================================================================
-# Comparison rules (indexer_topk.compare)
-# ============================================================================================
-
-
-def result(values, raw, counts, page=None):
-    """An IndexerTopKResult from per-row lists; physical = page * 64 + raw (page 7 by default)."""
-    v = torch.tensor(values, dtype=torch.float32)
-    r = torch.tensor(raw, dtype=torch.int32)
-    pg = 7 if page is None else page
-    p = torch.where(r >= 0, r + pg * 64, torch.full_like(r, -1))
-    return IndexerTopKResult(v, r, p, torch.tensor(counts, dtype=torch.int32))
-
-
-NEG = float("-inf")
-
-
-def test_identical_results_match():
-    a = result([[3.0, 2.0, 1.0], [5.0, NEG, NEG]], [[4, 0, 9], [2, -1, -1]], [3, 1])
-    c = compare.compare_to_reference(a, a)
-    assert c.ok and c.summary() == "ok"
-    assert compare.bitwise_equal(a, a)
-
-
-def test_values_within_tolerance_match_and_beyond_do_not():
-    e = result([[1000.0, 2.0]], [[1, 0]], [2])
-    near = result([[1000.0 * (1 + 5e-6), 2.0]], [[1, 0]], [2])
-    far = result([[1000.0 * (1 + 5e-5), 2.0]], [[1, 0]], [2])
-    assert compare.compare_to_reference(near, e).ok
-    assert not compare.bitwise_equal(near, e)
-    c = compare.compare_to_reference(far, e)
-    assert not c.ok and c.value_rows == [0] and "values" in c.summary()
-
-
-def test_reordered_near_ties_inside_the_topk_match():
-    e = result([[3.0, 2.0 + 1e-6, 2.0, 1.0]], [[0, 1, 2, 3]], [4])
-    a = result([[3.0, 2.0 + 1e-6, 2.0, 1.0]], [[0, 2, 1, 3]], [4])
-    assert compare.compare_to_reference(a, e).ok
-
-
-def test_boundary_near_tie_is_accepted_only_with_the_next_value():
-    # Reference: k-th score 2.0 at position 5; position 8 scores 2.0 * (1 - 2e-6) just below.
-    e = result([[3.0, 2.0]], [[1, 5]], [2])
-    a = result([[3.0, 2.0]], [[1, 8]], [2])
-    tie = torch.tensor([2.0 * (1 - 2e-6)])
-    c = compare.compare_to_reference(a, e, next_values=tie)
-    assert c.ok and c.near_tie_rows == [0] and "near-tie" in c.summary()
-    # Without the (k+1)-th value, or with a clear gap, it is a wrong selection.
-    assert compare.compare_to_reference(a, e).set_rows == [0]
-    c = compare.compare_to_reference(a, e, next_values=torch.tensor([1.5]))
-    assert not c.ok and c.set_rows == [0] and "[8]" in c.messages[0] and "[5]" in c.messages[0]
-
-
-def test_boundary_near_tie_still_needs_valid_positions():
-    e = result([[3.0, 2.0]], [[1, 5]], [2])
-    tie = torch.tensor([2.0])
-    out_of_range = result([[3.0, 2.0]], [[1, 40]], [2])
-    repeated = result([[3.0, 2.0]], [[1, 1]], [2])
-    assert not compare.compare_to_reference(out_of_range, e, next_values=tie, seq_lens=torch.tensor([30])).ok
-    assert not compare.compare_to_reference(repeated, e, next_values=tie).ok
-
-
-def test_nan_matches_nan_only():
-    e = result([[float("nan"), float("nan")]], [[0, 1]], [2])
-    same = result([[float("nan"), float("nan")]], [[0, 1]], [2])
-    number = result([[1.0, float("nan")]], [[0, 1]], [2])
-    assert compare.compare_to_reference(same, e).ok
-    assert compare.bitwise_equal(same, e)
-    assert compare.compare_to_reference(number, e).value_rows == [0]
-    # A NaN boundary (all-NaN row) counts as a near-tie.
-    moved = result([[float("nan"), float("nan")]], [[0, 2]], [2])
-    assert compare.compare_to_reference(moved, e, next_values=torch.tensor([float("nan")])).ok
-
-
-def test_bitwise_equal_separates_signed_zeros():
-    a = result([[0.0]], [[0]], [1])
-    b = result([[-0.0]], [[0]], [1])
-    assert compare.compare_to_reference(a, b).ok
-    assert not compare.bitwise_equal(a, b)
-
-
-def test_count_padding_and_physical_mismatches():
-    e = result([[3.0, NEG]], [[4, -1]], [1])
-    c = compare.compare_to_reference(result([[3.0, 2.0]], [[4, 0]], [2]), e)
-    assert c.count_rows == [0] and not c.ok
-    c = compare.compare_to_reference(result([[3.0, NEG]], [[4, 0]], [1]), e)
-    assert c.padding_rows == [0] and not c.ok
-    c = compare.compare_to_reference(result([[3.0, NEG]], [[4, -1]], [1], page=9), e)
-    assert c.physical_rows == [0] and not c.ok
-    # Against the page table: page 7 holds positions 0..63 of the row.
-    pt = torch.tensor([[7, 2]], dtype=torch.int32)
-    assert compare.compare_to_reference(e, e, page_table=pt).ok
-    assert not compare.compare_to_reference(e, e, page_table=torch.tensor([[3, 2]], dtype=torch.int32)).ok
-
-
-def test_reference_boundary_values_are_the_next_best_scores():
-    w = make_workload("sglang_mxfp4", context_tokens=[2300, 1000], rows_per_request=[2, 1], topk=512, seed=5)
-    expected, nxt = compare.reference_with_boundary(w.args(), **w.kwargs())
-    assert compare.bitwise_equal(expected, reference_indexer_topk(*w.args(), **w.kwargs()))
-    scores = reference_scores(*w.args(), layout=w.layout, weight_scale=w.weight_scale)
-    for r in range(w.rows):
-        n = int(w.seq_lens[r])
-        if n <= w.topk:
-            assert nxt[r] == NEG
-            continue
-        pos = torch.arange(n)
-        keys = order_keys(scores[r, :n], pos)
-        kth_next = int(keys.argsort(descending=True)[w.topk])
-        assert torch.equal(nxt[r].view(torch.int32), scores[r, kth_next].view(torch.int32))
-    assert compare.compare_to_reference(expected, expected, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table).ok
-
-
-def test_comparison_rule_text_states_the_tolerance():
-    text = compare.comparison_rule(1e-5, 1e-6)
-    assert "1e-05" in text and "1e-06" in text and "near-tie" in text
-
-
-def test_fp8_gpu_tolerance_scales_with_the_row():
-    """On a GPU the FP8 rule adds 2e-3 of the row's largest score; elsewhere fp32 rounding."""
-    from indexer_topk.compare import compare_to_reference, mma_tolerance
-
-    vals = torch.tensor([[3.0, 0.02017], [3.0, 0.02017]])
-    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
-    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
-    got = IndexerTopKResult(torch.tensor([[3.001, 0.02040], [3.0, 0.02040 + 0.01]]), raw, raw, exp.counts)
-    cpu = mma_tolerance("sglang_fp8", "cpu", exp)
-    assert not compare_to_reference(got, exp, **cpu).ok
-    assert mma_tolerance("sglang_mxfp4", "cuda", exp) == cpu
-    cmp = compare_to_reference(got, exp, **mma_tolerance("sglang_fp8", "cuda", exp))
-    assert cmp.value_rows == [1]  # row 0 within 2e-3 * 3.0 of the reference; row 1 is 1e-2 off
-
-
-def test_tolerance_overrides_replace_the_rule():
-    """A caller's rtol replaces the layout's rule; its atol is the floor of the FP8 per-row tolerance."""
-    from indexer_topk.compare import comparison_rule, mma_tolerance
-
-    vals = torch.tensor([[3.0, 0.5], [1e-6, 0.0]])
-    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
-    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
-    assert mma_tolerance("sglang_fp8", "cuda", exp, rtol=0.1, atol=0.5) == {"rtol": 0.1, "atol": 0.5}
-    assert mma_tolerance("sglang_mxfp4", "cpu", exp, atol=0.25) == {"rtol": compare.DEFAULT_RTOL, "atol": 0.25}
-    per_row = mma_tolerance("sglang_fp8", "cuda", exp, atol=1e-3)["atol"]
-    assert per_row.tolist() == pytest.approx([compare.FP8_MMA_RTOL * 3.0, 1e-3])
-    assert "sglang_fp8 on a GPU" in comparison_rule(device="cuda")
-    assert "sglang_fp8 on a GPU" not in comparison_rule(1e-3, device="cuda") + comparison_rule(device="cpu")
 
 
 def test_environment_fields_are_the_declared_keys():
     """render_results reads a run's environment by ENV_KEYS: the harness must write exactly those."""
-    assert tuple(bench.environment("cpu")) == bench.ENV_KEYS
+    assert tuple(environment.environment("cpu")) == environment.ENV_KEYS
+
+
+def test_exit_status_fails_on_errors_and_disagreement_not_on_unavailable():
+    ok = {"status": "ok", "matches_legacy": True}
+    assert bench_cli.exit_status([ok, {"status": "unavailable", "matches_legacy": None}]) == 0
+    assert bench_cli.exit_status([ok, {"status": "ok", "matches_legacy": False}]) == 1
+    assert bench_cli.exit_status([ok, {"status": "error", "matches_legacy": None}]) == 1

@@ -6,7 +6,7 @@ import-only stubs for absent dependencies and reference-backed doubles of the GP
 (see ``sglang_doubles``). The plugin is loaded by SGLang's own ``load_plugins()`` through the
 package's ``sglang.srt.plugins`` entry point, and SGLang's own ``forward_c4_indexer`` runs
 each call: once hooked, once as SGLang's unhooked method. Routing uses the real path policy
-(built from an H200 or gfx950 probe) with our GPU backends' routes served by the exact
+(built from an H200 or gfx950 probe); the backend it names is served by the exact
 ``"reference"`` backend, so the outcome does not depend on the Triton kernels; the
 subprocess tests use the real ``default_policy()`` unmodified, and the enabled one runs our
 Triton fused kernel under the interpreter.
@@ -36,7 +36,7 @@ import sglang_fetch
 from sglang_doubles import (
     H200,
     MI355X_AITER,
-    ReferenceRoutes,
+    CountingPolicy,
     SceneSpec,
     build_scene,
     open_sglang,
@@ -69,15 +69,17 @@ def sg(sglang_paths):
 
 @pytest.fixture
 def served(monkeypatch):
-    """Calls of our operator made by the plugin: one ``(backend, rows, topk, layout)`` each."""
+    """Calls of our operator made by the plugin: one ``(backend, rows, topk, layout)`` each,
+    ``backend`` as the policy named it. The exact ``"reference"`` backend computes each one:
+    the policy routes as on the GPU of its probe, where our kernels or AITER would run."""
     calls = []
     real = api.indexer_topk
 
-    def counted(*args, **kwargs):
+    def serve(*args, **kwargs):
         calls.append((kwargs["backend"], args[0].shape[0], kwargs["topk"], kwargs["layout"]))
-        return real(*args, **kwargs)
+        return real(*args, **{**kwargs, "backend": "reference"})
 
-    monkeypatch.setattr(api, "indexer_topk", counted)
+    monkeypatch.setattr(api, "indexer_topk", serve)
     return calls
 
 
@@ -99,7 +101,7 @@ def load(sg, monkeypatch):
     sg.calls.clear()
 
     def _load(probe: Probe = H200):
-        policy = ReferenceRoutes(probe)
+        policy = CountingPolicy(probe)
         monkeypatch.setattr(policy_module, "default_policy", lambda: policy)
         _ensure_entry_point(monkeypatch, sg)
         monkeypatch.setattr(sg.plugins, "_plugins_loaded", False)
@@ -163,12 +165,13 @@ def test_missing_hook_symbol_leaves_sglang_untouched(sg, load, monkeypatch, capl
     assert "leaving SGLang's indexer untouched" in caplog.text
 
 
-def test_policy_frozen_when_sglang_builds_the_backend(sg, load):
+def test_policy_built_when_sglang_builds_the_backend(sg, load, monkeypatch):
     policy = load()
-    assert sglang_plugin._STATE.policy is None
-    _scene(sg, layout="sglang_fp8")  # SGLang's backend __init__ runs here
-    assert sglang_plugin._STATE.policy is policy
-    assert not policy.routes  # frozen before any call was routed
+    asked = []
+    monkeypatch.setattr(policy_module, "default_policy", lambda: asked.append("init") or policy)
+    _scene(sg, layout="sglang_fp8")  # SGLang's backend __init__ runs here, before any capture
+    assert asked and set(asked) == {"init"}
+    assert not policy.routes  # built (frozen) before any call was routed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +189,9 @@ def test_prefill_matches_sglang_without_logits(sg, load, served, layout, raw):
     sg.calls.clear()
     legacy_pages, legacy_raws = scene.forward(original=True)
 
-    assert served == [("reference", scene.rows, 512, layout)]  # one call, every row: no chunks
-    assert policy.routes == {("aiter" if layout == "aiter_mxfp4" else "fused"): 1}
+    backend = "aiter" if layout == "aiter_mxfp4" else "fused"
+    assert served == [(backend, scene.rows, 512, layout)]  # one call, every row: no chunks
+    assert policy.routes == {backend: 1}  # the policy was asked once
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
     assert (pages[scene.rows:] == -1).all()  # rows past the batch untouched
     if raw:
@@ -275,21 +279,35 @@ def _assert_sglang_served(sg, scene, served):
 
 @pytest.mark.parametrize("layout", ["aiter_mxfp4", "sglang_fp8"])
 def test_decode_stays_on_sglang(sg, load, served, layout):
-    load(LAYOUT_PROBE[layout])
+    policy = load(LAYOUT_PROBE[layout])
     scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1))
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)
+    assert not policy.routes  # decode left before the call's metadata is read
+
+
+def test_decode_passed_positionally_is_routed_by_the_policy(sg, load, served):
+    """Without the keyword fast path, the policy's decode rule keeps the call on SGLang's path."""
+    policy = load(H200)
+    scene = _scene(sg, layout="sglang_fp8", mode="DECODE", extend=(1, 1, 1))
+    sg.calls.clear()
+    hooked = type(scene.backend).forward_c4_indexer
+    with scene.platform():
+        hooked(scene.backend, scene.x, scene.q_lora, scene.c4_indexer, scene.forward_batch)
+    assert served == [] and sg.calls.logits_calls() == 1
+    assert policy.routes == {"legacy": 1}
 
 
 def test_hip_verify_on_rowgroup_decode_workspace_stays_on_sglang(sg, load, served):
     """SGLang scores a target-verify as decode rows when HIP built a row-group decode workspace."""
-    load(MI355X_AITER)
+    policy = load(MI355X_AITER)
     scene = _scene(sg, layout="aiter_mxfp4", mode="TARGET_VERIFY", extend=(4, 4, 4))
     ws = sg.fp4_hip.FP4RowgroupDecodeWorkspace(scene.metadata.indexer_metadata.page_table, 256, None, 4)
     scene.metadata.fp4_decode_workspace = ws
     sg.calls.clear()
     pages, _ = scene.forward()
     assert served == [] and sg.calls.logits_calls() == 1
+    assert policy.routes == {"legacy": 1}  # told these rows are decode rows, the policy keeps them off
 
 
 @pytest.mark.parametrize("how", ["torch_stream_capture", "sglang_capture_mode", "breakable_cuda_graph",
@@ -313,7 +331,7 @@ def test_capture_stays_on_sglang(sg, load, served, how):
     else:
         pages, _ = scene.forward()
     assert served == [] and sg.calls.logits_calls() == 1
-    assert not policy.routes  # capture is decided before the policy is asked
+    assert policy.routes == {"legacy": 1}  # the policy, asked once, saw the capture
     legacy_pages, _ = scene.forward(original=True)
     assert torch.equal(pages, legacy_pages)
 
@@ -324,6 +342,18 @@ def test_kill_switch_stays_on_sglang(sg, load, served):
     scene = _scene(sg, layout="sglang_fp8")
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)
+    assert policy.routes == {"legacy": 1}
+
+
+def test_no_kernels_here_stays_on_sglang(sg, load, served):
+    """Without a GPU or the Triton interpreter the policy answers "reference" for the package's
+    own API; inside SGLang that is SGLang's own path."""
+    policy = load(Probe(device="cpu", device_name="cpu", triton_version="3.x"))
+    assert policy.fused_backend == "reference"
+    scene = _scene(sg, layout="sglang_fp8")
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+    assert policy.routes == {"reference": 1}
 
 
 def test_nonpaged_indexer_stays_on_sglang(sg, load, served, monkeypatch):

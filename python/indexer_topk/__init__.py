@@ -10,12 +10,14 @@ from .contract import (
     Layout,
     allocate_result,
 )
+from .errors import BackendUnavailable
 from .workload import Workload, make_workload
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BACKENDS",
+    "BackendUnavailable",
     "HEAD_DIM",
     "HEADS",
     "PAGE_SIZE",

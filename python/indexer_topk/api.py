@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .backends import require_runnable
 from .contract import IndexerTopKResult, allocate_result, validate_inputs
 
 BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
@@ -124,18 +125,24 @@ def indexer_topk(
     ------
     ValueError
         Naming the offending argument, before any kernel runs.
+    indexer_topk.errors.BackendUnavailable
+        The chosen backend cannot run here (no Triton; a CPU without the Triton interpreter;
+        AITER missing, on another GPU, or asked for a layout or ``topk`` it lacks), before
+        anything runs.
     """
     args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
     layout, out = validate_inputs(
         *args, topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values
     )
     name = resolve_backend(backend, layout=layout, topk=topk)
+    require_runnable(name, q.device)
     fn = _backend_fn(name)
     return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
 
 
 def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:
     """Bytes of scratch the fused backend needs for a call of ``rows`` rows (context-independent)."""
+    require_runnable("fused")
     from .backends.fused import fused_workspace_size
 
     return fused_workspace_size(rows, topk, layout, device=device)

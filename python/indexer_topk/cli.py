@@ -7,7 +7,7 @@ Subcommands:
     available backend on it and print time, peak memory, effective TFLOP/s and whether the
     outputs agree; then how much memory the fused path saves and which path the policy picks.
 ``bench``
-    The GPU benchmark (:mod:`indexer_topk.bench`); options pass through.
+    The GPU benchmark (:mod:`indexer_topk.bench.cli`); options pass through.
 ``info``
     Versions, device, AITER symbol, kill switch and the frozen policy decision.
 ``check``
@@ -24,6 +24,9 @@ import json
 import os
 import sys
 from typing import List, Optional, Sequence
+
+from .errors import describe_exception, failure_reason, failure_status
+from .options import LAYOUTS, one_of, parse_list, parse_tokens
 
 PROG = "indexer-topk"
 KERNEL_BACKENDS = ("legacy", "fused", "aiter")
@@ -87,8 +90,6 @@ def _policy_summary(layout=None, topk=None) -> dict:
             out["describe"] = {"error": f"{type(exc).__name__}: {exc}"}
         return out
     except Exception as exc:
-        from .bench import describe_exception
-
         return {"available": False, "reason": f"unavailable: {describe_exception(exc)}"}
 
 
@@ -135,8 +136,6 @@ def _workspace_bytes(rows: int, topk: int, layout: str, device) -> Optional[int]
 
 def _option_list(text: str, convert, name: str) -> list:
     """A comma-list option; a bad item is a usage error (exit 2), like argparse's own."""
-    from .bench import parse_list
-
     try:
         return list(dict.fromkeys(parse_list(text, convert, name=name)))
     except ValueError as exc:
@@ -144,15 +143,11 @@ def _option_list(text: str, convert, name: str) -> list:
 
 
 def _parse_contexts(text: str) -> List[int]:
-    from .bench import parse_tokens
-
     return _option_list(text, parse_tokens, "--context")
 
 
 def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
     """A comma-list option whose items must be among ``allowed``."""
-    from .bench import one_of
-
     return _option_list(text, one_of(allowed), name)
 
 
@@ -232,7 +227,7 @@ def cmd_demo(a, device) -> int:
     import torch
     from rich.table import Table
 
-    from .bench import BackendRun, run_backend, workload_record
+    from .bench.runs import BackendRun, run_backend, workload_record
     from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_boundary_values
     from .workload import make_workload
 
@@ -409,8 +404,6 @@ def _aiter_symbol_state() -> str:
 
         sym = aiter_symbol()
     except Exception as exc:
-        from .bench import describe_exception
-
         return f"unknown ({describe_exception(exc)})"
     if not sym:
         return "absent"
@@ -425,9 +418,9 @@ def cmd_info(a, device) -> int:
     from rich.table import Table
 
     from . import __version__
-    from .bench import package_version, triton_version
     from .envs import envs
     from .policy import KILL_SWITCH
+    from .versions import package_version, triton_version
 
     raw = envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw()
     info = {
@@ -487,7 +480,6 @@ def cmd_check(a, device) -> int:
     from rich.table import Table
 
     from . import allocate_result, indexer_topk
-    from .bench import LAYOUTS, describe_exception, is_unavailable
     from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
     from .workload import PATTERNS, make_workload
 
@@ -516,7 +508,7 @@ def cmd_check(a, device) -> int:
                         out = allocate_result(w.rows, w.topk, device)
                         got = indexer_topk(*w.args(), **w.kwargs(), backend=b, out=out, check_values=True)
                     except Exception as exc:
-                        entry.update(status="unavailable" if is_unavailable(exc) else "error", detail=describe_exception(exc))
+                        entry.update(status=failure_status(exc), detail=failure_reason(exc))
                         results.append(entry)
                         continue
                     cmp = compare_to_reference(got, expected, next_values=nxt,
@@ -614,7 +606,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         argv = ["demo"] + argv
     if argv[0] == "bench":
         # The benchmark owns its options; parse nothing here so they pass through untouched.
-        from .bench import main as bench_main
+        from .bench.cli import main as bench_main
 
         return bench_main(argv[1:], prog=f"{PROG} bench", parser_class=_Parser)
 

@@ -6,18 +6,19 @@ SGLang discovers this module through the ``sglang.srt.plugins`` entry point decl
 are all present, registers two hooks with SGLang's ``HookRegistry``:
 
 ``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.__init__`` (AFTER)
-    Freezes the path policy (:func:`indexer_topk.policy.default_policy`) when SGLang builds
-    a DSv4 attention backend: the device is selected by then and no graph is being captured,
-    so the policy's probes never run inside a capture.
+    Builds the process's path policy (:func:`indexer_topk.policy.default_policy`, frozen
+    once built) when SGLang builds a DSv4 attention backend: the device is selected by then
+    and no graph is being captured, so the policy's probes never run inside a capture.
 
 ``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.forward_c4_indexer`` (AROUND)
-    For calls the policy routes off ``"legacy"`` on the two covered branches -- HIP with the
-    FP4 indexer (AITER layout) and the CUDA paged indexer over an FP4 or FP8 cache -- runs
-    SGLang's own query/weights preparation and index-K compression, then writes the physical
-    page indices (and the raw indices when SGLang asks for them) through our operator in one
-    call: no ``[rows, c4_context]`` logits buffer, no row chunks. Every other call (decode,
-    graph capture, the kill switch, the non-paged indexer, HiSparse, XPU, HIP FP8, ...) goes
-    to SGLang's original method unchanged.
+    On the two covered branches -- HIP with the FP4 indexer (AITER layout) and the CUDA paged
+    indexer over an FP4 or FP8 cache -- asks the policy, once per call, which backend serves
+    it. Where the policy names one of our kernels (``"fused"``, ``"aiter"``), runs SGLang's own
+    query/weights preparation and index-K compression, then writes the physical page indices
+    (and the raw indices when SGLang asks for them) through our operator in one call: no
+    ``[rows, c4_context]`` logits buffer, no row chunks. Where it says ``"legacy"`` (decode,
+    graph capture, the kill switch) and on every branch not covered (the non-paged indexer,
+    HiSparse, XPU, HIP FP8, ...) SGLang's original method runs unchanged.
 
 Importing this module never imports SGLang; without SGLang, :func:`load` logs and returns.
 """
@@ -68,8 +69,7 @@ class _PluginState:
         self.lock = threading.Lock()
         self.registered = False
         self.indexer_module = None  # SGLang's dsv4 indexer module, once probed
-        self.policy = None  # the frozen PathPolicy
-        self.disabled: Optional[str] = None  # why the fused route is off for this process
+        self.disabled: Optional[str] = None  # why our route is off for the rest of this process
         self.served_first_call = False
 
 
@@ -165,50 +165,49 @@ def probe_sglang() -> List[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Policy: frozen once per process, before any graph capture
+# Routing: the path policy decides, once per call
 # ---------------------------------------------------------------------------------------------
 
 def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     """AFTER hook on the backend mixin's ``__init__``: SGLang builds attention backends
-    (target, draft and per-step MTP backends alike) before it captures any graph."""
-    frozen_policy()
+    (target, draft and per-step MTP backends alike) before it captures any graph, so building
+    the policy here keeps its probes out of every capture."""
+    _policy_or_none()
     return None
 
 
-def frozen_policy():
-    """The process's path policy, built on first use and never rebuilt; None if unavailable.
+def _policy_or_none():
+    """The process's frozen path policy; ``None``, and our route off for good, if it cannot
+    be built."""
+    if _STATE.disabled is not None:
+        return None
+    try:
+        return _policy.default_policy()  # built once per process; logs its one decision line
+    except Exception as exc:
+        _STATE.disabled = f"no path policy ({type(exc).__name__}: {exc})"
+        logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
+        return None
 
-    Called from the backend constructor hook, so the policy's probes run outside capture; a
-    call that would first build it during a capture is refused by :func:`_route`.
+
+def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, prefill_graph: bool) -> Optional[str]:
+    """Which of our backends serves this call, or ``None`` for SGLang's own path.
+
+    The policy's rules decide: decode and idle modes, graph capture (torch's stream capture
+    and SGLang's capture modes, which the policy detects itself) and the kill switch take its
+    ``"legacy"`` route, which inside SGLang is SGLang's own path. The plugin adds only what
+    SGLang's metadata says: rows SGLang scores as decode in a prefill mode
+    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``). ``"reference"``,
+    the policy's answer where none of our kernels can run (no GPU, no Triton interpreter),
+    leaves the call to SGLang too.
     """
-    if _STATE.policy is not None or _STATE.disabled is not None:
-        return _STATE.policy
-    with _STATE.lock:
-        if _STATE.policy is not None or _STATE.disabled is not None:
-            return _STATE.policy
-        try:
-            _STATE.policy = _policy.default_policy()  # logs the policy's one decision line
-        except Exception as exc:
-            _STATE.disabled = f"no path policy ({type(exc).__name__}: {exc})"
-            logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
-        return _STATE.policy
-
-
-def _route(*, layout: str, topk: int, is_decode: bool, capturing: bool, forward_mode) -> str:
-    """``"legacy"`` (SGLang's own path) or the backend our operator runs this call with.
-
-    Decode, graph capture and the kill switch keep SGLang's path whatever backend the policy
-    would name for the package's own API (on a CPU without the Triton interpreter it names
-    ``"reference"`` for every call). The policy is never built inside a capture.
-    """
-    if is_decode or capturing:
-        return "legacy"
-    policy = frozen_policy()
-    if policy is None or _STATE.disabled is not None:
-        return "legacy"
-    if not policy.probe.fused_enabled:
-        return "legacy"
-    return policy.route(layout=layout, topk=topk, is_decode=False, capturing=False, forward_mode=forward_mode)
+    policy = _policy_or_none()
+    if policy is None:
+        return None
+    backend = policy.route(
+        layout=layout, topk=topk, is_decode=scored_as_decode, forward_mode=forward_mode,
+        capturing=True if prefill_graph else None,  # None: the policy looks for a capture itself
+    )
+    return None if backend in ("legacy", "reference") else backend
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,10 +225,13 @@ class _Call:
 
 
 def _forward_c4_indexer_hook(original, *args, **kwargs):
-    """AROUND hook: our operator for covered calls the policy routes off legacy, else SGLang's."""
+    """AROUND hook: our operator for covered calls the policy routes to our kernels, else SGLang's."""
     forward_batch = kwargs.get("forward_batch")
     if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle():
-        return original(*args, **kwargs)  # the per-step decode path pays one attribute check
+        # The policy sends every decode and idle call to SGLang's path; answering that before
+        # binding the signature keeps an eager decode step (one call per layer) at one
+        # attribute read. Decode passed positionally still reaches the policy below.
+        return original(*args, **kwargs)
     signature = _SIGNATURES.get(original)
     if signature is None:
         signature = _SIGNATURES[original] = inspect.signature(original)
@@ -249,14 +251,15 @@ _SIGNATURES: dict = {}
 
 
 def _plan_call(a) -> Optional[_Call]:
-    """A :class:`_Call` when this call is covered and routed off legacy; None means: SGLang's path.
+    """A :class:`_Call` when this call is covered and the policy routes it to one of our
+    kernels; None means: SGLang's path.
 
     Reads only metadata SGLang has already built, so declining costs a few attribute reads.
     """
     ix = _STATE.indexer_module
     backend_self, c4_indexer, forward_batch = a["self"], a["c4_indexer"], a["forward_batch"]
     mode = forward_batch.forward_mode
-    if ix is None or mode.is_idle():
+    if ix is None:
         return None
     if getattr(backend_self, "debug_use_external_c4_sparse_indices", False):
         return None
@@ -282,16 +285,16 @@ def _plan_call(a) -> Optional[_Call]:
     if page_indices is None or page_indices.dim() != 2 or page_indices.shape[1] not in SUPPORTED_TOPK:
         return None
 
-    is_decode = mode.is_decode()
-    if aiter and mode.is_target_verify() and isinstance(
+    # SGLang scores an AITER target-verify as decode rows when it built a row-group decode workspace.
+    scored_as_decode = aiter and mode.is_target_verify() and isinstance(
         getattr(metadata, "fp4_decode_workspace", None), ix.FP4RowgroupDecodeWorkspace
-    ):
-        is_decode = True  # SGLang scores these rows as decode rows
-    capturing = bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)) or _policy.is_capturing()
+    )
     layout = "aiter_mxfp4" if aiter else ("sglang_mxfp4" if fp4 else "sglang_fp8")
-    topk = page_indices.shape[1]
-    backend = _route(layout=layout, topk=topk, is_decode=is_decode, capturing=capturing, forward_mode=mode)
-    if backend == "legacy":
+    backend = _route(
+        layout=layout, topk=page_indices.shape[1], forward_mode=mode, scored_as_decode=scored_as_decode,
+        prefill_graph=bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)),
+    )
+    if backend is None:
         return None
 
     pool = backend_self.token_to_kv_pool
@@ -459,4 +462,4 @@ def _demote_and_rerun(original, a, call: _Call, exc: Exception):
     return original(a["self"], **kwargs)
 
 
-__all__ = ["load", "probe_sglang", "frozen_policy", "TARGET_SGLANG_VERSION"]
+__all__ = ["load", "probe_sglang", "TARGET_SGLANG_VERSION"]

@@ -1,10 +1,11 @@
-"""The package's real path policy, with one substitution for a CPU test run.
+"""The package's real path policy, counted, and the probes of the GPUs a test pretends to run on.
 
-:class:`ReferenceRoutes` wraps a real :class:`indexer_topk.policy.PathPolicy` built from a
+:class:`CountingPolicy` wraps a real :class:`indexer_topk.policy.PathPolicy` built from a
 chosen :class:`indexer_topk.policy.Probe` (say, an H200 or a gfx950 with AITER's kernel), so
-every routing rule -- prefill vs decode, capture, the kill switch, layout -- is the real one,
-and only a route naming one of our GPU backends is served by ``"reference"``, the exact
-PyTorch implementation, because the Triton kernels would run under the interpreter here.
+every routing rule -- prefill vs decode, capture, the kill switch, layout -- is the real one;
+it counts the routes it gives. The backend a route names is served by ``"reference"`` at the
+operator (see ``test_sglang_plugin.served``), because our Triton kernels would run under the
+interpreter here and AITER is absent.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ MI355X_AITER = Probe(device="hip", device_name="AMD Instinct MI355X", gfx_arch="
                      aiter_symbol=True)
 
 
-class ReferenceRoutes:
-    """Delegates to a real policy; ``"fused"``/``"aiter"`` become ``"reference"``. Counts routes."""
+class CountingPolicy:
+    """Delegates to a real policy and counts the routes it returns."""
 
     def __init__(self, probe: Probe):
         self.inner = PathPolicy(probe)
@@ -40,4 +41,4 @@ class ReferenceRoutes:
     def route(self, **kwargs) -> str:
         name = self.inner.route(**kwargs)
         self.routes[name] += 1
-        return "legacy" if name == "legacy" else "reference"
+        return name

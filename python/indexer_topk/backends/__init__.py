@@ -5,4 +5,55 @@
 where ``args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)`` has already been
 validated. Modules are imported on first use only (``api._backend_fn``), so importing the
 package never imports Triton kernels or vendor libraries.
+
+A backend that cannot run raises :class:`indexer_topk.errors.BackendUnavailable` before it
+computes anything; :func:`require_runnable` says so for our Triton backends before their
+modules (and Triton) are imported.
 """
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Optional
+
+import torch
+
+from ..envs import interpreting
+from ..errors import BackendUnavailable
+
+# Ours, written in Triton: they need Triton, and a GPU or the Triton interpreter.
+TRITON_BACKENDS = ("legacy", "fused")
+
+
+def _triton_installed() -> bool:
+    try:
+        return importlib.util.find_spec("triton") is not None
+    except (ImportError, ValueError):  # a broken parent package, or triton set to None in sys.modules
+        return False
+
+
+def triton_problem(device=None) -> Optional[str]:
+    """Why our Triton kernels cannot run on ``device`` (``None``: wherever), or ``None``.
+
+    Triton must be importable (GPU builds of torch bring their own; a CPU needs ``pip install
+    triton``), and inputs on a CPU need the Triton interpreter, ``TRITON_INTERPRET=1``, as the
+    environment says now: the interpreter is chosen when the kernels are imported, so the
+    variable must be set before that.
+    """
+    if not _triton_installed():
+        return "Triton is not installed (GPU builds of torch bring it; on a CPU: pip install triton)"
+    if device is not None and torch.device(device).type == "cpu" and not interpreting():
+        return "the inputs are on a CPU and the Triton interpreter is off (set TRITON_INTERPRET=1 before the first call)"
+    return None
+
+
+def require_runnable(backend: str, device=None) -> None:
+    """Raise :class:`BackendUnavailable` if ``backend`` is one of :data:`TRITON_BACKENDS` and
+    :func:`triton_problem` names a reason it cannot run on ``device``."""
+    if backend in TRITON_BACKENDS:
+        problem = triton_problem(device)
+        if problem:
+            raise BackendUnavailable(f"backend {backend!r} is not available: {problem}")
+
+
+__all__ = ["TRITON_BACKENDS", "require_runnable", "triton_problem"]

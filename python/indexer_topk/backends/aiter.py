@@ -21,12 +21,14 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, canonicalize_scores, parse_layout
+from ..errors import BackendUnavailable
 
 AITER_MODULE = "aiter.ops.flydsl"
 AITER_SYMBOL = "flydsl_pa_mqa_topk_fp4_prefill"
 AITER_ALLOCATOR = "allocate_fp4_prefill_topk_workspace"
 AITER_RESULT_TYPE = "FP4PrefillTopKResult"
 AITER_TOPK = (512, 1024)
+AITER_ARCH = "gfx950"
 
 # AITER scores 256 C4 positions (4 pages of 64) per chunk, so SGLang rounds the page table up
 # to whole chunks (at least one) and appends one chunk of columns that the kernel's software
@@ -109,6 +111,23 @@ def guarded_page_table(page_table: torch.Tensor, seq_lens: torch.Tensor) -> Tupl
     return block_tables, scanned * PAGE_SIZE
 
 
+def device_problem(device: torch.device) -> Optional[str]:
+    """Why AITER's kernel cannot run on ``device``, or ``None`` on an AMD gfx950.
+
+    AITER exports the symbol on every ROCm GPU, but its FlyDSL kernel is built for gfx950
+    only and takes GPU tensors only; anywhere else it would fail inside AITER, which would
+    read as a crash rather than as "cannot run here".
+    """
+    if device.type != "cuda":
+        return f"AITER's fused kernel takes tensors on an AMD {AITER_ARCH} GPU; the inputs are on {device.type}"
+    if not getattr(torch.version, "hip", None):
+        return f"AITER's fused kernel needs an AMD {AITER_ARCH} GPU; this is a CUDA GPU"
+    arch = str(getattr(torch.cuda.get_device_properties(device), "gcnArchName", "") or "").split(":")[0]
+    if arch != AITER_ARCH:
+        return f"AITER's fused kernel needs {AITER_ARCH}; this GPU is {arch or 'of unknown architecture'}"
+    return None
+
+
 def _parallel_units(rows: int, workspace: Any) -> int:
     """CTA slots to schedule: the caller's AITER workspace decides, else AITER's own default.
 
@@ -181,22 +200,26 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
 
     Raises
     ------
-    ValueError
-        For a layout other than ``aiter_mxfp4`` or ``topk`` not in (512, 1024).
-    RuntimeError
-        If this process cannot import AITER's symbol (the message carries the import error).
+    BackendUnavailable
+        Before anything runs: for a layout other than ``aiter_mxfp4`` or ``topk`` not in
+        (512, 1024) (the message starts with the argument's name); when this process cannot
+        import AITER's symbol (the message carries the import error); when the inputs are not
+        on an AMD gfx950 GPU.
     """
     layout = parse_layout(layout)
     if layout is not Layout.AITER_MXFP4:
-        raise ValueError(f"layout: the aiter backend supports only 'aiter_mxfp4', got {layout.value!r}")
+        raise BackendUnavailable(f"layout: the aiter backend supports only 'aiter_mxfp4', got {layout.value!r}")
     if isinstance(topk, bool) or topk not in AITER_TOPK:
-        raise ValueError(f"topk: the aiter backend supports {AITER_TOPK}, got {topk!r}")
+        raise BackendUnavailable(f"topk: the aiter backend supports {AITER_TOPK}, got {topk!r}")
     module, fn, error = _lookup()
     if fn is None:
         why = f"importing {AITER_MODULE} raised {error}" if error else f"{AITER_MODULE} has no {AITER_SYMBOL}"
-        raise RuntimeError(f"backend 'aiter' is not available: {why}")
-
+        raise BackendUnavailable(f"backend 'aiter' is not available: {why}")
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = args
+    problem = device_problem(q.device)
+    if problem:
+        raise BackendUnavailable(f"backend 'aiter' is not available: {problem}")
+
     rows = q.shape[0]
     device = q.device
     if out is None:
@@ -231,11 +254,13 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
 
 
 __all__ = [
+    "AITER_ARCH",
     "AITER_MODULE",
     "AITER_SYMBOL",
     "AITER_TOPK",
     "aiter_indexer_topk",
     "aiter_symbol",
+    "device_problem",
     "guarded_page_table",
     "guarded_width",
     "lookup_aiter_symbol",

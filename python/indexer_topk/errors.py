@@ -1,0 +1,48 @@
+"""How a backend says it cannot run, and how callers tell that apart from a failure.
+
+A backend that cannot run in this process -- its library is missing, the GPU is the wrong
+one, there is no GPU and no Triton interpreter, it does not implement the call's layout or
+``topk`` -- raises :class:`BackendUnavailable` before it computes anything. Every other
+exception a backend raises is a failure: a bug, a CUDA fault, running out of memory. The
+benchmark records the first as ``"unavailable"`` and the second as ``"error"``; ``indexer-topk
+check`` and ``demo`` exit non-zero on an error.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class BackendUnavailable(RuntimeError):
+    """This backend cannot run here, or not for this call's layout or ``topk``; nothing ran.
+
+    The message names the backend and says why (and, where there is one, what would make it
+    run). A subclass of ``RuntimeError``, so code written against the earlier ``RuntimeError``
+    still catches it.
+    """
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is torch's ``OutOfMemoryError`` or any error whose message says "out of memory"."""
+    oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or "out of memory" in str(exc).lower()
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"Type: first line of the message"`` (or just the type when the message is empty)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def failure_reason(exc: BaseException) -> str:
+    """:func:`describe_exception`, prefixed ``"OOM: "`` when ``exc`` is an out-of-memory error."""
+    return ("OOM: " if is_out_of_memory(exc) else "") + describe_exception(exc)
+
+
+def failure_status(exc: BaseException) -> str:
+    """``"unavailable"`` for :class:`BackendUnavailable`, ``"error"`` for anything else."""
+    return "unavailable" if isinstance(exc, BackendUnavailable) else "error"
+
+
+__all__ = ["BackendUnavailable", "describe_exception", "failure_reason", "failure_status", "is_out_of_memory"]

@@ -1,0 +1,155 @@
+"""Comparing outputs (:mod:`indexer_topk.compare`): the bitwise rule between kernels and the
+tolerant rule against the fp64 reference, on hand-built results and one real workload."""
+
+import pytest
+import torch
+
+from indexer_topk import compare
+from indexer_topk.contract import IndexerTopKResult, order_keys
+from indexer_topk.reference import reference_indexer_topk, reference_scores
+from indexer_topk.workload import make_workload
+
+
+
+def result(values, raw, counts, page=None):
+    """An IndexerTopKResult from per-row lists; physical = page * 64 + raw (page 7 by default)."""
+    v = torch.tensor(values, dtype=torch.float32)
+    r = torch.tensor(raw, dtype=torch.int32)
+    pg = 7 if page is None else page
+    p = torch.where(r >= 0, r + pg * 64, torch.full_like(r, -1))
+    return IndexerTopKResult(v, r, p, torch.tensor(counts, dtype=torch.int32))
+
+
+NEG = float("-inf")
+
+
+def test_identical_results_match():
+    a = result([[3.0, 2.0, 1.0], [5.0, NEG, NEG]], [[4, 0, 9], [2, -1, -1]], [3, 1])
+    c = compare.compare_to_reference(a, a)
+    assert c.ok and c.summary() == "ok"
+    assert compare.bitwise_equal(a, a)
+
+
+def test_values_within_tolerance_match_and_beyond_do_not():
+    e = result([[1000.0, 2.0]], [[1, 0]], [2])
+    near = result([[1000.0 * (1 + 5e-6), 2.0]], [[1, 0]], [2])
+    far = result([[1000.0 * (1 + 5e-5), 2.0]], [[1, 0]], [2])
+    assert compare.compare_to_reference(near, e).ok
+    assert not compare.bitwise_equal(near, e)
+    c = compare.compare_to_reference(far, e)
+    assert not c.ok and c.value_rows == [0] and "values" in c.summary()
+
+
+def test_reordered_near_ties_inside_the_topk_match():
+    e = result([[3.0, 2.0 + 1e-6, 2.0, 1.0]], [[0, 1, 2, 3]], [4])
+    a = result([[3.0, 2.0 + 1e-6, 2.0, 1.0]], [[0, 2, 1, 3]], [4])
+    assert compare.compare_to_reference(a, e).ok
+
+
+def test_boundary_near_tie_is_accepted_only_with_the_next_value():
+    # Reference: k-th score 2.0 at position 5; position 8 scores 2.0 * (1 - 2e-6) just below.
+    e = result([[3.0, 2.0]], [[1, 5]], [2])
+    a = result([[3.0, 2.0]], [[1, 8]], [2])
+    tie = torch.tensor([2.0 * (1 - 2e-6)])
+    c = compare.compare_to_reference(a, e, next_values=tie)
+    assert c.ok and c.near_tie_rows == [0] and "near-tie" in c.summary()
+    # Without the (k+1)-th value, or with a clear gap, it is a wrong selection.
+    assert compare.compare_to_reference(a, e).set_rows == [0]
+    c = compare.compare_to_reference(a, e, next_values=torch.tensor([1.5]))
+    assert not c.ok and c.set_rows == [0] and "[8]" in c.messages[0] and "[5]" in c.messages[0]
+
+
+def test_boundary_near_tie_still_needs_valid_positions():
+    e = result([[3.0, 2.0]], [[1, 5]], [2])
+    tie = torch.tensor([2.0])
+    out_of_range = result([[3.0, 2.0]], [[1, 40]], [2])
+    repeated = result([[3.0, 2.0]], [[1, 1]], [2])
+    assert not compare.compare_to_reference(out_of_range, e, next_values=tie, seq_lens=torch.tensor([30])).ok
+    assert not compare.compare_to_reference(repeated, e, next_values=tie).ok
+
+
+def test_nan_matches_nan_only():
+    e = result([[float("nan"), float("nan")]], [[0, 1]], [2])
+    same = result([[float("nan"), float("nan")]], [[0, 1]], [2])
+    number = result([[1.0, float("nan")]], [[0, 1]], [2])
+    assert compare.compare_to_reference(same, e).ok
+    assert compare.bitwise_equal(same, e)
+    assert compare.compare_to_reference(number, e).value_rows == [0]
+    # A NaN boundary (all-NaN row) counts as a near-tie.
+    moved = result([[float("nan"), float("nan")]], [[0, 2]], [2])
+    assert compare.compare_to_reference(moved, e, next_values=torch.tensor([float("nan")])).ok
+
+
+def test_bitwise_equal_separates_signed_zeros():
+    a = result([[0.0]], [[0]], [1])
+    b = result([[-0.0]], [[0]], [1])
+    assert compare.compare_to_reference(a, b).ok
+    assert not compare.bitwise_equal(a, b)
+
+
+def test_count_padding_and_physical_mismatches():
+    e = result([[3.0, NEG]], [[4, -1]], [1])
+    c = compare.compare_to_reference(result([[3.0, 2.0]], [[4, 0]], [2]), e)
+    assert c.count_rows == [0] and not c.ok
+    c = compare.compare_to_reference(result([[3.0, NEG]], [[4, 0]], [1]), e)
+    assert c.padding_rows == [0] and not c.ok
+    c = compare.compare_to_reference(result([[3.0, NEG]], [[4, -1]], [1], page=9), e)
+    assert c.physical_rows == [0] and not c.ok
+    # Against the page table: page 7 holds positions 0..63 of the row.
+    pt = torch.tensor([[7, 2]], dtype=torch.int32)
+    assert compare.compare_to_reference(e, e, page_table=pt).ok
+    assert not compare.compare_to_reference(e, e, page_table=torch.tensor([[3, 2]], dtype=torch.int32)).ok
+
+
+def test_reference_boundary_values_are_the_next_best_scores():
+    w = make_workload("sglang_mxfp4", context_tokens=[2300, 1000], rows_per_request=[2, 1], topk=512, seed=5)
+    expected, nxt = compare.reference_with_boundary(w.args(), **w.kwargs())
+    assert compare.bitwise_equal(expected, reference_indexer_topk(*w.args(), **w.kwargs()))
+    scores = reference_scores(*w.args(), layout=w.layout, weight_scale=w.weight_scale)
+    for r in range(w.rows):
+        n = int(w.seq_lens[r])
+        if n <= w.topk:
+            assert nxt[r] == NEG
+            continue
+        pos = torch.arange(n)
+        keys = order_keys(scores[r, :n], pos)
+        kth_next = int(keys.argsort(descending=True)[w.topk])
+        assert torch.equal(nxt[r].view(torch.int32), scores[r, kth_next].view(torch.int32))
+    assert compare.compare_to_reference(expected, expected, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table).ok
+
+
+def test_comparison_rule_text_states_the_tolerance():
+    text = compare.comparison_rule(1e-5, 1e-6)
+    assert "1e-05" in text and "1e-06" in text and "near-tie" in text
+
+
+def test_fp8_gpu_tolerance_scales_with_the_row():
+    """On a GPU the FP8 rule adds 2e-3 of the row's largest score; elsewhere fp32 rounding."""
+    from indexer_topk.compare import compare_to_reference, mma_tolerance
+
+    vals = torch.tensor([[3.0, 0.02017], [3.0, 0.02017]])
+    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
+    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
+    got = IndexerTopKResult(torch.tensor([[3.001, 0.02040], [3.0, 0.02040 + 0.01]]), raw, raw, exp.counts)
+    cpu = mma_tolerance("sglang_fp8", "cpu", exp)
+    assert not compare_to_reference(got, exp, **cpu).ok
+    assert mma_tolerance("sglang_mxfp4", "cuda", exp) == cpu
+    cmp = compare_to_reference(got, exp, **mma_tolerance("sglang_fp8", "cuda", exp))
+    assert cmp.value_rows == [1]  # row 0 within 2e-3 * 3.0 of the reference; row 1 is 1e-2 off
+
+
+def test_tolerance_overrides_replace_the_rule():
+    """A caller's rtol replaces the layout's rule; its atol is the floor of the FP8 per-row tolerance."""
+    from indexer_topk.compare import comparison_rule, mma_tolerance
+
+    vals = torch.tensor([[3.0, 0.5], [1e-6, 0.0]])
+    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
+    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
+    assert mma_tolerance("sglang_fp8", "cuda", exp, rtol=0.1, atol=0.5) == {"rtol": 0.1, "atol": 0.5}
+    assert mma_tolerance("sglang_mxfp4", "cpu", exp, atol=0.25) == {"rtol": compare.DEFAULT_RTOL, "atol": 0.25}
+    per_row = mma_tolerance("sglang_fp8", "cuda", exp, atol=1e-3)["atol"]
+    assert per_row.tolist() == pytest.approx([compare.FP8_MMA_RTOL * 3.0, 1e-3])
+    assert "sglang_fp8 on a GPU" in comparison_rule(device="cuda")
+    assert "sglang_fp8 on a GPU" not in comparison_rule(1e-3, device="cuda") + comparison_rule(device="cpu")
+
+

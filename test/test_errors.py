@@ -1,0 +1,74 @@
+"""Backends that cannot run say so with one exception (:mod:`indexer_topk.errors`); every
+other exception is a failure, and the two are told apart by type, never by message."""
+
+import sys
+
+import pytest
+import torch
+
+import indexer_topk as it
+from indexer_topk import api
+from indexer_topk.backends import require_runnable
+from indexer_topk.errors import BackendUnavailable, describe_exception, failure_reason, failure_status
+
+
+@pytest.mark.parametrize(
+    "exc, status",
+    [
+        (BackendUnavailable("backend 'aiter' is not available: no aiter"), "unavailable"),
+        (RuntimeError("CUDA error: an illegal memory access was encountered"), "error"),
+        (RuntimeError("backend 'aiter' is not available: the words alone do not count"), "error"),
+        (ImportError("No module named 'aiter'"), "error"),
+        (NotImplementedError("not yet"), "error"),
+        (ValueError("layout: only aiter_mxfp4"), "error"),
+    ],
+)
+def test_only_backend_unavailable_means_unavailable(exc, status):
+    assert failure_status(exc) == status
+
+
+def test_backend_unavailable_is_a_runtime_error():
+    # Callers written against the adapters' earlier RuntimeError still catch it.
+    assert issubclass(BackendUnavailable, RuntimeError)
+    assert it.BackendUnavailable is BackendUnavailable
+
+
+def test_descriptions():
+    assert describe_exception(ValueError("first line\nsecond line")) == "ValueError: first line"
+    assert describe_exception(KeyError()) == "KeyError"
+    assert failure_reason(RuntimeError("CUDA out of memory. Tried to allocate 2 GiB")).startswith(
+        "OOM: RuntimeError: CUDA out of memory")
+    assert failure_reason(RuntimeError("device-side assert triggered")) == "RuntimeError: device-side assert triggered"
+
+
+def _tiny():
+    return it.make_workload("sglang_fp8", context_tokens=[1000], rows_per_request=[1], topk=512, seed=1)
+
+
+@pytest.mark.parametrize("backend", ["legacy", "fused"])
+def test_triton_backends_on_a_cpu_without_the_interpreter(monkeypatch, backend):
+    """Without TRITON_INTERPRET a kernel launch on CPU tensors fails inside Triton; the call is
+    refused first, saying how to run it."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+    def refuse(name):
+        raise AssertionError(f"backend {name!r} was reached")
+
+    monkeypatch.setattr(api, "_backend_fn", refuse)
+    w = _tiny()
+    with pytest.raises(BackendUnavailable, match=f"backend '{backend}' is not available: .*TRITON_INTERPRET=1"):
+        it.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
+    # The reference needs neither Triton nor a GPU.
+    monkeypatch.undo()
+    assert it.indexer_topk(*w.args(), **w.kwargs(), backend="reference").counts.tolist() == [250]
+
+
+def test_triton_backends_without_triton(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if Triton were not installed
+    for backend in ("legacy", "fused"):
+        with pytest.raises(BackendUnavailable, match="Triton is not installed"):
+            require_runnable(backend, torch.device("cpu"))
+    with pytest.raises(BackendUnavailable, match="backend 'fused'.*Triton is not installed"):
+        it.workspace_size(16, 512, "sglang_fp8")
+    require_runnable("reference", "cpu")
+    require_runnable("aiter", "cpu")  # AITER brings its own Triton; the adapter judges itself

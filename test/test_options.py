@@ -1,0 +1,35 @@
+"""Command-line values (:mod:`indexer_topk.options`): token counts and comma lists."""
+
+import pytest
+
+from indexer_topk import options
+
+
+@pytest.mark.parametrize(
+    "text, tokens",
+    [("65536", 65536), ("64K", 65536), ("768k", 786432), ("1M", 1048576), (" 256K ", 262144)],
+)
+def test_parse_tokens(text, tokens):
+    assert options.parse_tokens(text) == tokens
+    assert options.parse_tokens(options.format_tokens(tokens)) == tokens
+
+
+@pytest.mark.parametrize("text", ["", "12X", "1.5M", "-4K", "0"])
+def test_parse_tokens_rejects(text):
+    with pytest.raises(ValueError):
+        options.parse_tokens(text)
+
+
+def test_parse_list_names_the_option():
+    assert options.parse_list("1,2, 3", int, name="--rows") == [1, 2, 3]
+    with pytest.raises(ValueError, match="--rows"):
+        options.parse_list("1,x", int, name="--rows")
+
+
+
+def test_one_of_accepts_only_the_choices():
+    assert options.parse_list("legacy,fused", options.one_of(("legacy", "fused", "aiter"))) == ["legacy", "fused"]
+    with pytest.raises(ValueError, match="--backends: unknown value 'warp'"):
+        options.parse_list("legacy,warp", options.one_of(("legacy", "fused")), name="--backends")
+    with pytest.raises(ValueError, match="--layouts: empty list"):
+        options.parse_list(" , ", name="--layouts")
