@@ -17,9 +17,12 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance, reference_with_boundary
+from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance
 from indexer_topk.formats import _aiter_scale_column
-from indexer_topk.contract import CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerTopKResult, Layout, order_keys
+from indexer_topk.contract import (
+    CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, order_keys,
+)
+from indexer_topk.reference import reference_with_next_values
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
 LAYOUTS = [x.value for x in Layout]
@@ -178,26 +181,23 @@ def with_nonfinite_key_scales(wl: Workload, fraction: float, seed: int) -> Workl
     return dataclasses.replace(wl, k_cache=k_cache)
 
 
-def without_rows(wl: Workload):
-    """The call arguments of ``wl`` with every per-row tensor cut to zero rows (the cache kept)."""
+def without_rows(wl: Workload) -> IndexerInputs:
+    """The inputs of ``wl`` with every per-row tensor cut to zero rows (the cache kept)."""
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = wl.args()
     cut = lambda t: None if t is None else t[:0]  # noqa: E731
-    return (cut(q), cut(q_scale), k_cache, k_scale, cut(weights), cut(page_table), cut(seq_lens))
-
-
-def call_kwargs(wl: Workload) -> dict:
-    return {"topk": wl.topk, "layout": wl.layout, "weight_scale": wl.weight_scale}
+    tensors = (cut(q), cut(q_scale), k_cache, k_scale, cut(weights), cut(page_table), cut(seq_lens))
+    return IndexerInputs.of(tensors, **wl.kwargs())
 
 
 def run_legacy(wl: Workload, **kw) -> IndexerTopKResult:
-    return legacy_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+    return legacy_indexer_topk(wl.inputs(), **kw)
 
 
 def run_fused(wl: Workload, **kw) -> IndexerTopKResult:
     """A fused call; ``pool=None`` (or no ``pool``) leaves the backend's default pool."""
     if kw.get("pool", 0) is None:
         del kw["pool"]
-    return fused_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+    return fused_indexer_topk(wl.inputs(), **kw)
 
 
 def small_pool(topk: int) -> int:
@@ -229,7 +229,7 @@ def reference_result(case: Case, device: str):
 
 
 def reference_for(wl: Workload):
-    return reference_with_boundary(wl.args(), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    return reference_with_next_values(*wl.args(), **wl.kwargs())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,10 +303,10 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     ties at the selection boundary broken by the lower position and zeros signed as there."""
     if expected is None:
         expected = reference_for(wl)
-    exp, nxt = expected
+    exp, next_values = expected
     tol = mma_tolerance(wl.layout, wl.q.device, exp) if rtol is None else {"rtol": rtol}
     cmp = compare_to_reference(
-        result, exp, next_values=exact_tie_free_boundaries(exp, nxt), seq_lens=wl.seq_lens,
+        result, exp, next_values=exact_tie_free_boundaries(exp, next_values), seq_lens=wl.seq_lens,
         page_table=wl.page_table, **tol,
     )
     assert cmp.ok, f"{cmp.summary()}; " + "; ".join(cmp.messages)

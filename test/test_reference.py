@@ -14,6 +14,8 @@ from indexer_topk.contract import (
     PAGE_SIZE,
     allocate_result,
     canonicalize_scores,
+    KEY_NAN,
+    KEY_NONE,
     order_keys,
     ordered_score_bits,
     scores_from_ordered_bits,
@@ -479,7 +481,7 @@ ASCENDING = [
 def test_ordered_score_bits_is_monotone():
     vals = torch.tensor([float("nan")] + ASCENDING, dtype=torch.float32)
     keys = ordered_score_bits(vals).tolist()
-    assert keys[0] == -(2**31)
+    assert keys[0] == KEY_NAN == -(2**31) + 1  # NaN's key; KEY_NONE (INT32_MIN) is no score's
     assert all(a < b for a, b in zip(keys, keys[1:]))
     assert keys[6:8] == [-1, 0]  # -0.0 and +0.0 (ASCENDING[5:7])
 
@@ -488,7 +490,7 @@ def test_every_nan_maps_to_the_bottom_and_back_to_the_canonical_nan():
     bits = torch.tensor([0x7FC00000, 0x7F800001, -0x400000, -1, 0x7FFFFFFF], dtype=torch.int32)  # NaNs
     nans = bits.view(torch.float32)
     assert bool(torch.isnan(nans).all())
-    assert ordered_score_bits(nans).tolist() == [-(2**31)] * 5
+    assert ordered_score_bits(nans).tolist() == [KEY_NAN] * 5
     assert canonicalize_scores(nans).view(torch.int32).tolist() == [CANONICAL_NAN_BITS] * 5
 
 
@@ -500,11 +502,15 @@ def test_scores_from_ordered_bits_inverts_exactly():
     finite = ~torch.isnan(vals)
     assert torch.equal(back.view(torch.int32)[finite], vals.view(torch.int32)[finite])
     assert bool((back.view(torch.int32)[~finite] == CANONICAL_NAN_BITS).all())
-    # and the other way round on every key (INT32_MIN is NaN's key)
-    keys = torch.cat([bits, torch.tensor([-(2**31), -1, 0, 2**31 - 1], dtype=torch.int32)])
+    # and the other way round on every key that is a score's: KEY_NAN and the keys of numbers
+    keys = torch.cat([bits, torch.tensor([KEY_NAN, -1, 0, 2**31 - 1], dtype=torch.int32)])
+    keys = keys[keys != KEY_NONE]
     round_trip = ordered_score_bits(scores_from_ordered_bits(keys))
-    ok = (keys == -(2**31)) | ~torch.isnan(scores_from_ordered_bits(keys))
+    ok = (keys == KEY_NAN) | ~torch.isnan(scores_from_ordered_bits(keys))
     assert torch.equal(round_trip[ok], keys[ok])
+    # "no entry" decodes to the contract's padding value
+    none = scores_from_ordered_bits(torch.tensor([KEY_NONE], dtype=torch.int32))
+    assert none.view(torch.int32).tolist() == [-8388608]  # -inf
     # the key order agrees with float order on non-NaN values
     v = vals[finite][:2000]
     k = ordered_score_bits(v)

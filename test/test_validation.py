@@ -1,14 +1,17 @@
 """Every invalid argument raises ValueError naming it, before any backend is reached."""
 
+import dataclasses
 import functools
 import re
+import struct
 
 import pytest
 import torch
 
 import indexer_topk.api as api
 from indexer_topk import IndexerTopKResult, Layout, allocate_result, indexer_topk, make_workload
-from kernel_cases import LAYOUTS
+from indexer_topk.contract import IndexerInputs
+from kernel_cases import LAYOUTS, assert_bitwise
 
 NAMES = ("q", "q_scale", "k_cache", "k_scale", "weights", "page_table", "seq_lens")
 TOPK = 512
@@ -28,8 +31,8 @@ def calls(monkeypatch):
     seen = []
 
     def backend_fn(name):
-        def run(args, **kw):
-            seen.append((name, args, kw))
+        def run(inputs, **kw):
+            seen.append((name, inputs, kw))
             return "ran"
 
         return run
@@ -93,8 +96,12 @@ def test_valid_call_reaches_the_backend(layout, calls):
         assert call(dict(args), layout=layout, topk=topk) == "ran"
     assert call(dict(args), layout=Layout(layout), weight_scale=2) == "ran"
     assert [c[0] for c in calls] == ["reference"] * 4
-    assert calls[0][2]["layout"] is Layout(layout) and calls[0][2]["topk"] == 512
-    assert calls[-1][2]["weight_scale"] == 2.0 and isinstance(calls[-1][2]["weight_scale"], float)
+    inputs = calls[0][1]
+    assert isinstance(inputs, IndexerInputs) and inputs.layout is Layout(layout) and inputs.topk == 512
+    assert all(a is b for a, b in zip(inputs.tensors, args.values()))
+    assert calls[-1][1].weight_scale == 2.0 and isinstance(calls[-1][1].weight_scale, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inputs.topk = 1024
 
 
 @pytest.mark.parametrize("backend", ["reference", "legacy", "fused", "aiter"])
@@ -433,3 +440,4 @@ def test_out_fields_aliasing_each_other(calls):
     )
     call(small(layout), layout=layout, out=out)
     assert len(calls) == 1  # and only this call reached the backend
+

@@ -6,7 +6,7 @@ import torch
 
 import indexer_topk as it
 from indexer_topk.backends.fused import fused_workspace_size
-from indexer_topk.backends.legacy import logits_width
+from indexer_topk.backends.legacy import key_matrix_width
 
 
 @pytest.fixture
@@ -57,7 +57,7 @@ def test_fused_workspace_too_small_or_misaligned(wl, monkeypatch):
 
 def test_legacy_workspace_needs_two_rows(wl, monkeypatch):
     _refuse_kernels(monkeypatch)
-    width = logits_width(wl.page_table)
+    width = key_matrix_width(wl.page_table)
     with pytest.raises(ValueError, match="^workspace: .* needed"):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=torch.zeros(2 * width * 4 - 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="^workspace: must start"):

@@ -6,15 +6,16 @@ from typing import Optional
 
 import torch
 
-from .contract import IndexerTopKResult, allocate_result, validate_inputs
+from .contract import IndexerInputs, IndexerTopKResult, allocate_result, validate_inputs
 
 BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
 
 
-def _run_reference(args, *, topk, layout, weight_scale, out, workspace):
+def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> IndexerTopKResult:
+    """The reference needs no scratch: a validated ``workspace`` is accepted and left untouched."""
     from .reference import reference_indexer_topk
 
-    res = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale)
     if out is None:
         return res
     for dst, src in zip(out, res):
@@ -125,13 +126,13 @@ def indexer_topk(
     ValueError
         Naming the offending argument, before any kernel runs.
     """
-    args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
-    layout, out = validate_inputs(
-        *args, topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values
+    inputs, out = validate_inputs(
+        q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
+        topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values,
     )
-    name = resolve_backend(backend, layout=layout, topk=topk)
+    name = resolve_backend(backend, layout=inputs.layout, topk=topk)
     fn = _backend_fn(name)
-    return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
+    return fn(inputs, out=out, workspace=workspace)
 
 
 def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:

@@ -22,7 +22,8 @@ Two rules, used by the CLI (``demo``, ``check``), the benchmark and the tests:
      the page table is given, ``page_table[r, raw >> 6] * 64 + (raw & 63)``);
   5. padding past ``counts``: ``-1`` indices and ``-inf`` values.
 
-The ``(k+1)``-th reference score comes from :func:`reference_with_boundary`.
+The ``(k+1)``-th reference score of each row, its *next value*, comes from
+:func:`indexer_topk.reference.reference_with_next_values`.
 """
 
 from __future__ import annotations
@@ -182,7 +183,8 @@ def compare_to_reference(
         ``[rows, topk]``, ``counts`` int32 ``[rows]``; ``expected`` from the reference.
     next_values : torch.Tensor, optional
         float32 ``[rows]``: the reference's ``(k+1)``-th best score per row (``-inf`` where a row
-        has at most ``topk`` positions), from :func:`reference_with_boundary`. Without it the
+        has at most ``topk`` positions), from
+        :func:`indexer_topk.reference.reference_with_next_values`. Without it the
         near-tie exception is off and any set difference is a mismatch.
     seq_lens : torch.Tensor, optional
         int32 ``[rows]``; when given, accepted near-tie rows must select positions in
@@ -268,16 +270,16 @@ def compare_to_reference(
         note(f"row {r}: physical indices disagree with the raw positions")
 
     lens = None if seq_lens is None else seq_lens.detach().to(dev).long()
-    nxt = None if next_values is None else next_values.detach().to(dev)
+    next_values = None if next_values is None else next_values.detach().to(dev)
     for r in (~same_set & ~count_bad).nonzero().flatten().tolist():
         n = int(e.counts[r])
         got = sa[r, :n]
         in_range = bool((got >= 0).all()) and (lens is None or bool((got < lens[r]).all()))
         distinct = bool((got[1:] != got[:-1]).all()) if n > 1 else True
         boundary_tie = (
-            nxt is not None
+            next_values is not None
             and n == topk
-            and bool(values_close(e.values[r, n - 1 : n], nxt[r : r + 1], rtol, atol[r] if atol.dim() else atol))
+            and bool(values_close(e.values[r, n - 1 : n], next_values[r : r + 1], rtol, atol[r] if atol.dim() else atol))
         )
         if boundary_tie and in_range and distinct:
             cmp.near_tie_rows.append(r)
@@ -290,22 +292,12 @@ def compare_to_reference(
     return cmp
 
 
-def reference_boundary_values(args, *, topk: int, layout, weight_scale: float = 1.0) -> torch.Tensor:
-    """float32 ``[rows]``: each row's ``(k+1)``-th best reference score (``-inf`` if the row has
-    at most ``topk`` positions), the ``next_values`` of :func:`compare_to_reference`.
-
-    ``args`` are the seven positional inputs of :func:`indexer_topk.indexer_topk` (e.g.
-    ``Workload.args()``).
-    """
-    return reference_with_boundary(args, topk=topk, layout=layout, weight_scale=weight_scale)[1]
-
-
 def reference_with_boundary(args, *, topk: int, layout, weight_scale: float = 1.0) -> Tuple[IndexerTopKResult, torch.Tensor]:
-    """The reference result and :func:`reference_boundary_values`, from one fp64 reference pass
-    that keeps ``topk + 1`` candidates; keep it to test-sized shapes."""
-    from .reference import reference_with_next
+    """The earlier spelling of :func:`indexer_topk.reference.reference_with_next_values` over a
+    tuple of the seven inputs, still used by benchmark/profile_kernels.py."""
+    from .reference import reference_with_next_values
 
-    return reference_with_next(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    return reference_with_next_values(*args, topk=topk, layout=layout, weight_scale=weight_scale)
 
 
 __all__ = [
@@ -316,7 +308,5 @@ __all__ = [
     "compare_to_reference",
     "mma_tolerance",
     "comparison_rule",
-    "reference_boundary_values",
-    "reference_with_boundary",
     "values_close",
 ]

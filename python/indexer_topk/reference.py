@@ -69,25 +69,27 @@ def reference_indexer_topk(
     weight_scale=1.0, row_block=16, ctx_block=4096,
 ) -> IndexerTopKResult:
     """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
-    return reference_with_next(
+    return reference_with_next_values(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
         weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block,
     )[0]
 
 
-def reference_with_next(
+def reference_with_next_values(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
     weight_scale=1.0, row_block=16, ctx_block=4096,
 ):
-    """:func:`reference_indexer_topk` and, from the same pass, each row's ``(k+1)``-th best
-    score (float32 ``[rows]``, ``-inf`` where the row has at most ``topk`` positions): the ``next_values`` of :func:`indexer_topk.compare.compare_to_reference`."""
+    """``(result, next_values)``: :func:`reference_indexer_topk` and, from the same pass, each
+    row's *next value*, its ``(k+1)``-th best score (float32 ``[rows]``, ``-inf`` where the row
+    has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
+    takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
     dev = k_cache.device
     n_rows = q.shape[0]
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
-    nxt = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
+    next_values = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
     counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
@@ -106,7 +108,7 @@ def reference_with_next(
             best = torch.cat([best, keys], dim=1).topk(topk + 1, dim=1, sorted=True).values
         k1 = best[:, topk]
         k1_vals = scores_from_ordered_bits((k1 >> 32).to(torch.int32))
-        nxt[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
+        next_values[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
         best = best[:, :topk]
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
@@ -125,4 +127,4 @@ def reference_with_next(
         values[rows] = torch.where(slot_ok, vals, torch.full_like(vals, float("-inf")))
         raw[rows] = torch.where(slot_ok, pos_sel, torch.full_like(pos_sel, -1)).to(torch.int32)
         phys[rows] = torch.where(slot_ok, p, torch.full_like(p, -1)).to(torch.int32)
-    return IndexerTopKResult(values, raw, phys, counts), nxt
+    return IndexerTopKResult(values, raw, phys, counts), next_values

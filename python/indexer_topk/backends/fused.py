@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
 from ..kernels.fused import fused_topk_kernel
 from ..envs import interpreting
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, TileConfig, device_sm_count, pack_args, tile_config
@@ -167,11 +167,12 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
 
 
 def fused_indexer_topk(
-    args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
+    inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,
     pool: Optional[int] = None, stream_mode: int = DEFAULT_STREAM_MODE,
 ) -> IndexerTopKResult:
-    """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
+    """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`) of
+    :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see :func:`~indexer_topk.contract.as_inputs`).
 
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
@@ -184,7 +185,8 @@ def fused_indexer_topk(
     scored and its largest key reduced; in stream mode 1 every block is scored and staged, and no
     strip is read.
     """
-    layout = Layout(layout)
+    inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
+    topk, layout, weight_scale = inputs.topk, inputs.layout, inputs.weight_scale
     if score_only and stream_mode == 2:
         raise ValueError("score_only: a measurement variant of stream modes 0 and 1 only")
     if stream_mode == 2 and not interpreting() and TRITON_VERSION < CLAIMED_MIN_TRITON:
@@ -192,7 +194,7 @@ def fused_indexer_topk(
             f"stream_mode: 2 needs Triton >= {'.'.join(map(str, CLAIMED_MIN_TRITON))}, whose tensor atomics return "
             f"each lane's value to every thread holding that lane; found {triton.__version__}"
         )
-    ka = pack_args(args, layout)
+    ka = pack_args(inputs)
     rows = ka.q.shape[0]
     device = ka.kc.device
     if out is None:

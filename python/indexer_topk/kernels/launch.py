@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..contract import Layout
+from ..contract import IndexerInputs, Layout
 from ..envs import interpreting
 from .common import layout_id
 
@@ -58,14 +58,20 @@ class KernelArgs:
     interpret: bool
 
 
-def pack_args(args, layout: Layout) -> KernelArgs:
-    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = args
-    layout = Layout(layout)
-    qb = q.view(torch.uint8)
-    qs = q_scale.view(torch.uint8) if q_scale is not None else qb
+def pack_args(inputs: IndexerInputs, layout=None) -> KernelArgs:
+    """The kernels' view of ``inputs`` (or of the seven tensors and ``layout``, the form
+    benchmark/compile_report.py passes)."""
+    if not isinstance(inputs, IndexerInputs):
+        inputs = IndexerInputs.of(inputs, topk=0, layout=layout)  # no kernel argument depends on topk
+    layout = inputs.layout
+    qb = inputs.q.view(torch.uint8)
+    qs = inputs.q_scale.view(torch.uint8) if inputs.q_scale is not None else qb
+    k_cache = inputs.k_cache
     kf = k_cache.view(torch.float32) if layout is Layout.SGLANG_FP8 else k_cache
-    ks = k_scale if k_scale is not None else k_cache
-    return KernelArgs(qb, qs, weights, k_cache, kf, ks, page_table, seq_lens, layout_id(layout), interpreting())
+    ks = inputs.k_scale if inputs.k_scale is not None else k_cache
+    return KernelArgs(
+        qb, qs, inputs.weights, k_cache, kf, ks, inputs.page_table, inputs.seq_lens, layout_id(layout), interpreting()
+    )
 
 
 def device_sm_count(device) -> int:
