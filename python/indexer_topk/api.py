@@ -128,9 +128,11 @@ def indexer_topk(
     """
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
-        topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values,
+        topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
     name = resolve_backend(backend, layout=inputs.layout, topk=topk)
+    if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
+        workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
     fn = _backend_fn(name)
     return fn(inputs, out=out, workspace=workspace)
 

@@ -347,6 +347,7 @@ def validate_inputs(
     layout,
     weight_scale=1.0,
     out=None,
+    workspace=None,
     check_values: bool = True,
 ) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
     """Check every argument of :func:`indexer_topk.indexer_topk`; raise ``ValueError`` naming it.
@@ -354,18 +355,25 @@ def validate_inputs(
     Returns the :class:`IndexerInputs` the backends receive and ``out`` as an
     :class:`IndexerTopKResult` (a plain 4-tuple is accepted).
 
-    Shape, dtype, device and layout checks read only metadata. ``check_values`` adds the checks
-    that read tensor contents (``seq_lens`` within ``[0, page_table.shape[1] * 64]``, every page
-    id a row uses inside the cache); they synchronise with the device, so graph-captured and
-    decode callers turn them off.
+    Shape, dtype, device, alignment, aliasing and layout checks read only metadata.
+    ``check_values`` adds the checks that read tensor contents (``seq_lens`` within
+    ``[0, page_table.shape[1] * 64]``, every page id a row uses inside the cache); they
+    synchronise with the device, so graph-captured and decode callers turn them off. A
+    ``workspace`` tensor is checked here for everything but its size, which depends on the
+    backend (:func:`check_workspace`).
     """
     layout = parse_layout(layout)
     _check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
+    if not isinstance(check_values, bool):
+        raise ValueError(f"check_values: expected True or False, got {check_values!r}")
 
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
         raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
     device = q.device
+    if device.type == "meta":
+        # every other tensor is held to q's device, so this rejects them all
+        raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
     rows = q.shape[0]
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
         raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
@@ -379,6 +387,11 @@ def validate_inputs(
         else:
             dtype, shape = spec[name]
             _expect_tensor(name, t, dtype, shape, device)
+    if layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
+        raise ValueError(
+            "k_cache: must start on a 4-byte boundary (the FP8 layout's per-key scales are read as "
+            f"float32); it starts at byte offset {k_cache.storage_offset()} of its storage"
+        )
 
     if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
         raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
@@ -387,16 +400,56 @@ def validate_inputs(
 
     inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale)
     out = _check_out(out, inputs)
+    _check_workspace_aliasing(workspace, inputs, out)
     if check_values and rows > 0:
         _check_values(inputs)
     return inputs, out
 
 
 def _fp32_weight_scale(weight_scale) -> float:
-    """``weight_scale`` as the fp32 value the kernels multiply by (as a Python float)."""
-    if isinstance(weight_scale, torch.Tensor) or not isinstance(weight_scale, (int, float)):
+    """``weight_scale`` as the fp32 value the kernels multiply by (as a Python float).
+
+    Values fp32 cannot hold are rejected rather than rounded: past its range they would
+    become inf (NaN scores in the kernels), and below its smallest normal they would keep too
+    few bits (a subnormal) or none; every backend, the reference included, then uses the same
+    rounded value.
+    """
+    if isinstance(weight_scale, (bool, torch.Tensor)) or not isinstance(weight_scale, (int, float)):
         raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
-    return float(weight_scale)
+    try:
+        value = float(weight_scale)
+    except OverflowError:
+        raise ValueError("weight_scale: an integer beyond fp32's range") from None
+    rounded = float(torch.tensor(value, dtype=torch.float32))
+    if not math.isfinite(rounded):
+        raise ValueError(f"weight_scale: {value!r} is not a finite fp32 number (at most {FP32_MAX:.7g} in magnitude)")
+    if value != 0 and abs(rounded) < FP32_TINY:
+        raise ValueError(
+            f"weight_scale: {value!r} is below fp32's smallest normal number ({FP32_TINY:.7g}): "
+            "the kernels would multiply by a rounded subnormal or by 0"
+        )
+    return rounded
+
+
+def _check_workspace_aliasing(workspace, inputs: IndexerInputs, out: Optional[IndexerTopKResult]) -> None:
+    """Everything about a caller's workspace but its size: a uint8 tensor on the inputs'
+    device, contiguous, aligned, and sharing no byte with an input or an output (the call
+    writes it). AITER's own workspace (a tuple of tensors) is left to the aiter backend."""
+    if workspace is None:
+        return
+    if isinstance(workspace, tuple) and workspace and all(isinstance(t, torch.Tensor) for t in workspace):
+        return
+    if not isinstance(workspace, torch.Tensor):
+        raise ValueError(
+            f"workspace: expected a uint8 torch.Tensor (or AITER's workspace tuple), got {type(workspace).__name__}"
+        )
+    check_workspace(workspace, 0, inputs.device)
+    for name, t in zip(INPUT_NAMES, inputs.tensors):
+        if t is not None and _overlaps(workspace, t):
+            raise ValueError(f"workspace: overlaps {name}")
+    for field, t in zip(IndexerTopKResult._fields, out or ()):
+        if _overlaps(workspace, t):
+            raise ValueError(f"workspace: overlaps out.{field}")
 
 
 def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> None:
