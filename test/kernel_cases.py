@@ -434,21 +434,23 @@ class GuardedResult:
 class GuardedWorkspace:
     """A uint8 workspace of ``nbytes`` in the middle of a larger buffer, all of it garbage.
 
-    The workspace itself starts full of ``GUARD_BYTE`` too: a backend must not depend on its
-    scratch being zeroed.
+    The workspace itself starts full of ``fill`` too: a backend must not depend on its scratch
+    being zeroed. The default fill reads as small int32 keys; ``0x7F`` reads as keys above
+    every finite score's, which a read past the workspace would select.
     """
 
-    def __init__(self, nbytes: int, device, guard: int = 4096):
+    def __init__(self, nbytes: int, device, guard: int = 4096, fill: int = GUARD_BYTE):
         self.guard = guard
         self.nbytes = nbytes
-        self.base = torch.full((guard + nbytes + guard,), GUARD_BYTE, dtype=torch.uint8, device=device)
+        self.fill = fill
+        self.base = torch.full((guard + nbytes + guard,), fill, dtype=torch.uint8, device=device)
         self.workspace = self.base[guard : guard + nbytes]
 
     def assert_guards_intact(self) -> None:
         g = self.guard
         before, after = self.base[:g], self.base[g + self.nbytes :]
-        bad_before = (before != GUARD_BYTE).nonzero().flatten()
-        bad_after = (after != GUARD_BYTE).nonzero().flatten()
+        bad_before = (before != self.fill).nonzero().flatten()
+        bad_after = (after != self.fill).nonzero().flatten()
         if len(bad_before):
             last = g - int(bad_before[-1])
             raise AssertionError(f"{len(bad_before)} byte(s) written before the workspace, the last at -{last}")

@@ -90,7 +90,7 @@ def reference_with_next_values(
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     next_values = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
-    counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
+    counts = torch.clamp(seq_lens, min=0, max=topk).to(torch.int32)  # negative: unchecked input, an empty row
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
         rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)

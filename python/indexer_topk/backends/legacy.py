@@ -109,14 +109,18 @@ def kth_keys(keys: torch.Tensor, topk: int):
 
 
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
-    """Top-k stage over a key matrix from :func:`legacy_score`, written to ``out`` rows ``row_start..``."""
+    """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
+    written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
+    its ``seq_len``."""
     keys = keys.view(torch.int32)
+    if not keys.is_contiguous():
+        raise ValueError("keys: expected a contiguous key matrix")
     row_count = keys.shape[0]
     if row_count == 0:
         return
     kth, need = kth_keys(keys, topk)
     select_rows_kernel[(row_count,)](
-        keys, keys, seq_lens, keys.stride(0), seq_lens, page_table, page_table.stride(0),
+        keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
         MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=True, num_warps=SELECT_WARPS,
     )
@@ -149,7 +153,7 @@ def legacy_indexer_topk(
     if workspace is not None:
         storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
-        storage = torch.empty((chunk, max(width, 1)), dtype=torch.int32, device=device)
+        storage = torch.empty((chunk, width), dtype=torch.int32, device=device)
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
