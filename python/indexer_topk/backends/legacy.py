@@ -133,10 +133,12 @@ def legacy_indexer_topk(
     """Score all rows into a key matrix (chunked by rows under the budget), then select.
 
     ``inputs``: :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see
-    :func:`~indexer_topk.contract.as_inputs`). ``workspace``, when given, is used as the key
-    matrix's storage (its size sets the chunk); otherwise a ``[chunk_rows, width]`` buffer is
-    allocated for the call, with ``budget_bytes`` (default ``INDEXER_TOPK_LOGITS_BUDGET_MB``)
-    bounding it.
+    :func:`~indexer_topk.contract.as_inputs`). A ``workspace`` of at least two rows of the
+    matrix (``2 * width * 4`` bytes) is used as its storage (its size sets the chunk); a
+    smaller one, e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a
+    call the policy sent here, is left untouched. Without one, a ``[chunk_rows, width]``
+    buffer is allocated for the call, ``budget_bytes`` (default
+    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     page_table, seq_lens = inputs.page_table, inputs.seq_lens
@@ -146,8 +148,10 @@ def legacy_indexer_topk(
     if rows == 0:
         return out
     width = key_matrix_width(page_table)
+    check_workspace(workspace, 0, device)
+    if workspace is not None and workspace.numel() < 2 * width * 4:
+        workspace = None
     if workspace is not None:
-        check_workspace(workspace, 2 * max(width, 1) * 4, device)
         budget_bytes = workspace.numel()
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None:
