@@ -149,6 +149,23 @@ def _parse_contexts(text: str) -> List[int]:
     return _option_list(text, parse_tokens, "--context")
 
 
+def _tolerance(name: str):
+    """argparse type for ``--rtol`` / ``--atol``: a float the comparison can still fail under."""
+
+    def parse(text: str) -> float:
+        from .compare import check_tolerance
+
+        try:
+            value = float(text)
+            check_tolerance(**{name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        return value
+
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
+
+
 def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
     """A comma-list option whose items must be among ``allowed``."""
     from .bench import one_of
@@ -601,9 +618,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
     c.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    c.add_argument("--rtol", type=float, default=None,
-                   help="relative score tolerance (default: 1e-5, and for sglang_fp8 on a GPU the fp8 MMA tolerance)")
-    c.add_argument("--atol", type=float, default=1e-6, help="absolute score tolerance (default 1e-6)")
+    c.add_argument("--rtol", type=_tolerance("rtol"), default=None,
+                   help="relative score tolerance, at most 0.01 (default: 1e-5, and for sglang_fp8 on a GPU the fp8 "
+                        "MMA tolerance)")
+    c.add_argument("--atol", type=_tolerance("atol"), default=1e-6,
+                   help="absolute score tolerance, at most 1%% of the largest score (default 1e-6)")
     c.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     c.set_defaults(func=cmd_check)
     return p

@@ -38,6 +38,9 @@ from .contract import PAGE_SIZE, IndexerTopKResult, Layout
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
 FP8_MMA_RTOL = 2e-3
+# The widest tolerance a comparison takes, relative to the scores: wider, a rounding and a
+# wrong selection look alike (every boundary a near-tie). Five times the FP8 MMA rule.
+MAX_RELATIVE_TOLERANCE = 1e-2
 
 COMPARISON_RULE = (
     "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
@@ -54,6 +57,34 @@ def comparison_rule(rtol: Optional[float] = None, atol: float = DEFAULT_ATOL, de
         rule += (f"; sglang_fp8 on a GPU: rtol {FP8_MMA_RTOL:g} plus {FP8_MMA_RTOL:g} of the row's largest "
                  "score (Hopper's fp8 MMA accumulator)")
     return rule
+
+
+def check_tolerance(rtol=None, atol=None) -> None:
+    """Raise ``ValueError`` naming ``rtol`` or ``atol`` for a tolerance under which a comparison
+    could not fail: not finite, negative, or (``rtol``) above :data:`MAX_RELATIVE_TOLERANCE`.
+    ``atol`` may be a tensor of per-row tolerances; ``None`` skips a check."""
+    if rtol is not None:
+        if not isinstance(rtol, (int, float)) or not 0 <= rtol <= MAX_RELATIVE_TOLERANCE:  # NaN fails too
+            raise ValueError(f"rtol: expected a number in [0, {MAX_RELATIVE_TOLERANCE:g}], got {rtol!r}")
+    if atol is not None:
+        a = torch.as_tensor(atol, dtype=torch.float64)
+        if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):
+            raise ValueError(f"atol: expected a finite, non-negative number, got {atol!r}")
+
+
+def _check_atol_against_scores(atol: torch.Tensor, values: torch.Tensor) -> None:
+    """The absolute tolerance must be small next to the call's scores: at most
+    :data:`MAX_RELATIVE_TOLERANCE` of the largest finite reference score (or the default
+    tolerance, where every score is 0)."""
+    finite = values.double()[torch.isfinite(values)]
+    largest = float(finite.abs().max()) if finite.numel() else 0.0
+    limit = max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest)
+    widest = float(atol.max()) if atol.numel() else 0.0
+    if widest > limit:
+        raise ValueError(
+            f"atol: {widest:g} is not small next to the scores (largest {largest:g}); at most {limit:g} here, "
+            "or every selection boundary would pass as a near-tie"
+        )
 
 
 def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
@@ -194,17 +225,21 @@ def compare_to_reference(
         against it as well.
     rtol, atol : float
         Tolerance for score comparisons (``|a - b| <= atol + rtol * |b|``); ``atol`` may be a
-        tensor ``[rows]``, one tolerance per row (see :func:`mma_tolerance`).
+        tensor ``[rows]``, one tolerance per row (see :func:`mma_tolerance`). ``ValueError``
+        for a tolerance under which the comparison could not fail (:func:`check_tolerance`, and
+        ``atol`` above :data:`MAX_RELATIVE_TOLERANCE` of the largest reference score).
 
     Returns
     -------
     Comparison
         ``.ok`` is the verdict; ``.summary()`` a one-line description.
     """
+    check_tolerance(rtol, atol)
     actual, expected = _as_result(actual), _as_result(expected)
     dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
     a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
     e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
+    _check_atol_against_scores(torch.as_tensor(atol, dtype=torch.float64).detach().to(dev), e.values)
     rows = e.counts.shape[0]
     cmp = Comparison(rows=rows)
 
@@ -305,6 +340,7 @@ __all__ = [
     "DEFAULT_ATOL",
     "DEFAULT_RTOL",
     "bitwise_equal",
+    "check_tolerance",
     "compare_to_reference",
     "mma_tolerance",
     "comparison_rule",
