@@ -81,8 +81,13 @@ def decode_query(layout, q, q_scale, r):
     return _apply_exponents(vals, exps)
 
 
+def fp32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def brute_scores(layout, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, weight_scale):
-    """Per row, a list of the fp32 scores (as Python floats) of positions 0..seq_len-1."""
+    """Per row, a list of the fp32 scores (as Python floats) of positions 0..seq_len-1; the
+    contract takes ``weight_scale`` as the nearest fp32, as the kernels do."""
     out = []
     for r in range(q.shape[0]):
         n = int(seq_lens[r])
@@ -94,7 +99,7 @@ def brute_scores(layout, q, q_scale, k_cache, k_scale, weights, page_table, seq_
         k, ks = decode_keys(layout, k_cache, k_scale, slots)
         qr = decode_query(layout, q, q_scale, r)
         w = weights[r].to(torch.float64)
-        s = (torch.relu(k @ qr.T) * w).sum(-1) * ks * float(weight_scale)
+        s = (torch.relu(k @ qr.T) * w).sum(-1) * ks * fp32(weight_scale)
         out.append(s.to(torch.float32).tolist())
     return out
 
@@ -290,7 +295,8 @@ def aligned_batch(layout, n_rows, c4_len, *, key_sign, weight, seed=0):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_positive_zero_ranks_above_negative_zero(layout):
-    """Scores that underflow fp32 keep their sign: +0 (from s > 0 or s == 0) above -0 (s < 0)."""
+    """Scores that underflow fp32 keep their sign: +0 (from s > 0 or s == 0) above -0 (s < 0).
+    (1e-300 is 0 in fp32, so here every score is a signed zero.)"""
     n = 600
     key_sign = lambda j: 1 if j % 3 else -1  # noqa: E731
     args = aligned_batch(layout, 1, n, key_sign=key_sign, weight=-1.0)

@@ -1,7 +1,8 @@
 """The contract in plain PyTorch: the spec every other path is tested against.
 
 Obviously correct rather than fast. Scores are computed in float64 from the dequantised
-values and rounded once to fp32; selection uses the contract's total order through
+values and ``weight_scale`` rounded to fp32 (as every backend takes it), and rounded once to
+fp32; selection uses the contract's total order through
 :func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
 blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
 than ``row_block * ctx_block`` scores.
@@ -60,7 +61,8 @@ def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, start
     s = (torch.relu(dots) * w[:, None, :]).sum(dim=-1)
     if layout is Layout.SGLANG_FP8:
         s = s * ks.double()
-    s = (s * float(weight_scale)).to(torch.float32)
+    # weight_scale as the kernels take it: the nearest fp32 (exact in the fp64 product)
+    s = (s * float(torch.tensor(float(weight_scale), dtype=torch.float32))).to(torch.float32)
     return torch.where(valid, s, torch.full_like(s, float("-inf")))
 
 
