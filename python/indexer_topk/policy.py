@@ -465,9 +465,22 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def _apply_log_level() -> None:
+    """Apply ``INDEXER_TOPK_LOG_LEVEL`` to the ``"indexer_topk"`` logger.
+
+    Setting the variable asks to see those lines, so where no handler would print them (none
+    on the logger or its ancestors: a process that configured no logging) one stderr handler
+    is attached to the package logger; where the application has its own, none is added, so
+    nothing prints twice.
+    """
     level = envs.INDEXER_TOPK_LOG_LEVEL.get()
-    if level is not None:
-        logging.getLogger(LOGGER_NAME).setLevel(level)
+    if level is None:
+        return
+    log = logging.getLogger(LOGGER_NAME)
+    log.setLevel(level)
+    if not log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
 
 
 def default_policy() -> PathPolicy:
