@@ -604,6 +604,24 @@ def test_no_log_level_prints_nothing_in_a_plain_process():
     assert path_lines(proc.stderr) == [], proc.stderr
 
 
+@pytest.mark.parametrize("backend", ["legacy", "fused"])
+def test_triton_backend_on_a_cpu_without_the_interpreter_says_how(backend):
+    """CPU tensors and kernels compiled for a GPU (TRITON_INTERPRET unset when they were
+    imported): one clear error naming both ways out, not Triton's driver traceback."""
+    code = (
+        "import indexer_topk as it\n"
+        "w = it.make_workload('sglang_fp8', context_tokens=[300], rows_per_request=1)\n"
+        "try:\n"
+        f"    it.indexer_topk(*w.args(), **w.kwargs(), backend={backend!r})\n"
+        "except RuntimeError as exc:\n"
+        "    print('ERROR', exc)\n"
+    )
+    proc = _plain_process(code, CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ERROR "), proc.stdout + proc.stderr
+    assert "TRITON_INTERPRET=1" in proc.stdout and "GPU" in proc.stdout and "driver" not in proc.stdout
+
+
 def test_api_auto_goes_through_the_policy(monkeypatch):
     calls = []
     cpu_policy = make_policy(**CPU)

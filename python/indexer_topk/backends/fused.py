@@ -16,7 +16,9 @@ import triton
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
 from ..kernels.fused import fused_topk_kernel
 from ..envs import interpreting
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, TileConfig, device_sm_count, pack_args, tile_config
+from ..kernels.launch import (
+    SELECT_CHUNK, SELECT_WARPS, TileConfig, device_sm_count, launches_kernels, pack_args, tile_config,
+)
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 PROGRAMS_PER_SM = 2
@@ -166,6 +168,7 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
     return queue, buf_key, buf_pos, stage, claims, seg_key, seg_pos, seg_cnt
 
 
+@launches_kernels
 def fused_indexer_topk(
     inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, score_only: bool = False,

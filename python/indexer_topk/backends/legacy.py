@@ -21,7 +21,7 @@ import torch
 import triton
 
 from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 
@@ -61,6 +61,7 @@ def key_matrix_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[
     return chunk_rows(rows, width, budget_bytes) * width * 4
 
 
+@launches_kernels
 def legacy_score(
     inputs, *, keys=None, row_start=0, row_count=None, layout=None, weight_scale=None, logits=None,
 ) -> torch.Tensor:
@@ -108,6 +109,7 @@ def kth_keys(keys: torch.Tensor, topk: int):
     return kth, need
 
 
+@launches_kernels
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
     written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
@@ -118,6 +120,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     row_count = keys.shape[0]
     if row_count == 0:
         return
+    check_runnable(keys.device)
     kth, need = kth_keys(keys, topk)
     select_rows_kernel[(row_count,)](
         keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
@@ -126,6 +129,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     )
 
 
+@launches_kernels
 def legacy_indexer_topk(
     inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, budget_bytes: Optional[int] = None,

@@ -1,15 +1,53 @@
-"""Host-side launch helpers shared by the Triton backends: argument packing and tile configs."""
+"""Host-side launch helpers shared by the Triton backends: argument packing, tile configs, and
+the guard every function that launches kernels goes through."""
 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 
 import torch
+from triton.runtime.interpreter import InterpretedFunction
 
 from ..contract import IndexerInputs, Layout
-from ..envs import interpreting
-from .common import layout_id
+from .common import layout_id, ordered_key
+
+# The interpreter patches triton.language's module state for the length of a launch, so two
+# interpreted launches at once (threads) break each other; this serialises them process-wide.
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def kernels_interpreted() -> bool:
+    """Whether this process's kernels run on the Triton interpreter: Triton decides when a
+    kernel module is imported (``TRITON_INTERPRET=1`` then), not at launch."""
+    return isinstance(ordered_key, InterpretedFunction)
+
+
+def check_runnable(device) -> None:
+    """``RuntimeError`` saying how to run, for tensors on the CPU with kernels compiled for a
+    GPU (Triton would fail deep inside its launcher)."""
+    if torch.device(device).type == "cpu" and not kernels_interpreted():
+        raise RuntimeError(
+            "the Triton backends need a GPU or the Triton interpreter: these tensors are on the CPU and "
+            "this process's kernels were built for a GPU. Set TRITON_INTERPRET=1 in the environment before "
+            "indexer_topk's kernels are first imported (e.g. before starting Python), or pass tensors on a GPU"
+        )
+
+
+def launches_kernels(fn):
+    """Decorator for the host functions that launch this package's kernels: under the
+    interpreter, one such call runs at a time in the process (re-entrant: they call each
+    other); compiled kernels are launched without a lock."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not kernels_interpreted():
+            return fn(*args, **kwargs)
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -63,6 +101,7 @@ def pack_args(inputs: IndexerInputs, layout=None) -> KernelArgs:
     benchmark/compile_report.py passes)."""
     if not isinstance(inputs, IndexerInputs):
         inputs = IndexerInputs.of(inputs, topk=0, layout=layout)  # no kernel argument depends on topk
+    check_runnable(inputs.device)
     layout = inputs.layout
     qb = inputs.q.view(torch.uint8)
     qs = inputs.q_scale.view(torch.uint8) if inputs.q_scale is not None else qb
@@ -70,7 +109,8 @@ def pack_args(inputs: IndexerInputs, layout=None) -> KernelArgs:
     kf = k_cache.view(torch.float32) if layout is Layout.SGLANG_FP8 else k_cache
     ks = inputs.k_scale if inputs.k_scale is not None else k_cache
     return KernelArgs(
-        qb, qs, inputs.weights, k_cache, kf, ks, inputs.page_table, inputs.seq_lens, layout_id(layout), interpreting()
+        qb, qs, inputs.weights, k_cache, kf, ks, inputs.page_table, inputs.seq_lens, layout_id(layout),
+        kernels_interpreted(),
     )
 
 
