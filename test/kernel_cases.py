@@ -17,22 +17,20 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance
+from indexer_topk.compare import bitwise_equal, compare_to_reference, first_difference, mma_tolerance
 from indexer_topk.formats import _aiter_scale_column
 from indexer_topk.contract import (
-    CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, order_keys,
+    CANONICAL_NAN_BITS, HEAD_DIM, NEG_INF_BITS, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, order_keys,
 )
 from indexer_topk.reference import reference_with_next_values
+from indexer_topk.guards import (  # noqa: F401 - shared with the test files through this module
+    GUARD_BYTE, INDEX_SENTINEL, NAN_SENTINEL_BITS, GuardedResult, GuardedWorkspace, poisoned_result,
+)
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
 LAYOUTS = [x.value for x in Layout]
 ALL_PATTERNS = list(PATTERNS)
 
-# Sentinels a correct call must overwrite: a signalling NaN with a payload, and a byte pattern.
-NAN_SENTINEL_BITS = 0x7FBADBAD
-INDEX_SENTINEL = 0x5A5A5A5A
-GUARD_BYTE = 0xA5
-NEG_INF_BITS = -8388608  # 0xFF800000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -240,35 +238,6 @@ def _bits(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.int32)
 
 
-def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
-    """Where two results first differ, for assertion messages."""
-    a = IndexerTopKResult(*(t.cpu() for t in a))
-    b = IndexerTopKResult(*(t.cpu() for t in b))
-    for name, x, y in zip(IndexerTopKResult._fields, a, b):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return f"{name}: {x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}"
-    bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
-    if bad_counts:
-        r = bad_counts[0]
-        return f"{len(bad_counts)} count(s) differ; row {r}: {int(a.counts[r])} vs {int(b.counts[r])}"
-    for name, x, y in (
-        ("values", _bits(a.values), _bits(b.values)),
-        ("raw_indices", a.raw_indices, b.raw_indices),
-        ("physical_indices", a.physical_indices, b.physical_indices),
-    ):
-        diff = (x != y).nonzero()
-        if len(diff):
-            r, j = (int(v) for v in diff[0])
-            rows = sorted(set(diff[:, 0].tolist()))
-            return (
-                f"{name} differ in {len(diff)} slot(s) of rows {rows[:8]}; row {r} slot {j}: "
-                f"value {float(a.values[r, j])!r} vs {float(b.values[r, j])!r}, "
-                f"raw {int(a.raw_indices[r, j])} vs {int(b.raw_indices[r, j])}, "
-                f"physical {int(a.physical_indices[r, j])} vs {int(b.physical_indices[r, j])}"
-            )
-    return "identical"
-
-
 def assert_bitwise(actual: IndexerTopKResult, expected: IndexerTopKResult, what: str = "") -> None:
     """All four outputs identical bit for bit (NaN payloads and the sign of zero included)."""
     assert bitwise_equal(actual, expected), f"{what}: {first_difference(actual, expected)}"
@@ -383,80 +352,6 @@ def assert_contract(result: IndexerTopKResult, wl: Workload) -> None:
         else:
             keys = order_keys(values[r, :n], pos)
             assert bool((keys[1:] < keys[:-1]).all()), f"row {r}: not strictly descending in the contract order"
-
-
-# ---------------------------------------------------------------------------------------------
-# Poisoned and guarded buffers
-# ---------------------------------------------------------------------------------------------
-
-def poisoned_result(rows: int, topk: int, device) -> IndexerTopKResult:
-    """Output tensors filled with sentinels: NaN-with-payload values, 0x5A5A5A5A indices and counts."""
-    values = torch.full((rows, topk), NAN_SENTINEL_BITS, dtype=torch.int32, device=device).view(torch.float32)
-    fill = lambda shape: torch.full(shape, INDEX_SENTINEL, dtype=torch.int32, device=device)  # noqa: E731
-    return IndexerTopKResult(values, fill((rows, topk)), fill((rows, topk)), fill((rows,)))
-
-
-class GuardedResult:
-    """Outputs that are slices in the middle of larger sentinel-filled buffers.
-
-    ``out`` is what the call gets; :meth:`assert_guards_intact` checks that nothing before or
-    after any slice was written.
-    """
-
-    def __init__(self, rows: int, topk: int, device, guard: int = 1000):
-        self.guard = guard
-        self.bases = []
-        parts = []
-        for n, sentinel in (
-            (rows * topk, NAN_SENTINEL_BITS),
-            (rows * topk, INDEX_SENTINEL),
-            (rows * topk, INDEX_SENTINEL),
-            (rows, INDEX_SENTINEL),
-        ):
-            base = torch.full((guard + n + guard,), sentinel, dtype=torch.int32, device=device)
-            self.bases.append((base, n, sentinel))
-            parts.append(base[guard : guard + n])
-        self.out = IndexerTopKResult(
-            parts[0].view(torch.float32).view(rows, topk),
-            parts[1].view(rows, topk),
-            parts[2].view(rows, topk),
-            parts[3],
-        )
-
-    def assert_guards_intact(self) -> None:
-        g = self.guard
-        for (base, n, sentinel), name in zip(self.bases, IndexerTopKResult._fields):
-            before, after = base[:g], base[g + n :]
-            assert bool((before == sentinel).all()), f"out.{name}: written before its start"
-            assert bool((after == sentinel).all()), f"out.{name}: written past its end"
-
-
-class GuardedWorkspace:
-    """A uint8 workspace of ``nbytes`` in the middle of a larger buffer, all of it garbage.
-
-    The workspace itself starts full of ``fill`` too: a backend must not depend on its scratch
-    being zeroed. The default fill reads as small int32 keys; ``0x7F`` reads as keys above
-    every finite score's, which a read past the workspace would select.
-    """
-
-    def __init__(self, nbytes: int, device, guard: int = 4096, fill: int = GUARD_BYTE):
-        self.guard = guard
-        self.nbytes = nbytes
-        self.fill = fill
-        self.base = torch.full((guard + nbytes + guard,), fill, dtype=torch.uint8, device=device)
-        self.workspace = self.base[guard : guard + nbytes]
-
-    def assert_guards_intact(self) -> None:
-        g = self.guard
-        before, after = self.base[:g], self.base[g + self.nbytes :]
-        bad_before = (before != self.fill).nonzero().flatten()
-        bad_after = (after != self.fill).nonzero().flatten()
-        if len(bad_before):
-            last = g - int(bad_before[-1])
-            raise AssertionError(f"{len(bad_before)} byte(s) written before the workspace, the last at -{last}")
-        if len(bad_after):
-            first = int(bad_after[0])
-            raise AssertionError(f"{len(bad_after)} byte(s) written past the workspace, the first at +{first}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -102,6 +102,35 @@ def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
     )
 
 
+def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
+    """Where two results first differ (``"identical"`` if they do not), for messages."""
+    a = IndexerTopKResult(*(t.cpu() for t in a))
+    b = IndexerTopKResult(*(t.cpu() for t in b))
+    for name, x, y in zip(IndexerTopKResult._fields, a, b):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{name}: {x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}"
+    bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
+    if bad_counts:
+        r = bad_counts[0]
+        return f"{len(bad_counts)} count(s) differ; row {r}: {int(a.counts[r])} vs {int(b.counts[r])}"
+    for name, x, y in (
+        ("values", a.values.contiguous().view(torch.int32), b.values.contiguous().view(torch.int32)),
+        ("raw_indices", a.raw_indices, b.raw_indices),
+        ("physical_indices", a.physical_indices, b.physical_indices),
+    ):
+        diff = (x != y).nonzero()
+        if len(diff):
+            r, j = (int(v) for v in diff[0])
+            rows = sorted(set(diff[:, 0].tolist()))
+            return (
+                f"{name} differ in {len(diff)} slot(s) of rows {rows[:8]}; row {r} slot {j}: "
+                f"value {float(a.values[r, j])!r} vs {float(b.values[r, j])!r}, "
+                f"raw {int(a.raw_indices[r, j])} vs {int(b.raw_indices[r, j])}, "
+                f"physical {int(a.physical_indices[r, j])} vs {int(b.physical_indices[r, j])}"
+            )
+    return "identical"
+
+
 def values_close(a: torch.Tensor, b: torch.Tensor, rtol: float = DEFAULT_RTOL, atol=DEFAULT_ATOL) -> torch.Tensor:
     """Elementwise ``|a - b| <= atol + rtol * |b|`` in float64, NaN matching NaN, equal infinities
     matching. ``atol`` is a float or a tensor ``[rows]`` with one tolerance per row of ``a``."""
@@ -342,6 +371,7 @@ __all__ = [
     "bitwise_equal",
     "check_tolerance",
     "compare_to_reference",
+    "first_difference",
     "mma_tolerance",
     "comparison_rule",
     "values_close",
