@@ -100,18 +100,25 @@ def indexer_topk(
     layout : str
         ``"aiter_mxfp4"``, ``"sglang_mxfp4"`` or ``"sglang_fp8"``.
     weight_scale : float
-        Scalar applied to every score (DeepSeek-V4: ``128 ** -0.5 * 64 ** -0.5``).
+        Scalar applied to every score (DeepSeek-V4: ``128 ** -0.5 * 64 ** -0.5``), taken as the
+        nearest fp32 by every backend (the kernels multiply in fp32). A value fp32 cannot carry
+        (beyond its range, infinite, NaN, non-zero below its smallest normal) is refused.
     backend : str
         ``"auto"`` (the process's frozen path policy), ``"reference"``, ``"legacy"``, ``"fused"``
         or ``"aiter"``.
     out : IndexerTopKResult, optional
         Preallocated outputs, written in place and returned.
     workspace : torch.Tensor, optional
-        Caller-owned uint8 scratch of at least :func:`indexer_topk.workspace_size` bytes, so the
-        call allocates nothing (fused and aiter backends).
+        Caller-owned uint8 scratch (contiguous, 16-byte aligned, sharing no byte with an input
+        or an output) of at least :func:`indexer_topk.workspace_size` bytes, so the fused call
+        allocates nothing. Every backend accepts it: legacy uses it as its score matrix only
+        when it holds two rows of it, the reference never touches it. The aiter backend also
+        takes AITER's own workspace tuple, which the other backends ignore.
     check_values : bool
         Also validate tensor contents (``seq_lens`` against the page table, page ids against the
-        cache). Needs a device sync: turn it off under graph capture and in decode.
+        cache). Needs a device sync: turn it off under graph capture and in decode. Off, inputs
+        that break those checks give unspecified outputs and may make the kernels read outside
+        ``page_table`` and ``k_cache``, but no kernel writes outside ``out`` and ``workspace``.
 
     Returns
     -------
@@ -125,6 +132,10 @@ def indexer_topk(
     ------
     ValueError
         Naming the offending argument, before any kernel runs.
+    RuntimeError
+        A backend that cannot run here: ``legacy`` / ``fused`` on CPU tensors when the kernels
+        were not built for the Triton interpreter (``TRITON_INTERPRET=1`` before they are
+        imported), ``aiter`` without AITER's kernel.
     """
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
