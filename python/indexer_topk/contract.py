@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+import struct
 from dataclasses import dataclass
 from typing import NamedTuple, Optional, Sequence, Tuple
 
@@ -418,9 +419,9 @@ def _fp32_weight_scale(weight_scale) -> float:
         raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
     try:
         value = float(weight_scale)
+        rounded = struct.unpack("f", struct.pack("f", value))[0]  # no tensor: this runs on every call
     except OverflowError:
-        raise ValueError("weight_scale: an integer beyond fp32's range") from None
-    rounded = float(torch.tensor(value, dtype=torch.float32))
+        raise ValueError(f"weight_scale: {weight_scale!r} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
     if not math.isfinite(rounded):
         raise ValueError(f"weight_scale: {value!r} is not a finite fp32 number (at most {FP32_MAX:.7g} in magnitude)")
     if value != 0 and abs(rounded) < FP32_TINY:
