@@ -23,9 +23,7 @@ from indexer_topk.contract import (
     CANONICAL_NAN_BITS, HEAD_DIM, NEG_INF_BITS, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, order_keys,
 )
 from indexer_topk.reference import reference_with_next_values
-from indexer_topk.guards import (  # noqa: F401 - shared with the test files through this module
-    GUARD_BYTE, INDEX_SENTINEL, NAN_SENTINEL_BITS, GuardedResult, GuardedWorkspace, poisoned_result,
-)
+from indexer_topk.guards import INDEX_SENTINEL, NAN_SENTINEL_BITS
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
 LAYOUTS = [x.value for x in Layout]

@@ -14,13 +14,12 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size, plan_fused
 from indexer_topk.contract import allocate_result, ordered_score_bits
+from indexer_topk.guards import GuardedResult, GuardedWorkspace
 from indexer_topk.reference import reference_scores
 
 from kernel_cases import (
     LAYOUTS,
     Case,
-    GuardedResult,
-    GuardedWorkspace,
     assert_bitwise,
     assert_contract,
     assert_matches_reference,

@@ -9,13 +9,12 @@ import torch
 
 from indexer_topk.backends.legacy import key_matrix_width, legacy_indexer_topk, legacy_score
 from indexer_topk.contract import KEY_NAN, KEY_NONE, PAGE_SIZE, ordered_score_bits, scores_from_ordered_bits
+from indexer_topk.guards import GuardedResult, GuardedWorkspace, poisoned_result
 
 from kernel_cases import (
     DETERMINISM_CASE,
     LAYOUTS,
     Case,
-    GuardedResult,
-    GuardedWorkspace,
     assert_bitwise,
     assert_contract,
     assert_matches_reference,
@@ -28,7 +27,6 @@ from kernel_cases import (
     mixed_requests_case,
     nonfinite_case,
     pattern_cases,
-    poisoned_result,
     reference_result,
     reversed_pages_case,
     run_legacy,

@@ -13,8 +13,9 @@ import torch
 import indexer_topk as it
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.contract import allocate_result
+from indexer_topk.guards import GuardedResult, GuardedWorkspace
 
-from kernel_cases import GuardedResult, GuardedWorkspace, assert_bitwise
+from kernel_cases import assert_bitwise
 
 KERNELS = ["legacy", "fused"]
 
