@@ -163,8 +163,9 @@ class IndexerInputs:
 
     The seven tensors of :func:`indexer_topk.indexer_topk` (``q_scale`` / ``k_scale`` ``None``
     where the layout keeps its scales elsewhere), the parsed :class:`Layout`, ``topk`` and
-    ``weight_scale`` as the fp32 value the kernels multiply by. :func:`validate_inputs` builds
-    it after checking every argument; :meth:`of` builds one without checks (tests and
+    ``weight_scale``. :func:`validate_inputs` builds it after checking every argument (and
+    rounds ``weight_scale`` to the fp32 value the kernels multiply by, as the reference does
+    too); :meth:`of` builds one without checks (tests and
     benchmarks that call a backend directly, e.g. with a ``topk`` the public API does not
     take), and backends trust what they are given.
     """
