@@ -17,19 +17,18 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.compare import bitwise_equal, compare_to_reference, mma_tolerance, reference_with_boundary
+from indexer_topk.compare import bitwise_equal, compare_to_reference, first_difference, mma_tolerance
 from indexer_topk.formats import _aiter_scale_column
-from indexer_topk.contract import CANONICAL_NAN_BITS, HEAD_DIM, PAGE_SIZE, IndexerTopKResult, Layout, order_keys
+from indexer_topk.contract import (
+    CANONICAL_NAN_BITS, HEAD_DIM, NEG_INF_BITS, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, order_keys,
+)
+from indexer_topk.reference import reference_with_next_values
+from indexer_topk.guards import INDEX_SENTINEL, NAN_SENTINEL_BITS
 from indexer_topk.workload import PATTERNS, Workload, make_workload
 
 LAYOUTS = [x.value for x in Layout]
 ALL_PATTERNS = list(PATTERNS)
 
-# Sentinels a correct call must overwrite: a signalling NaN with a payload, and a byte pattern.
-NAN_SENTINEL_BITS = 0x7FBADBAD
-INDEX_SENTINEL = 0x5A5A5A5A
-GUARD_BYTE = 0xA5
-NEG_INF_BITS = -8388608  # 0xFF800000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,26 +177,23 @@ def with_nonfinite_key_scales(wl: Workload, fraction: float, seed: int) -> Workl
     return dataclasses.replace(wl, k_cache=k_cache)
 
 
-def without_rows(wl: Workload):
-    """The call arguments of ``wl`` with every per-row tensor cut to zero rows (the cache kept)."""
+def without_rows(wl: Workload) -> IndexerInputs:
+    """The inputs of ``wl`` with every per-row tensor cut to zero rows (the cache kept)."""
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = wl.args()
     cut = lambda t: None if t is None else t[:0]  # noqa: E731
-    return (cut(q), cut(q_scale), k_cache, k_scale, cut(weights), cut(page_table), cut(seq_lens))
-
-
-def call_kwargs(wl: Workload) -> dict:
-    return {"topk": wl.topk, "layout": wl.layout, "weight_scale": wl.weight_scale}
+    tensors = (cut(q), cut(q_scale), k_cache, k_scale, cut(weights), cut(page_table), cut(seq_lens))
+    return IndexerInputs.of(tensors, **wl.kwargs())
 
 
 def run_legacy(wl: Workload, **kw) -> IndexerTopKResult:
-    return legacy_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+    return legacy_indexer_topk(wl.inputs(), **kw)
 
 
 def run_fused(wl: Workload, **kw) -> IndexerTopKResult:
     """A fused call; ``pool=None`` (or no ``pool``) leaves the backend's default pool."""
     if kw.get("pool", 0) is None:
         del kw["pool"]
-    return fused_indexer_topk(wl.args(), **call_kwargs(wl), **kw)
+    return fused_indexer_topk(wl.inputs(), **kw)
 
 
 def small_pool(topk: int) -> int:
@@ -226,7 +222,7 @@ def reference_result(case: Case, device: str):
 
 
 def reference_for(wl: Workload):
-    return reference_with_boundary(wl.args(), topk=wl.topk, layout=wl.layout, weight_scale=wl.weight_scale)
+    return reference_with_next_values(*wl.args(), **wl.kwargs())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -235,35 +231,6 @@ def reference_for(wl: Workload):
 
 def _bits(values: torch.Tensor) -> torch.Tensor:
     return values.contiguous().view(torch.int32)
-
-
-def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
-    """Where two results first differ, for assertion messages."""
-    a = IndexerTopKResult(*(t.cpu() for t in a))
-    b = IndexerTopKResult(*(t.cpu() for t in b))
-    for name, x, y in zip(IndexerTopKResult._fields, a, b):
-        if x.dtype != y.dtype or x.shape != y.shape:
-            return f"{name}: {x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}"
-    bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
-    if bad_counts:
-        r = bad_counts[0]
-        return f"{len(bad_counts)} count(s) differ; row {r}: {int(a.counts[r])} vs {int(b.counts[r])}"
-    for name, x, y in (
-        ("values", _bits(a.values), _bits(b.values)),
-        ("raw_indices", a.raw_indices, b.raw_indices),
-        ("physical_indices", a.physical_indices, b.physical_indices),
-    ):
-        diff = (x != y).nonzero()
-        if len(diff):
-            r, j = (int(v) for v in diff[0])
-            rows = sorted(set(diff[:, 0].tolist()))
-            return (
-                f"{name} differ in {len(diff)} slot(s) of rows {rows[:8]}; row {r} slot {j}: "
-                f"value {float(a.values[r, j])!r} vs {float(b.values[r, j])!r}, "
-                f"raw {int(a.raw_indices[r, j])} vs {int(b.raw_indices[r, j])}, "
-                f"physical {int(a.physical_indices[r, j])} vs {int(b.physical_indices[r, j])}"
-            )
-    return "identical"
 
 
 def assert_bitwise(actual: IndexerTopKResult, expected: IndexerTopKResult, what: str = "") -> None:
@@ -300,10 +267,10 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     ties at the selection boundary broken by the lower position and zeros signed as there."""
     if expected is None:
         expected = reference_for(wl)
-    exp, nxt = expected
+    exp, next_values = expected
     tol = mma_tolerance(wl.layout, wl.q.device, exp) if rtol is None else {"rtol": rtol}
     cmp = compare_to_reference(
-        result, exp, next_values=exact_tie_free_boundaries(exp, nxt), seq_lens=wl.seq_lens,
+        result, exp, next_values=exact_tie_free_boundaries(exp, next_values), seq_lens=wl.seq_lens,
         page_table=wl.page_table, **tol,
     )
     assert cmp.ok, f"{cmp.summary()}; " + "; ".join(cmp.messages)
@@ -380,78 +347,6 @@ def assert_contract(result: IndexerTopKResult, wl: Workload) -> None:
         else:
             keys = order_keys(values[r, :n], pos)
             assert bool((keys[1:] < keys[:-1]).all()), f"row {r}: not strictly descending in the contract order"
-
-
-# ---------------------------------------------------------------------------------------------
-# Poisoned and guarded buffers
-# ---------------------------------------------------------------------------------------------
-
-def poisoned_result(rows: int, topk: int, device) -> IndexerTopKResult:
-    """Output tensors filled with sentinels: NaN-with-payload values, 0x5A5A5A5A indices and counts."""
-    values = torch.full((rows, topk), NAN_SENTINEL_BITS, dtype=torch.int32, device=device).view(torch.float32)
-    fill = lambda shape: torch.full(shape, INDEX_SENTINEL, dtype=torch.int32, device=device)  # noqa: E731
-    return IndexerTopKResult(values, fill((rows, topk)), fill((rows, topk)), fill((rows,)))
-
-
-class GuardedResult:
-    """Outputs that are slices in the middle of larger sentinel-filled buffers.
-
-    ``out`` is what the call gets; :meth:`assert_guards_intact` checks that nothing before or
-    after any slice was written.
-    """
-
-    def __init__(self, rows: int, topk: int, device, guard: int = 1000):
-        self.guard = guard
-        self.bases = []
-        parts = []
-        for n, sentinel in (
-            (rows * topk, NAN_SENTINEL_BITS),
-            (rows * topk, INDEX_SENTINEL),
-            (rows * topk, INDEX_SENTINEL),
-            (rows, INDEX_SENTINEL),
-        ):
-            base = torch.full((guard + n + guard,), sentinel, dtype=torch.int32, device=device)
-            self.bases.append((base, n, sentinel))
-            parts.append(base[guard : guard + n])
-        self.out = IndexerTopKResult(
-            parts[0].view(torch.float32).view(rows, topk),
-            parts[1].view(rows, topk),
-            parts[2].view(rows, topk),
-            parts[3],
-        )
-
-    def assert_guards_intact(self) -> None:
-        g = self.guard
-        for (base, n, sentinel), name in zip(self.bases, IndexerTopKResult._fields):
-            before, after = base[:g], base[g + n :]
-            assert bool((before == sentinel).all()), f"out.{name}: written before its start"
-            assert bool((after == sentinel).all()), f"out.{name}: written past its end"
-
-
-class GuardedWorkspace:
-    """A uint8 workspace of ``nbytes`` in the middle of a larger buffer, all of it garbage.
-
-    The workspace itself starts full of ``GUARD_BYTE`` too: a backend must not depend on its
-    scratch being zeroed.
-    """
-
-    def __init__(self, nbytes: int, device, guard: int = 4096):
-        self.guard = guard
-        self.nbytes = nbytes
-        self.base = torch.full((guard + nbytes + guard,), GUARD_BYTE, dtype=torch.uint8, device=device)
-        self.workspace = self.base[guard : guard + nbytes]
-
-    def assert_guards_intact(self) -> None:
-        g = self.guard
-        before, after = self.base[:g], self.base[g + self.nbytes :]
-        bad_before = (before != GUARD_BYTE).nonzero().flatten()
-        bad_after = (after != GUARD_BYTE).nonzero().flatten()
-        if len(bad_before):
-            last = g - int(bad_before[-1])
-            raise AssertionError(f"{len(bad_before)} byte(s) written before the workspace, the last at -{last}")
-        if len(bad_after):
-            first = int(bad_after[0])
-            raise AssertionError(f"{len(bad_after)} byte(s) written past the workspace, the first at +{first}")
 
 
 # ---------------------------------------------------------------------------------------------

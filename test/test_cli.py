@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from indexer_topk.contract import IndexerTopKResult
+
 REPO = Path(__file__).resolve().parents[1]
 TINY_DEMO = ["--device", "cpu", "--context", "2200", "--rows", "2"]
 TINY_CHECK = ["--device", "cpu", "--layout", "sglang_mxfp4", "--patterns", "zero_plateau", "--context", "2200", "--rows", "2"]
@@ -249,3 +251,66 @@ def test_help_lists_the_subcommands(cli, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "--quick" in out and "--out-dir" in out and "indexer-topk bench" in out
+
+
+# ============================================================================================
+# Tolerances that cannot tell a wrong answer
+# ============================================================================================
+
+CHECK_ONE = ["check", "--device", "cpu", "--backend", "legacy", "--layout", "sglang_fp8", "--patterns", "random",
+             "--context", "2200", "--rows", "2"]
+
+
+@pytest.mark.parametrize(
+    "option, value",
+    [("--atol", "inf"), ("--atol", "nan"), ("--atol", "-1e-6"), ("--rtol", "inf"), ("--rtol", "-0.1"), ("--rtol", "0.5")],
+)
+def test_check_rejects_tolerances_that_accept_anything(cli, option, value, capsys):
+    try:
+        rc = cli.main(CHECK_ONE + [f"{option}={value}"])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert len(err.strip().splitlines()) == 1 and option in err, err
+
+
+def _wrong_positions(monkeypatch):
+    """``indexer_topk`` replaced by the reference's answer with row 0 selecting other positions."""
+    import indexer_topk
+    from indexer_topk.reference import reference_indexer_topk
+
+    def wrong(*args, backend, out=None, workspace=None, check_values=True, **kw):
+        res = reference_indexer_topk(*args, **kw)
+        n = int(res.counts[0])
+        taken = set(res.raw_indices[0, :n].tolist())
+        others = [p for p in range(int(args[6][0])) if p not in taken][:n]
+        res.raw_indices[0, : len(others)] = torch.tensor(others, dtype=torch.int32)
+        return res
+
+    monkeypatch.setattr(indexer_topk, "indexer_topk", wrong)
+
+
+def test_check_fails_wrong_positions_under_a_huge_atol(cli, monkeypatch, capsys):
+    """A finite but enormous atol makes every boundary a near-tie; it is refused next to the
+    scores, so the run does not report OK."""
+    _wrong_positions(monkeypatch)
+    rc = cli.main(CHECK_ONE + ["--atol", "1e30"])
+    captured = capsys.readouterr()
+    assert rc == 1, captured.out
+    assert "atol" in captured.err and "OK" not in captured.out
+
+
+def test_compare_refuses_tolerances_wider_than_the_scores():
+    from indexer_topk.compare import compare_to_reference
+
+    e = IndexerTopKResult(torch.tensor([[3.0, 2.0]]), torch.tensor([[4, 7]], dtype=torch.int32),
+                          torch.tensor([[4, 7]], dtype=torch.int32), torch.tensor([2], dtype=torch.int32))
+    a = e._replace(raw_indices=torch.tensor([[4, 9]], dtype=torch.int32), physical_indices=torch.tensor([[4, 9]], dtype=torch.int32))
+    assert not compare_to_reference(a, e, next_values=torch.tensor([1.0])).ok
+    for bad in (dict(atol=1e30), dict(atol=float("inf")), dict(atol=-1.0), dict(rtol=float("nan")), dict(rtol=1.0),
+                dict(atol=torch.tensor([1e30]))):
+        with pytest.raises(ValueError, match="^(atol|rtol): "):
+            compare_to_reference(a, e, next_values=torch.tensor([1.0]), **bad)
+    # a tolerance small next to the scores still recognises a boundary near-tie
+    assert compare_to_reference(a, e, next_values=torch.tensor([2.0 - 1e-7])).ok

@@ -6,7 +6,7 @@ import torch
 
 from indexer_topk import compare
 from indexer_topk.contract import IndexerTopKResult, order_keys
-from indexer_topk.reference import reference_indexer_topk, reference_scores
+from indexer_topk.reference import reference_indexer_topk, reference_scores, reference_with_next_values
 from indexer_topk.workload import make_workload
 
 
@@ -101,21 +101,21 @@ def test_count_padding_and_physical_mismatches():
     assert not compare.compare_to_reference(e, e, page_table=torch.tensor([[3, 2]], dtype=torch.int32)).ok
 
 
-def test_reference_boundary_values_are_the_next_best_scores():
+def test_reference_next_values_are_the_next_best_scores():
     w = make_workload("sglang_mxfp4", context_tokens=[2300, 1000], rows_per_request=[2, 1], topk=512, seed=5)
-    expected, nxt = compare.reference_with_boundary(w.args(), **w.kwargs())
+    expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
     assert compare.bitwise_equal(expected, reference_indexer_topk(*w.args(), **w.kwargs()))
     scores = reference_scores(*w.args(), layout=w.layout, weight_scale=w.weight_scale)
     for r in range(w.rows):
         n = int(w.seq_lens[r])
         if n <= w.topk:
-            assert nxt[r] == NEG
+            assert next_values[r] == NEG
             continue
         pos = torch.arange(n)
         keys = order_keys(scores[r, :n], pos)
         kth_next = int(keys.argsort(descending=True)[w.topk])
-        assert torch.equal(nxt[r].view(torch.int32), scores[r, kth_next].view(torch.int32))
-    assert compare.compare_to_reference(expected, expected, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table).ok
+        assert torch.equal(next_values[r].view(torch.int32), scores[r, kth_next].view(torch.int32))
+    assert compare.compare_to_reference(expected, expected, next_values=next_values, seq_lens=w.seq_lens, page_table=w.page_table).ok
 
 
 def test_comparison_rule_text_states_the_tolerance():

@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from indexer_topk.envs import EnvBool, EnvInt, EnvStr, envs
-from indexer_topk.policy import probe_environment
+from indexer_topk.policy import PathPolicy, probe_environment
 
 
 @pytest.mark.parametrize("raw", ["false", "0", "off", "no", "FALSE", " Off ", "No"])
@@ -26,12 +26,24 @@ def test_kill_switch_unset_or_true_enables(env, caplog):
     assert not caplog.records
 
 
-def test_kill_switch_garbage_warns_and_enables(caplog):
+@pytest.mark.parametrize("raw", ["maybe", "disable", "n", "2", "truee", "enable"])
+def test_kill_switch_unreadable_value_fails_safe(raw, caplog):
+    """A kill switch fails safe: a value it cannot read turns the fused path off (the proven
+    path, SGLang's own inside SGLang), with one warning naming the variable and the value."""
+    env = {"SGLANG_DSV4_FP4_FUSED_TOPK": raw, "TRITON_INTERPRET": "1"}
     with caplog.at_level(logging.WARNING, logger="indexer_topk"):
-        assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get({"SGLANG_DSV4_FP4_FUSED_TOPK": "maybe"}) is True
+        assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env) is False
     [record] = caplog.records
     assert record.levelno == logging.WARNING
-    assert "SGLANG_DSV4_FP4_FUSED_TOPK" in record.getMessage() and "'maybe'" in record.getMessage()
+    message = record.getMessage()
+    assert "SGLANG_DSV4_FP4_FUSED_TOPK" in message and repr(raw) in message and "off" in message
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="indexer_topk"):
+        p = PathPolicy(probe_environment(env), logger=logging.getLogger("indexer_topk.test"))
+    assert p.probe.fused_enabled is False
+    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]  # one warning, one path line
+    assert p.route(layout="sglang_fp8", capturing=False) == "legacy"
+    assert f"SGLANG_DSV4_FP4_FUSED_TOPK={raw!r} is not a recognised value" in p.reason
 
 
 def test_env_field_truth_test_raises():

@@ -14,17 +14,15 @@ import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size, plan_fused
 from indexer_topk.contract import allocate_result
+from indexer_topk.guards import GuardedResult, GuardedWorkspace
 from indexer_topk.reference import reference_scores
 
 from kernel_cases import (
     LAYOUTS,
     Case,
-    GuardedResult,
-    GuardedWorkspace,
     assert_bitwise,
     assert_contract,
     assert_matches_reference,
-    call_kwargs,
     build,
     check_fused_against_legacy,
     check_legacy,
@@ -163,7 +161,7 @@ def test_other_topk(topk, device):
 def test_zero_rows(device):
     """A call without rows returns empty outputs."""
     wl = build(mixed_requests_case("sglang_mxfp4"), device)
-    res = fused_indexer_topk(without_rows(wl), **call_kwargs(wl))
+    res = fused_indexer_topk(without_rows(wl))
     assert res.values.shape == (0, wl.topk) and res.counts.shape == (0,)
 
 

@@ -7,20 +7,18 @@ tests run compiled. Tests marked ``gpu`` use DeepSeek-V4 shapes and need a CUDA 
 import pytest
 import torch
 
-from indexer_topk.backends.legacy import legacy_indexer_topk, logits_width
-from indexer_topk.contract import PAGE_SIZE
+from indexer_topk.backends.legacy import key_matrix_width, legacy_indexer_topk, legacy_score
+from indexer_topk.contract import KEY_NAN, KEY_NONE, PAGE_SIZE, ordered_score_bits, scores_from_ordered_bits
+from indexer_topk.guards import GuardedResult, GuardedWorkspace, poisoned_result
 
 from kernel_cases import (
     DETERMINISM_CASE,
     LAYOUTS,
     Case,
-    GuardedResult,
-    GuardedWorkspace,
     assert_bitwise,
     assert_contract,
     assert_matches_reference,
     build,
-    call_kwargs,
     check_legacy,
     edge_length_case,
     gpu_128k_case,
@@ -29,7 +27,6 @@ from kernel_cases import (
     mixed_requests_case,
     nonfinite_case,
     pattern_cases,
-    poisoned_result,
     reference_result,
     reversed_pages_case,
     run_legacy,
@@ -49,6 +46,32 @@ def test_matches_reference(case, device):
     """Every layout on random and zero-plateau scores, every adversarial pattern on one layout:
     the legacy outputs agree with the fp64 reference and satisfy the contract."""
     check_legacy(case, device)
+
+
+def test_key_matrix_is_the_contract_encoding(device):
+    """The kernels' order keys are the host's (one encoding): the score kernel writes KEY_NAN
+    for NaN scores and KEY_NONE past a row's length, every other key survives a host decode and
+    re-encode, and the selected values are the host decode of each row's best keys."""
+    from indexer_topk.kernels import common
+
+    assert (common.KEY_MIN.value, common.KEY_NAN.value) == (KEY_NONE, KEY_NAN)
+    case = next(c for c in PATTERN_CASES if c.pattern == "nan_rows")
+    wl = build(case, device)
+    keys = legacy_score(wl.inputs()).cpu()
+    lens = wl.seq_lens.cpu().long()
+    live = torch.arange(keys.shape[1])[None, :] < lens[:, None]
+    assert bool((keys[~live] == KEY_NONE).all()) and bool((~live).any())
+    nan_rows = torch.isnan(wl.weights[:, 0].float()).cpu()
+    assert bool(nan_rows.any()) and bool((keys[nan_rows][live[nan_rows]] == KEY_NAN).all())
+    assert torch.equal(ordered_score_bits(scores_from_ordered_bits(keys[live])), keys[live])
+    assert bool((scores_from_ordered_bits(keys[~live]) == float("-inf")).all())
+    res = legacy_result(case, device)
+    for r in range(wl.rows):
+        n = int(res.counts[r])
+        best = keys[r].sort(descending=True).values[:n]
+        got = res.values[r, :n].cpu().view(torch.int32)
+        if lens[r] > wl.topk:
+            assert torch.equal(got, scores_from_ordered_bits(best).view(torch.int32)), f"row {r}"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -106,7 +129,7 @@ def test_all_rows_shorter_than_topk(device):
     """topk wider than the whole logits matrix: every row returns positions 0..seq_len-1."""
     case = Case("short-topk256", "sglang_fp8", context_tokens=(500, 400, 4), rows_per_request=(2, 1, 1), topk=256)
     wl = build(case, device)
-    assert logits_width(wl.page_table) < case.topk
+    assert key_matrix_width(wl.page_table) < case.topk
     res = legacy_result(case, device)
     assert_contract(res, wl)
     assert_matches_reference(res, wl, reference_result(case, device))
@@ -115,7 +138,7 @@ def test_all_rows_shorter_than_topk(device):
 def test_zero_rows(device):
     """A call without rows returns empty outputs."""
     wl = build(mixed_requests_case("sglang_mxfp4"), device)
-    res = legacy_indexer_topk(without_rows(wl), **call_kwargs(wl))
+    res = legacy_indexer_topk(without_rows(wl))
     assert res.values.shape == (0, wl.topk) and res.raw_indices.shape == (0, wl.topk)
     assert res.counts.shape == (0,)
 
@@ -130,9 +153,9 @@ def test_tiny_budget_chunks_rows(device):
     case = edge_length_case("aiter_mxfp4")
     wl = build(case, device)
     whole = legacy_result(case, device)
-    chunked = run_legacy(wl, logits_budget_bytes=1)
+    chunked = run_legacy(wl, budget_bytes=1)
     assert_bitwise(chunked, whole, "chunked by two rows")
-    chunked3 = run_legacy(wl, logits_budget_bytes=3 * logits_width(wl.page_table) * 4 + 1)
+    chunked3 = run_legacy(wl, budget_bytes=3 * key_matrix_width(wl.page_table) * 4 + 1)
     assert_bitwise(chunked3, whole, "budget of three rows")
 
 
@@ -141,9 +164,9 @@ def test_caller_workspace_and_guards(device):
     guarded buffer: identical outputs, and not a byte written outside the workspace."""
     case = mixed_requests_case("sglang_mxfp4")
     wl = build(case, device)
-    nbytes = 2 * logits_width(wl.page_table) * 4
+    nbytes = 2 * key_matrix_width(wl.page_table) * 4
     ws = GuardedWorkspace(nbytes, device)
-    res = run_legacy(wl, workspace=ws.workspace, logits_budget_bytes=64)
+    res = run_legacy(wl, workspace=ws.workspace, budget_bytes=64)
     ws.assert_guards_intact()
     assert_bitwise(res, legacy_result(case, device), "two-row workspace")
 
@@ -169,7 +192,7 @@ def test_output_guard_bands(device):
     case = mixed_requests_case("aiter_mxfp4")
     wl = build(case, device)
     g = GuardedResult(wl.rows, wl.topk, device)
-    run_legacy(wl, out=g.out, logits_budget_bytes=1)
+    run_legacy(wl, out=g.out, budget_bytes=1)
     g.assert_guards_intact()
     assert_contract(g.out, wl)
     assert_bitwise(g.out, legacy_result(case, device), "into guarded outputs")
@@ -214,7 +237,7 @@ def test_gpu_chunked_matches_whole(device):
     case = Case("gpu-chunk", "sglang_fp8", context_tokens=(131072,), rows_per_request=(13,), topk=2048, seed=12)
     wl = build(case, device)
     whole = run_legacy(wl)
-    chunked = run_legacy(wl, logits_budget_bytes=4 * logits_width(wl.page_table) * 4)
+    chunked = run_legacy(wl, budget_bytes=4 * key_matrix_width(wl.page_table) * 4)
     assert_bitwise(chunked, whole, "chunked by four rows")
     assert_contract(whole, wl)
 

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -472,6 +475,64 @@ def test_default_policy_applies_log_level(monkeypatch):
         assert pkg_logger.level == logging.WARNING
     finally:
         policy.default_policy.cache_clear()
+
+
+PLAIN_CALL = (
+    "import indexer_topk as it; w = it.make_workload('sglang_fp8', context_tokens=[300], rows_per_request=1); "
+    "it.indexer_topk(*w.args(), **w.kwargs())"
+)
+
+
+def _plain_process(code: str, **env_extra) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (no pytest logging handlers), this checkout's package."""
+    env = {k: v for k, v in os.environ.items() if k not in ("INDEXER_TOPK_LOG_LEVEL", "TRITON_INTERPRET")}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(indexer_topk.__file__).parents[1])] + [env.get("PYTHONPATH", "")])
+    env.update(env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def path_lines(text: str) -> list:
+    return [line for line in text.splitlines() if "indexer-topk: fused top-k path =" in line]
+
+
+def test_log_level_info_shows_the_path_line_in_a_plain_process():
+    """INDEXER_TOPK_LOG_LEVEL=INFO in a process that configured no logging: the documented line
+    appears once on stderr (a handler is attached, because nothing else would print it)."""
+    proc = _plain_process(PLAIN_CALL, INDEXER_TOPK_LOG_LEVEL="INFO")
+    assert proc.returncode == 0, proc.stderr
+    assert len(path_lines(proc.stderr)) == 1, proc.stderr
+
+
+def test_log_level_adds_no_second_handler_where_the_application_has_one():
+    proc = _plain_process("import logging; logging.basicConfig(level=logging.INFO); " + PLAIN_CALL,
+                          INDEXER_TOPK_LOG_LEVEL="INFO")
+    assert proc.returncode == 0, proc.stderr
+    assert len(path_lines(proc.stderr)) == 1, proc.stderr
+
+
+def test_no_log_level_prints_nothing_in_a_plain_process():
+    """Without the variable a library leaves logging to the application."""
+    proc = _plain_process(PLAIN_CALL)
+    assert proc.returncode == 0, proc.stderr
+    assert path_lines(proc.stderr) == [], proc.stderr
+
+
+@pytest.mark.parametrize("backend", ["legacy", "fused"])
+def test_triton_backend_on_a_cpu_without_the_interpreter_says_how(backend):
+    """CPU tensors and kernels compiled for a GPU (TRITON_INTERPRET unset when they were
+    imported): one clear error naming both ways out, not Triton's driver traceback."""
+    code = (
+        "import indexer_topk as it\n"
+        "w = it.make_workload('sglang_fp8', context_tokens=[300], rows_per_request=1)\n"
+        "try:\n"
+        f"    it.indexer_topk(*w.args(), **w.kwargs(), backend={backend!r})\n"
+        "except RuntimeError as exc:\n"
+        "    print('ERROR', exc)\n"
+    )
+    proc = _plain_process(code, CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("ERROR "), proc.stdout + proc.stderr
+    assert "TRITON_INTERPRET=1" in proc.stdout and "GPU" in proc.stdout and "driver" not in proc.stdout
 
 
 def test_api_auto_goes_through_the_policy(monkeypatch):

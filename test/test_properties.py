@@ -12,7 +12,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import indexer_topk as it  # noqa: E402
 from indexer_topk import api  # noqa: E402
-from indexer_topk.compare import compare_to_reference, reference_with_boundary  # noqa: E402
+from indexer_topk.compare import compare_to_reference  # noqa: E402
+from indexer_topk.reference import reference_with_next_values  # noqa: E402
 from indexer_topk.reference import reference_indexer_topk  # noqa: E402
 from indexer_topk.workload import PATTERNS  # noqa: E402
 from kernel_cases import LAYOUTS, assert_bitwise  # noqa: E402
@@ -40,8 +41,8 @@ def workloads(draw, max_tokens=3200):
 
 def _check_against_reference(w, backend):
     got = it.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
-    ref, nxt = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
-    cmp = compare_to_reference(got, ref, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table)
+    ref, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    cmp = compare_to_reference(got, ref, next_values=next_values, seq_lens=w.seq_lens, page_table=w.page_table)
     assert cmp.ok, cmp.summary()
 
 

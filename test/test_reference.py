@@ -14,6 +14,8 @@ from indexer_topk.contract import (
     PAGE_SIZE,
     allocate_result,
     canonicalize_scores,
+    KEY_NAN,
+    KEY_NONE,
     order_keys,
     ordered_score_bits,
     scores_from_ordered_bits,
@@ -79,8 +81,13 @@ def decode_query(layout, q, q_scale, r):
     return _apply_exponents(vals, exps)
 
 
+def fp32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def brute_scores(layout, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, weight_scale):
-    """Per row, a list of the fp32 scores (as Python floats) of positions 0..seq_len-1."""
+    """Per row, a list of the fp32 scores (as Python floats) of positions 0..seq_len-1; the
+    contract takes ``weight_scale`` as the nearest fp32, as the kernels do."""
     out = []
     for r in range(q.shape[0]):
         n = int(seq_lens[r])
@@ -92,7 +99,7 @@ def brute_scores(layout, q, q_scale, k_cache, k_scale, weights, page_table, seq_
         k, ks = decode_keys(layout, k_cache, k_scale, slots)
         qr = decode_query(layout, q, q_scale, r)
         w = weights[r].to(torch.float64)
-        s = (torch.relu(k @ qr.T) * w).sum(-1) * ks * float(weight_scale)
+        s = (torch.relu(k @ qr.T) * w).sum(-1) * ks * fp32(weight_scale)
         out.append(s.to(torch.float32).tolist())
     return out
 
@@ -288,7 +295,8 @@ def aligned_batch(layout, n_rows, c4_len, *, key_sign, weight, seed=0):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_positive_zero_ranks_above_negative_zero(layout):
-    """Scores that underflow fp32 keep their sign: +0 (from s > 0 or s == 0) above -0 (s < 0)."""
+    """Scores that underflow fp32 keep their sign: +0 (from s > 0 or s == 0) above -0 (s < 0).
+    (1e-300 is 0 in fp32, so here every score is a signed zero.)"""
     n = 600
     key_sign = lambda j: 1 if j % 3 else -1  # noqa: E731
     args = aligned_batch(layout, 1, n, key_sign=key_sign, weight=-1.0)
@@ -479,7 +487,7 @@ ASCENDING = [
 def test_ordered_score_bits_is_monotone():
     vals = torch.tensor([float("nan")] + ASCENDING, dtype=torch.float32)
     keys = ordered_score_bits(vals).tolist()
-    assert keys[0] == -(2**31)
+    assert keys[0] == KEY_NAN == -(2**31) + 1  # NaN's key; KEY_NONE (INT32_MIN) is no score's
     assert all(a < b for a, b in zip(keys, keys[1:]))
     assert keys[6:8] == [-1, 0]  # -0.0 and +0.0 (ASCENDING[5:7])
 
@@ -488,7 +496,7 @@ def test_every_nan_maps_to_the_bottom_and_back_to_the_canonical_nan():
     bits = torch.tensor([0x7FC00000, 0x7F800001, -0x400000, -1, 0x7FFFFFFF], dtype=torch.int32)  # NaNs
     nans = bits.view(torch.float32)
     assert bool(torch.isnan(nans).all())
-    assert ordered_score_bits(nans).tolist() == [-(2**31)] * 5
+    assert ordered_score_bits(nans).tolist() == [KEY_NAN] * 5
     assert canonicalize_scores(nans).view(torch.int32).tolist() == [CANONICAL_NAN_BITS] * 5
 
 
@@ -500,11 +508,15 @@ def test_scores_from_ordered_bits_inverts_exactly():
     finite = ~torch.isnan(vals)
     assert torch.equal(back.view(torch.int32)[finite], vals.view(torch.int32)[finite])
     assert bool((back.view(torch.int32)[~finite] == CANONICAL_NAN_BITS).all())
-    # and the other way round on every key (INT32_MIN is NaN's key)
-    keys = torch.cat([bits, torch.tensor([-(2**31), -1, 0, 2**31 - 1], dtype=torch.int32)])
+    # and the other way round on every key that is a score's: KEY_NAN and the keys of numbers
+    keys = torch.cat([bits, torch.tensor([KEY_NAN, -1, 0, 2**31 - 1], dtype=torch.int32)])
+    keys = keys[keys != KEY_NONE]
     round_trip = ordered_score_bits(scores_from_ordered_bits(keys))
-    ok = (keys == -(2**31)) | ~torch.isnan(scores_from_ordered_bits(keys))
+    ok = (keys == KEY_NAN) | ~torch.isnan(scores_from_ordered_bits(keys))
     assert torch.equal(round_trip[ok], keys[ok])
+    # "no entry" decodes to the contract's padding value
+    none = scores_from_ordered_bits(torch.tensor([KEY_NONE], dtype=torch.int32))
+    assert none.view(torch.int32).tolist() == [-8388608]  # -inf
     # the key order agrees with float order on non-NaN values
     v = vals[finite][:2000]
     k = ordered_score_bits(v)

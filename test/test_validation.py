@@ -1,14 +1,17 @@
 """Every invalid argument raises ValueError naming it, before any backend is reached."""
 
+import dataclasses
 import functools
 import re
+import struct
 
 import pytest
 import torch
 
 import indexer_topk.api as api
 from indexer_topk import IndexerTopKResult, Layout, allocate_result, indexer_topk, make_workload
-from kernel_cases import LAYOUTS
+from indexer_topk.contract import IndexerInputs
+from kernel_cases import LAYOUTS, assert_bitwise
 
 NAMES = ("q", "q_scale", "k_cache", "k_scale", "weights", "page_table", "seq_lens")
 TOPK = 512
@@ -28,8 +31,8 @@ def calls(monkeypatch):
     seen = []
 
     def backend_fn(name):
-        def run(args, **kw):
-            seen.append((name, args, kw))
+        def run(inputs, **kw):
+            seen.append((name, inputs, kw))
             return "ran"
 
         return run
@@ -93,8 +96,12 @@ def test_valid_call_reaches_the_backend(layout, calls):
         assert call(dict(args), layout=layout, topk=topk) == "ran"
     assert call(dict(args), layout=Layout(layout), weight_scale=2) == "ran"
     assert [c[0] for c in calls] == ["reference"] * 4
-    assert calls[0][2]["layout"] is Layout(layout) and calls[0][2]["topk"] == 512
-    assert calls[-1][2]["weight_scale"] == 2.0 and isinstance(calls[-1][2]["weight_scale"], float)
+    inputs = calls[0][1]
+    assert isinstance(inputs, IndexerInputs) and inputs.layout is Layout(layout) and inputs.topk == 512
+    assert all(a is b for a, b in zip(inputs.tensors, args.values()))
+    assert calls[-1][1].weight_scale == 2.0 and isinstance(calls[-1][1].weight_scale, float)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        inputs.topk = 1024
 
 
 @pytest.mark.parametrize("backend", ["reference", "legacy", "fused", "aiter"])
@@ -165,11 +172,10 @@ def test_wrong_device(layout, no_kernel):
         args = small(layout)
         args[name] = torch.empty_like(args[name], device="meta")
         expect(name, args, layout=layout, message="expected device cpu, got meta")
-    # q's device is the one every other tensor is held to
+    # q's device is the one every other tensor is held to; a meta q is rejected as such
     args = small(layout)
     args["q"] = torch.empty_like(args["q"], device="meta")
-    with pytest.raises(ValueError, match="expected device meta, got cpu"):
-        call(args, layout=layout)
+    expect("q", args, layout=layout, message="a meta tensor")
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -433,3 +439,121 @@ def test_out_fields_aliasing_each_other(calls):
     )
     call(small(layout), layout=layout, out=out)
     assert len(calls) == 1  # and only this call reached the backend
+
+
+
+# ---------------------------------------------------------------------------------------------
+# workspace=
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["reference", "legacy", "fused"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_workspace_overlapping_an_input_or_output(layout, backend, no_kernel):
+    """A workspace over the bytes of any input or output would be scribbled over (or scribble
+    over it) during the call: rejected, naming what it overlaps."""
+    for name in present(layout):
+        args = small(layout)
+        t = args[name]
+        buf = torch.zeros(t.numel() * t.element_size() + 64, dtype=torch.uint8)
+        args[name] = buf[16 : 16 + t.numel() * t.element_size()].view(t.dtype).view(t.shape)
+        args[name].copy_(t)
+        expect("workspace", args, layout=layout, backend=backend, workspace=buf[:32],
+               message=f"overlaps {name}")
+    out = good_out()
+    for i, field in enumerate(FIELDS):
+        t = out[i]
+        buf = torch.zeros(t.numel() * 4 + 64, dtype=torch.uint8)
+        fields = list(good_out())
+        fields[i] = buf[16 : 16 + t.numel() * 4].view(t.dtype).view(t.shape)
+        expect("workspace", small(layout), layout=layout, backend=backend, out=IndexerTopKResult(*fields),
+               workspace=buf[: 16 + t.numel() * 4], message=f"overlaps out.{field}")
+
+
+@pytest.mark.parametrize("workspace", ["scratch", 7, [0] * 64, torch.zeros(64, dtype=torch.int32)])
+def test_workspace_of_the_wrong_kind_is_rejected_by_every_backend(workspace, no_kernel):
+    """The reference needs no scratch, but it does not silently accept nonsense either."""
+    for backend in ("reference", "legacy", "fused", "auto"):
+        expect("workspace", small("sglang_fp8"), layout="sglang_fp8", backend=backend, workspace=workspace)
+
+
+def test_reference_accepts_and_ignores_a_valid_workspace():
+    args = small("sglang_fp8")
+    ws = torch.full((4096,), 0xA5, dtype=torch.uint8)
+    got = call(dict(args), layout="sglang_fp8", workspace=ws)
+    assert_bitwise(got, call(dict(args), layout="sglang_fp8"))
+    assert bool((ws == 0xA5).all())
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensors that look valid and are not
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("check_values", [True, False])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_meta_tensors(layout, check_values, no_kernel):
+    """Meta tensors have a device and a shape but no data: rejected as such, checks on or off."""
+    args = {n: None if t is None else torch.empty_like(t, device="meta") for n, t in small(layout).items()}
+    expect("q", args, layout=layout, check_values=check_values, message="a meta tensor")
+
+
+@pytest.mark.parametrize("backend", ["reference", "legacy", "fused"])
+def test_fp8_cache_must_start_on_a_4_byte_boundary(backend, no_kernel):
+    """The FP8 cache's per-key scales are read as float32: a cache at an odd byte offset names
+    k_cache (it used to fail inside torch, and the reference accepted it)."""
+    args = small("sglang_fp8")
+    k = args["k_cache"]
+    for offset in (1, 2, 3):
+        buf = torch.zeros(k.numel() + 4, dtype=torch.uint8)
+        args["k_cache"] = buf[offset : offset + k.numel()].view(k.shape)
+        args["k_cache"].copy_(k)
+        expect("k_cache", dict(args), layout="sglang_fp8", backend=backend, message="must start on a 4-byte boundary")
+
+
+@pytest.mark.parametrize("layout", ["sglang_mxfp4", "aiter_mxfp4"])
+def test_mxfp4_cache_at_any_byte_offset_is_valid(layout, calls):
+    """MXFP4 caches are read byte by byte."""
+    args = small(layout)
+    k = args["k_cache"]
+    buf = torch.zeros(k.numel() + 1, dtype=torch.uint8)
+    args["k_cache"] = buf[1:].view(k.shape)
+    args["k_cache"].copy_(k)
+    call(args, layout=layout, backend="legacy")
+    assert len(calls) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalars fp32 cannot carry, and flags of the wrong type
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "weight_scale",
+    [pytest.param(10**400, id="10**400"), 1e39, -1e39, float("inf"), float("-inf"), float("nan"), 1e-45, -1e-40, 1e-39],
+)
+def test_weight_scale_outside_fp32(weight_scale, no_kernel):
+    """Values fp32 cannot hold (overflow to inf, NaN, or subnormal and imprecise) would be
+    rounded silently in the kernels, differently from the reference."""
+    expect("weight_scale", small("sglang_fp8"), layout="sglang_fp8", weight_scale=weight_scale, message="")
+
+
+def test_weight_scale_is_rounded_to_fp32(calls):
+    """What the backends receive is the fp32 value the kernels multiply by, for every backend
+    alike (the reference included); zero and fp32's extremes are valid."""
+    args = small("sglang_fp8")
+    call(dict(args), layout="sglang_fp8", weight_scale=0.1)
+    assert calls[-1][1].weight_scale == struct.unpack("f", struct.pack("f", 0.1))[0] != 0.1
+    for ok in (0.0, -0.0, 3.4028234663852886e38, -3.4028234663852886e38, 1.1754943508222875e-38, 5, -2):
+        call(dict(args), layout="sglang_fp8", weight_scale=ok)
+        assert calls[-1][1].weight_scale == float(ok)
+
+
+@pytest.mark.parametrize("weight_scale", [True, False])
+def test_weight_scale_bool(weight_scale, no_kernel):
+    """Like topk, a bool is not a number here."""
+    expect("weight_scale", small("sglang_fp8"), layout="sglang_fp8", weight_scale=weight_scale,
+           message="expected a Python float")
+
+
+@pytest.mark.parametrize("check_values", ["no", "", 0, 1, None, torch.tensor(True)])
+def test_check_values_must_be_a_bool(check_values, no_kernel):
+    expect("check_values", small("sglang_fp8"), layout="sglang_fp8", check_values=check_values,
+           message="expected True or False")

@@ -5,8 +5,11 @@ import pytest
 import torch
 
 import indexer_topk as it
+from indexer_topk import policy
 from indexer_topk.backends.fused import fused_workspace_size
-from indexer_topk.backends.legacy import logits_width
+from indexer_topk.backends.legacy import key_matrix_width
+from indexer_topk.envs import envs
+from kernel_cases import assert_bitwise
 
 
 @pytest.fixture
@@ -57,11 +60,37 @@ def test_fused_workspace_too_small_or_misaligned(wl, monkeypatch):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="fused", workspace=torch.zeros(n, dtype=torch.int8))
 
 
-def test_legacy_workspace_needs_two_rows(wl, monkeypatch):
+def test_legacy_workspace_smaller_than_two_rows_is_left_alone(wl):
+    """A workspace too small for two rows of legacy's key matrix is valid input (it may have
+    been sized for the fused path): legacy leaves it untouched and allocates its matrix."""
+    width = key_matrix_width(wl.page_table)
+    ws = torch.full((2 * width * 4 - 16,), 0xA5, dtype=torch.uint8)
+    got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=ws)
+    assert bool((ws == 0xA5).all())
+    assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))
+
+
+def test_legacy_workspace_alignment(wl, monkeypatch):
     _refuse_kernels(monkeypatch)
-    width = logits_width(wl.page_table)
-    with pytest.raises(ValueError, match="^workspace: .* needed"):
-        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=torch.zeros(2 * width * 4 - 1, dtype=torch.uint8))
+    width = key_matrix_width(wl.page_table)
     with pytest.raises(ValueError, match="^workspace: must start"):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy",
                         workspace=torch.zeros(2 * width * 4 + 16, dtype=torch.uint8)[4:])
+
+
+def test_kill_switch_keeps_a_call_with_the_fused_workspace_valid():
+    """SGLANG_DSV4_FP4_FUSED_TOPK=0 sends ``auto`` to legacy. A workspace of
+    workspace_size(...) bytes, far smaller than legacy's key matrix under a wide (SGLang-padded)
+    page table, used to make the call fail; switching the path off must not."""
+    wl = it.make_workload("sglang_fp8", context_tokens=[4000], rows_per_request=[3], topk=512,
+                          page_table_pad=1024 - 16)
+    nbytes = it.workspace_size(wl.rows, wl.topk, wl.layout.value, "cpu")
+    assert nbytes < 2 * key_matrix_width(wl.page_table) * 4
+    policy.default_policy.cache_clear()
+    try:
+        with envs.SGLANG_DSV4_FP4_FUSED_TOPK.override("0"):
+            assert it.resolve_backend("auto") == "legacy"
+        got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="auto", workspace=torch.zeros(nbytes, dtype=torch.uint8))
+    finally:
+        policy.default_policy.cache_clear()
+    assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))

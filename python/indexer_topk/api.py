@@ -7,15 +7,16 @@ from typing import Optional
 import torch
 
 from .backends import require_runnable
-from .contract import IndexerTopKResult, allocate_result, validate_inputs
+from .contract import IndexerInputs, IndexerTopKResult, allocate_result, validate_inputs
 
 BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
 
 
-def _run_reference(args, *, topk, layout, weight_scale, out, workspace):
+def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> IndexerTopKResult:
+    """The reference needs no scratch: a validated ``workspace`` is accepted and left untouched."""
     from .reference import reference_indexer_topk
 
-    res = reference_indexer_topk(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale)
     if out is None:
         return res
     for dst, src in zip(out, res):
@@ -100,18 +101,25 @@ def indexer_topk(
     layout : str
         ``"aiter_mxfp4"``, ``"sglang_mxfp4"`` or ``"sglang_fp8"``.
     weight_scale : float
-        Scalar applied to every score (DeepSeek-V4: ``128 ** -0.5 * 64 ** -0.5``).
+        Scalar applied to every score (DeepSeek-V4: ``128 ** -0.5 * 64 ** -0.5``), taken as the
+        nearest fp32 by every backend (the kernels multiply in fp32). A value fp32 cannot carry
+        (beyond its range, infinite, NaN, non-zero below its smallest normal) is refused.
     backend : str
         ``"auto"`` (the process's frozen path policy), ``"reference"``, ``"legacy"``, ``"fused"``
         or ``"aiter"``.
     out : IndexerTopKResult, optional
         Preallocated outputs, written in place and returned.
     workspace : torch.Tensor, optional
-        Caller-owned uint8 scratch of at least :func:`indexer_topk.workspace_size` bytes, so the
-        call allocates nothing (fused and aiter backends).
+        Caller-owned uint8 scratch (contiguous, 16-byte aligned, sharing no byte with an input
+        or an output) of at least :func:`indexer_topk.workspace_size` bytes, so the fused call
+        allocates nothing. Every backend accepts it: legacy uses it as its score matrix only
+        when it holds two rows of it, the reference never touches it. The aiter backend also
+        takes AITER's own workspace tuple, which the other backends ignore.
     check_values : bool
         Also validate tensor contents (``seq_lens`` against the page table, page ids against the
-        cache). Needs a device sync: turn it off under graph capture and in decode.
+        cache). Needs a device sync: turn it off under graph capture and in decode. Off, inputs
+        that break those checks give unspecified outputs and may make the kernels read outside
+        ``page_table`` and ``k_cache``, but no kernel writes outside ``out`` and ``workspace``.
 
     Returns
     -------
@@ -130,14 +138,16 @@ def indexer_topk(
         AITER missing, on another GPU, or asked for a layout or ``topk`` it lacks), before
         anything runs.
     """
-    args = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
-    layout, out = validate_inputs(
-        *args, topk=topk, layout=layout, weight_scale=weight_scale, out=out, check_values=check_values
+    inputs, out = validate_inputs(
+        q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
+        topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
-    name = resolve_backend(backend, layout=layout, topk=topk)
-    require_runnable(name, q.device)
+    name = resolve_backend(backend, layout=inputs.layout, topk=topk)
+    require_runnable(name, inputs.device)
+    if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
+        workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
     fn = _backend_fn(name)
-    return fn(args, topk=topk, layout=layout, weight_scale=float(weight_scale), out=out, workspace=workspace)
+    return fn(inputs, out=out, workspace=workspace)
 
 
 def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:

@@ -146,6 +146,23 @@ def _parse_contexts(text: str) -> List[int]:
     return _option_list(text, parse_tokens, "--context")
 
 
+def _tolerance(name: str):
+    """argparse type for ``--rtol`` / ``--atol``: a float the comparison can still fail under."""
+
+    def parse(text: str) -> float:
+        from .compare import check_tolerance
+
+        try:
+            value = float(text)
+            check_tolerance(**{name: value})
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc).split(": ", 1)[-1]) from None
+        return value
+
+    parse.__name__ = name  # argparse names the type in its message
+    return parse
+
+
 def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
     """A comma-list option whose items must be among ``allowed``."""
     return _option_list(text, one_of(allowed), name)
@@ -179,9 +196,9 @@ def _demo_workload_args(a, device) -> dict:
 def _memory_statement(runs: dict, w, device) -> dict:
     """Memory saved by the fused path: measured on GPU, exact arithmetic on CPU."""
     legacy, fused = runs.get("legacy"), runs.get("fused")
-    from .backends.legacy import logits_bytes as legacy_logits_bytes
+    from .backends.legacy import key_matrix_bytes
 
-    logits_bytes = legacy_logits_bytes(w.rows, w.page_table.shape[1])
+    logits_bytes = key_matrix_bytes(w.rows, w.page_table.shape[1])
     ws = _workspace_bytes(w.rows, w.topk, w.layout.value, device)
     out = {"legacy_logits_bytes": logits_bytes, "fused_workspace_bytes": ws}
     if device.type == "cuda":
@@ -207,7 +224,7 @@ def _memory_statement(runs: dict, w, device) -> dict:
     # CPU: allocator statistics say nothing useful, but both sizes are exact by construction.
     gpu_rows = GPU_DEMO["rows"]
     gpu_c4 = _parse_contexts(GPU_DEMO["context"])[0] // 4
-    gpu_logits = legacy_logits_bytes(gpu_rows, -(-gpu_c4 // 64) + 1)
+    gpu_logits = key_matrix_bytes(gpu_rows, -(-gpu_c4 // 64) + 1)
     out.update(
         method="exact sizes (no measurement on CPU)",
         gpu_shape={"rows": gpu_rows, "c4_len": gpu_c4, "topk": GPU_DEMO["topk"]},
@@ -228,7 +245,8 @@ def cmd_demo(a, device) -> int:
     from rich.table import Table
 
     from .bench.runs import BackendRun, run_backend, workload_record
-    from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_boundary_values
+    from .compare import compare_to_reference, comparison_rule, mma_tolerance
+    from .reference import reference_with_next_values
     from .workload import make_workload
 
     on_gpu = device.type == "cuda"
@@ -272,11 +290,11 @@ def cmd_demo(a, device) -> int:
         ref = runs.get("reference")
         if ref is not None and ref.ok:
             progress.update(task, description="comparing with the reference")
-            nxt = reference_boundary_values(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
+            next_values = reference_with_next_values(*w.args(), **w.kwargs())[1]
             for b, run in runs.items():
                 if b == "reference" or not run.ok:
                     continue
-                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=nxt, seq_lens=w.seq_lens,
+                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=next_values, seq_lens=w.seq_lens,
                                            page_table=w.page_table, **mma_tolerance(w.layout, device, ref.outputs))
                 run.record["matches_reference"] = cmp.ok
                 run.record["reference_comparison"] = cmp.summary()
@@ -480,7 +498,8 @@ def cmd_check(a, device) -> int:
     from rich.table import Table
 
     from . import allocate_result, indexer_topk
-    from .compare import compare_to_reference, comparison_rule, mma_tolerance, reference_with_boundary
+    from .compare import compare_to_reference, comparison_rule, mma_tolerance
+    from .reference import reference_with_next_values
     from .workload import PATTERNS, make_workload
 
     backends = _choice_list(a.backend, KERNEL_BACKENDS, "--backend") if a.backend else _default_check_backends()
@@ -500,7 +519,7 @@ def cmd_check(a, device) -> int:
                 progress.update(task, description=f"{layout} / {pattern}")
                 w = make_workload(layout, context_tokens=contexts, rows_per_request=rows, topk=a.topk,
                                   seed=a.seed, device=device, pattern=pattern)
-                expected, nxt = reference_with_boundary(w.args(), topk=w.topk, layout=w.layout, weight_scale=w.weight_scale)
+                expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
                 tol = mma_tolerance(layout, device, expected, rtol=a.rtol, atol=a.atol)
                 for b in backends:
                     entry = {"layout": layout, "pattern": pattern, "backend": b, "rows": w.rows, "c4_len": w.c4_len, "topk": w.topk}
@@ -511,7 +530,7 @@ def cmd_check(a, device) -> int:
                         entry.update(status=failure_status(exc), detail=failure_reason(exc))
                         results.append(entry)
                         continue
-                    cmp = compare_to_reference(got, expected, next_values=nxt,
+                    cmp = compare_to_reference(got, expected, next_values=next_values,
                                                seq_lens=w.seq_lens, page_table=w.page_table, **tol)
                     entry.update(status="ok" if cmp.ok else "mismatch", detail=cmp.summary(), comparison=cmp.to_dict())
                     results.append(entry)
@@ -591,9 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
     c.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
-    c.add_argument("--rtol", type=float, default=None,
-                   help="relative score tolerance (default: 1e-5, and for sglang_fp8 on a GPU the fp8 MMA tolerance)")
-    c.add_argument("--atol", type=float, default=1e-6, help="absolute score tolerance (default 1e-6)")
+    c.add_argument("--rtol", type=_tolerance("rtol"), default=None,
+                   help="relative score tolerance, at most 0.01 (default: 1e-5, and for sglang_fp8 on a GPU the fp8 "
+                        "MMA tolerance)")
+    c.add_argument("--atol", type=_tolerance("atol"), default=1e-6,
+                   help="absolute score tolerance, at most 1%% of the largest score (default 1e-6)")
     c.add_argument("--json", action="store_true", help="print machine-readable JSON only")
     c.set_defaults(func=cmd_check)
     return p

@@ -22,7 +22,8 @@ Two rules, used by the CLI (``demo``, ``check``), the benchmark and the tests:
      the page table is given, ``page_table[r, raw >> 6] * 64 + (raw & 63)``);
   5. padding past ``counts``: ``-1`` indices and ``-inf`` values.
 
-The ``(k+1)``-th reference score comes from :func:`reference_with_boundary`.
+The ``(k+1)``-th reference score of each row, its *next value*, comes from
+:func:`indexer_topk.reference.reference_with_next_values`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from .contract import PAGE_SIZE, IndexerTopKResult, Layout
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
 FP8_MMA_RTOL = 2e-3
+# The widest tolerance a comparison takes, relative to the scores: wider, a rounding and a
+# wrong selection look alike (every boundary a near-tie). Five times the FP8 MMA rule.
+MAX_RELATIVE_TOLERANCE = 1e-2
 
 COMPARISON_RULE = (
     "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
@@ -55,6 +59,34 @@ def comparison_rule(rtol: Optional[float] = None, atol: float = DEFAULT_ATOL, de
     return rule
 
 
+def check_tolerance(rtol=None, atol=None) -> None:
+    """Raise ``ValueError`` naming ``rtol`` or ``atol`` for a tolerance under which a comparison
+    could not fail: not finite, negative, or (``rtol``) above :data:`MAX_RELATIVE_TOLERANCE`.
+    ``atol`` may be a tensor of per-row tolerances; ``None`` skips a check."""
+    if rtol is not None:
+        if not isinstance(rtol, (int, float)) or not 0 <= rtol <= MAX_RELATIVE_TOLERANCE:  # NaN fails too
+            raise ValueError(f"rtol: expected a number in [0, {MAX_RELATIVE_TOLERANCE:g}], got {rtol!r}")
+    if atol is not None:
+        a = torch.as_tensor(atol, dtype=torch.float64)
+        if not bool(torch.isfinite(a).all()) or bool((a < 0).any()):
+            raise ValueError(f"atol: expected a finite, non-negative number, got {atol!r}")
+
+
+def _check_atol_against_scores(atol: torch.Tensor, values: torch.Tensor) -> None:
+    """The absolute tolerance must be small next to the call's scores: at most
+    :data:`MAX_RELATIVE_TOLERANCE` of the largest finite reference score (or the default
+    tolerance, where every score is 0)."""
+    finite = values.double()[torch.isfinite(values)]
+    largest = float(finite.abs().max()) if finite.numel() else 0.0
+    limit = max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest)
+    widest = float(atol.max()) if atol.numel() else 0.0
+    if widest > limit:
+        raise ValueError(
+            f"atol: {widest:g} is not small next to the scores (largest {largest:g}); at most {limit:g} here, "
+            "or every selection boundary would pass as a near-tie"
+        )
+
+
 def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
     """True when all four outputs have the same dtypes and shapes and are identical bit for bit
     (values compared as int32 bits)."""
@@ -68,6 +100,35 @@ def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
         and torch.equal(a.physical_indices, b.physical_indices)
         and torch.equal(a.counts, b.counts)
     )
+
+
+def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
+    """Where two results first differ (``"identical"`` if they do not), for messages."""
+    a = IndexerTopKResult(*(t.cpu() for t in a))
+    b = IndexerTopKResult(*(t.cpu() for t in b))
+    for name, x, y in zip(IndexerTopKResult._fields, a, b):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"{name}: {x.dtype} {list(x.shape)} vs {y.dtype} {list(y.shape)}"
+    bad_counts = (a.counts != b.counts).nonzero().flatten().tolist()
+    if bad_counts:
+        r = bad_counts[0]
+        return f"{len(bad_counts)} count(s) differ; row {r}: {int(a.counts[r])} vs {int(b.counts[r])}"
+    for name, x, y in (
+        ("values", a.values.contiguous().view(torch.int32), b.values.contiguous().view(torch.int32)),
+        ("raw_indices", a.raw_indices, b.raw_indices),
+        ("physical_indices", a.physical_indices, b.physical_indices),
+    ):
+        diff = (x != y).nonzero()
+        if len(diff):
+            r, j = (int(v) for v in diff[0])
+            rows = sorted(set(diff[:, 0].tolist()))
+            return (
+                f"{name} differ in {len(diff)} slot(s) of rows {rows[:8]}; row {r} slot {j}: "
+                f"value {float(a.values[r, j])!r} vs {float(b.values[r, j])!r}, "
+                f"raw {int(a.raw_indices[r, j])} vs {int(b.raw_indices[r, j])}, "
+                f"physical {int(a.physical_indices[r, j])} vs {int(b.physical_indices[r, j])}"
+            )
+    return "identical"
 
 
 def values_close(a: torch.Tensor, b: torch.Tensor, rtol: float = DEFAULT_RTOL, atol=DEFAULT_ATOL) -> torch.Tensor:
@@ -182,7 +243,8 @@ def compare_to_reference(
         ``[rows, topk]``, ``counts`` int32 ``[rows]``; ``expected`` from the reference.
     next_values : torch.Tensor, optional
         float32 ``[rows]``: the reference's ``(k+1)``-th best score per row (``-inf`` where a row
-        has at most ``topk`` positions), from :func:`reference_with_boundary`. Without it the
+        has at most ``topk`` positions), from
+        :func:`indexer_topk.reference.reference_with_next_values`. Without it the
         near-tie exception is off and any set difference is a mismatch.
     seq_lens : torch.Tensor, optional
         int32 ``[rows]``; when given, accepted near-tie rows must select positions in
@@ -192,17 +254,21 @@ def compare_to_reference(
         against it as well.
     rtol, atol : float
         Tolerance for score comparisons (``|a - b| <= atol + rtol * |b|``); ``atol`` may be a
-        tensor ``[rows]``, one tolerance per row (see :func:`mma_tolerance`).
+        tensor ``[rows]``, one tolerance per row (see :func:`mma_tolerance`). ``ValueError``
+        for a tolerance under which the comparison could not fail (:func:`check_tolerance`, and
+        ``atol`` above :data:`MAX_RELATIVE_TOLERANCE` of the largest reference score).
 
     Returns
     -------
     Comparison
         ``.ok`` is the verdict; ``.summary()`` a one-line description.
     """
+    check_tolerance(rtol, atol)
     actual, expected = _as_result(actual), _as_result(expected)
     dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
     a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
     e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
+    _check_atol_against_scores(torch.as_tensor(atol, dtype=torch.float64).detach().to(dev), e.values)
     rows = e.counts.shape[0]
     cmp = Comparison(rows=rows)
 
@@ -268,16 +334,16 @@ def compare_to_reference(
         note(f"row {r}: physical indices disagree with the raw positions")
 
     lens = None if seq_lens is None else seq_lens.detach().to(dev).long()
-    nxt = None if next_values is None else next_values.detach().to(dev)
+    next_values = None if next_values is None else next_values.detach().to(dev)
     for r in (~same_set & ~count_bad).nonzero().flatten().tolist():
         n = int(e.counts[r])
         got = sa[r, :n]
         in_range = bool((got >= 0).all()) and (lens is None or bool((got < lens[r]).all()))
         distinct = bool((got[1:] != got[:-1]).all()) if n > 1 else True
         boundary_tie = (
-            nxt is not None
+            next_values is not None
             and n == topk
-            and bool(values_close(e.values[r, n - 1 : n], nxt[r : r + 1], rtol, atol[r] if atol.dim() else atol))
+            and bool(values_close(e.values[r, n - 1 : n], next_values[r : r + 1], rtol, atol[r] if atol.dim() else atol))
         )
         if boundary_tie and in_range and distinct:
             cmp.near_tie_rows.append(r)
@@ -290,22 +356,12 @@ def compare_to_reference(
     return cmp
 
 
-def reference_boundary_values(args, *, topk: int, layout, weight_scale: float = 1.0) -> torch.Tensor:
-    """float32 ``[rows]``: each row's ``(k+1)``-th best reference score (``-inf`` if the row has
-    at most ``topk`` positions), the ``next_values`` of :func:`compare_to_reference`.
-
-    ``args`` are the seven positional inputs of :func:`indexer_topk.indexer_topk` (e.g.
-    ``Workload.args()``).
-    """
-    return reference_with_boundary(args, topk=topk, layout=layout, weight_scale=weight_scale)[1]
-
-
 def reference_with_boundary(args, *, topk: int, layout, weight_scale: float = 1.0) -> Tuple[IndexerTopKResult, torch.Tensor]:
-    """The reference result and :func:`reference_boundary_values`, from one fp64 reference pass
-    that keeps ``topk + 1`` candidates; keep it to test-sized shapes."""
-    from .reference import reference_with_next
+    """The earlier spelling of :func:`indexer_topk.reference.reference_with_next_values` over a
+    tuple of the seven inputs, still used by benchmark/profile_kernels.py."""
+    from .reference import reference_with_next_values
 
-    return reference_with_next(*args, topk=topk, layout=layout, weight_scale=weight_scale)
+    return reference_with_next_values(*args, topk=topk, layout=layout, weight_scale=weight_scale)
 
 
 __all__ = [
@@ -313,10 +369,10 @@ __all__ = [
     "DEFAULT_ATOL",
     "DEFAULT_RTOL",
     "bitwise_equal",
+    "check_tolerance",
     "compare_to_reference",
+    "first_difference",
     "mma_tolerance",
     "comparison_rule",
-    "reference_boundary_values",
-    "reference_with_boundary",
     "values_close",
 ]

@@ -12,7 +12,10 @@ score first, equal scores broken by the lower position, NaN below every number, 
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple, Optional, Tuple
+import math
+import struct
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -27,7 +30,17 @@ SGLANG_MXFP4_SLOT_BYTES = 64 + 4
 SGLANG_FP8_SLOT_BYTES = 128 + 4
 
 CANONICAL_NAN_BITS = 0x7FC00000
+NEG_INF_BITS = -8388608  # 0xFF800000, the fp32 bits of -inf
 WORKSPACE_ALIGN = 16  # the kernels view scratch as int32 / fp32 arrays
+
+# The int32 order keys of :func:`ordered_score_bits`, shared with the kernels
+# (``kernels/common.py``): every NaN has one key, just below -inf's; the lowest int32 is no
+# score's key and marks "no entry" (a key matrix's padding past a row's length).
+KEY_NONE = -(2**31)
+KEY_NAN = -(2**31) + 1
+
+FP32_MAX = torch.finfo(torch.float32).max
+FP32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal fp32
 
 
 class Layout(str, enum.Enum):
@@ -104,19 +117,21 @@ def ordered_score_bits(values: torch.Tensor) -> torch.Tensor:
     """Map fp32 scores to int32 keys whose signed order is the contract's score order.
 
     Non-negative floats keep their bit pattern; negative floats have their low 31 bits flipped,
-    so ``-0 < +0`` and larger magnitudes sort lower; every NaN maps to ``INT32_MIN``, below
-    ``-inf``.
+    so ``-0 < +0`` and larger magnitudes sort lower; every NaN maps to :data:`KEY_NAN`, below
+    ``-inf``. No score maps to :data:`KEY_NONE`. The kernels use the same encoding.
     """
     bits = values.to(torch.float32).contiguous().view(torch.int32)
     keys = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
-    return torch.where(torch.isnan(values), torch.full_like(keys, -(2**31)), keys)
+    return torch.where(torch.isnan(values), torch.full_like(keys, KEY_NAN), keys)
 
 
 def scores_from_ordered_bits(keys: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`ordered_score_bits`; NaN comes back as the canonical quiet NaN."""
+    """Inverse of :func:`ordered_score_bits`: :data:`KEY_NAN` comes back as the canonical quiet
+    NaN, and :data:`KEY_NONE` (no entry) as ``-inf``, the contract's padding value."""
     keys = keys.to(torch.int32)
     bits = torch.where(keys < 0, keys ^ 0x7FFFFFFF, keys)
-    bits = torch.where(keys == -(2**31), torch.full_like(bits, CANONICAL_NAN_BITS), bits)
+    bits = torch.where(keys == KEY_NAN, torch.full_like(bits, CANONICAL_NAN_BITS), bits)
+    bits = torch.where(keys == KEY_NONE, torch.full_like(bits, NEG_INF_BITS), bits)
     return bits.view(torch.float32)
 
 
@@ -133,6 +148,72 @@ def order_keys(values: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 def canonicalize_scores(values: torch.Tensor) -> torch.Tensor:
     """fp32 scores with every NaN replaced by the canonical quiet NaN (bit-exact otherwise)."""
     return scores_from_ordered_bits(ordered_score_bits(values))
+
+
+# ---------------------------------------------------------------------------------------------
+# The inputs of one call
+# ---------------------------------------------------------------------------------------------
+
+INPUT_NAMES = ("q", "q_scale", "k_cache", "k_scale", "weights", "page_table", "seq_lens")
+
+
+@dataclass(frozen=True, eq=False)
+class IndexerInputs:
+    """The inputs of one call, in the form every backend receives them.
+
+    The seven tensors of :func:`indexer_topk.indexer_topk` (``q_scale`` / ``k_scale`` ``None``
+    where the layout keeps its scales elsewhere), the parsed :class:`Layout`, ``topk`` and
+    ``weight_scale``. :func:`validate_inputs` builds it after checking every argument (and
+    rounds ``weight_scale`` to the fp32 value the kernels multiply by, as the reference does
+    too); :meth:`of` builds one without checks (tests and
+    benchmarks that call a backend directly, e.g. with a ``topk`` the public API does not
+    take), and backends trust what they are given.
+    """
+
+    q: torch.Tensor
+    q_scale: Optional[torch.Tensor]
+    k_cache: torch.Tensor
+    k_scale: Optional[torch.Tensor]
+    weights: torch.Tensor
+    page_table: torch.Tensor
+    seq_lens: torch.Tensor
+    layout: Layout
+    topk: int
+    weight_scale: float = 1.0
+
+    @classmethod
+    def of(cls, tensors: Sequence, *, topk: int, layout, weight_scale: float = 1.0) -> "IndexerInputs":
+        """Unchecked inputs from the seven tensors in call order (``Workload.args()``)."""
+        return cls(*tensors, layout=parse_layout(layout), topk=int(topk), weight_scale=float(weight_scale))
+
+    @property
+    def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
+        """The seven tensors in call order, for functions that take them positionally."""
+        return tuple(getattr(self, name) for name in INPUT_NAMES)
+
+    @property
+    def rows(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.q.device
+
+
+def as_inputs(inputs, *, topk=None, layout=None, weight_scale=None) -> IndexerInputs:
+    """A backend's first argument as :class:`IndexerInputs`.
+
+    Backends take an :class:`IndexerInputs`; for callers that hold the seven tensors as a
+    tuple (the benchmark scripts) they also take the tuple with ``topk``, ``layout`` and
+    ``weight_scale`` keywords, made into unchecked inputs by :meth:`IndexerInputs.of`.
+    """
+    if isinstance(inputs, IndexerInputs):
+        if topk is not None or layout is not None or weight_scale is not None:
+            raise TypeError("topk, layout and weight_scale come with the IndexerInputs; pass them only with a tuple")
+        return inputs
+    if topk is None or layout is None:
+        raise TypeError("a tuple of input tensors needs topk= and layout=")
+    return IndexerInputs.of(inputs, topk=topk, layout=layout, weight_scale=1.0 if weight_scale is None else weight_scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,6 +279,63 @@ def expected_shapes(layout: Layout, rows: int, num_pages: int):
     }
 
 
+def _check_topk(topk) -> int:
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
+        raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
+    return topk
+
+
+def _check_out(out, inputs: IndexerInputs) -> Optional[IndexerTopKResult]:
+    """``out`` as an :class:`IndexerTopKResult` (a plain 4-tuple is accepted), checked."""
+    if out is None:
+        return None
+    if not isinstance(out, IndexerTopKResult):
+        if isinstance(out, tuple) and len(out) == 4:
+            out = IndexerTopKResult(*out)
+        else:
+            raise ValueError("out: expected an IndexerTopKResult of four tensors")
+    rows, topk, device = inputs.rows, inputs.topk, inputs.device
+    for field, dtype, shape in (
+        ("values", torch.float32, (rows, topk)),
+        ("raw_indices", torch.int32, (rows, topk)),
+        ("physical_indices", torch.int32, (rows, topk)),
+        ("counts", torch.int32, (rows,)),
+    ):
+        _expect_tensor(f"out.{field}", getattr(out, field), dtype, shape, device)
+    outs = list(out)
+    given = [t for t in inputs.tensors if t is not None]
+    for i, o in enumerate(outs):
+        for t in given:
+            if _overlaps(o, t):
+                raise ValueError(f"out.{out._fields[i]}: aliases an input tensor")
+        for j in range(i + 1, len(outs)):
+            if _overlaps(o, outs[j]):
+                raise ValueError(f"out.{out._fields[i]}: aliases out.{out._fields[j]}")
+    return out
+
+
+def _check_values(inputs: IndexerInputs) -> None:
+    """The checks that read tensor contents (they synchronise with the device)."""
+    seq_lens, page_table = inputs.seq_lens, inputs.page_table
+    max_pages = page_table.shape[1]
+    num_pages = inputs.k_cache.shape[0]
+    lo = int(seq_lens.min())
+    hi = int(seq_lens.max())
+    if lo < 0:
+        raise ValueError(f"seq_lens: negative length {lo}")
+    if hi > max_pages * PAGE_SIZE:
+        raise ValueError(f"seq_lens: length {hi} exceeds the page table ({max_pages} pages x {PAGE_SIZE})")
+    if hi > 0:
+        used = torch.arange(max_pages, device=inputs.device)[None, :] * PAGE_SIZE < seq_lens[:, None].long()
+        bad = used & ((page_table < 0) | (page_table >= num_pages))
+        if bool(bad.any()):
+            r, p = (int(x) for x in bad.nonzero()[0])
+            raise ValueError(
+                f"page_table: row {r} page {p} holds id {int(page_table[r, p])}, "
+                f"outside the cache of {num_pages} pages"
+            )
+
+
 def validate_inputs(
     q,
     q_scale,
@@ -211,27 +349,33 @@ def validate_inputs(
     layout,
     weight_scale=1.0,
     out=None,
+    workspace=None,
     check_values: bool = True,
-) -> Tuple[Layout, Optional[IndexerTopKResult]]:
+) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
     """Check every argument of :func:`indexer_topk.indexer_topk`; raise ``ValueError`` naming it.
 
-    Returns the parsed layout and ``out`` as an :class:`IndexerTopKResult` (a plain 4-tuple is
-    accepted).
+    Returns the :class:`IndexerInputs` the backends receive and ``out`` as an
+    :class:`IndexerTopKResult` (a plain 4-tuple is accepted).
 
-    Shape, dtype, device and layout checks read only metadata. ``check_values`` adds the checks
-    that read tensor contents (``seq_lens`` within ``[0, page_table.shape[1] * 64]``, every page
-    id a row uses inside the cache); they synchronise with the device, so graph-captured and
-    decode callers turn them off.
+    Shape, dtype, device, alignment, aliasing and layout checks read only metadata.
+    ``check_values`` adds the checks that read tensor contents (``seq_lens`` within
+    ``[0, page_table.shape[1] * 64]``, every page id a row uses inside the cache); they
+    synchronise with the device, so graph-captured and decode callers turn them off. A
+    ``workspace`` tensor is checked here for everything but its size, which depends on the
+    backend (:func:`check_workspace`).
     """
     layout = parse_layout(layout)
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
-        raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
-    if isinstance(weight_scale, torch.Tensor) or not isinstance(weight_scale, (int, float)):
-        raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
+    _check_topk(topk)
+    scale = _fp32_weight_scale(weight_scale)
+    if not isinstance(check_values, bool):
+        raise ValueError(f"check_values: expected True or False, got {check_values!r}")
 
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
         raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
     device = q.device
+    if device.type == "meta":
+        # every other tensor is held to q's device, so this rejects them all
+        raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
     rows = q.shape[0]
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
         raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
@@ -245,55 +389,69 @@ def validate_inputs(
         else:
             dtype, shape = spec[name]
             _expect_tensor(name, t, dtype, shape, device)
+    if layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
+        raise ValueError(
+            "k_cache: must start on a 4-byte boundary (the FP8 layout's per-key scales are read as "
+            f"float32); it starts at byte offset {k_cache.storage_offset()} of its storage"
+        )
 
     if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
         raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
     _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
     _expect_tensor("seq_lens", seq_lens, torch.int32, (rows,), device)
 
-    if out is not None:
-        if not isinstance(out, IndexerTopKResult):
-            if isinstance(out, tuple) and len(out) == 4:
-                out = IndexerTopKResult(*out)
-            else:
-                raise ValueError("out: expected an IndexerTopKResult of four tensors")
-        for field, dtype, shape in (
-            ("values", torch.float32, (rows, topk)),
-            ("raw_indices", torch.int32, (rows, topk)),
-            ("physical_indices", torch.int32, (rows, topk)),
-            ("counts", torch.int32, (rows,)),
-        ):
-            _expect_tensor(f"out.{field}", getattr(out, field), dtype, shape, device)
-        outs = list(out)
-        inputs = [t for t in (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens) if t is not None]
-        for i, o in enumerate(outs):
-            for t in inputs:
-                if _overlaps(o, t):
-                    raise ValueError(f"out.{out._fields[i]}: aliases an input tensor")
-            for j in range(i + 1, len(outs)):
-                if _overlaps(o, outs[j]):
-                    raise ValueError(f"out.{out._fields[i]}: aliases out.{out._fields[j]}")
-
+    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale)
+    out = _check_out(out, inputs)
+    _check_workspace_aliasing(workspace, inputs, out)
     if check_values and rows > 0:
-        max_pages = page_table.shape[1]
-        lo = int(seq_lens.min())
-        hi = int(seq_lens.max())
-        if lo < 0:
-            raise ValueError(f"seq_lens: negative length {lo}")
-        if hi > max_pages * PAGE_SIZE:
-            raise ValueError(
-                f"seq_lens: length {hi} exceeds the page table ({max_pages} pages x {PAGE_SIZE})"
-            )
-        if hi > 0:
-            used = torch.arange(max_pages, device=device)[None, :] * PAGE_SIZE < seq_lens[:, None].long()
-            bad = used & ((page_table < 0) | (page_table >= num_pages))
-            if bool(bad.any()):
-                r, p = (int(x) for x in bad.nonzero()[0])
-                raise ValueError(
-                    f"page_table: row {r} page {p} holds id {int(page_table[r, p])}, "
-                    f"outside the cache of {num_pages} pages"
-                )
-    return layout, out
+        _check_values(inputs)
+    return inputs, out
+
+
+def _fp32_weight_scale(weight_scale) -> float:
+    """``weight_scale`` as the fp32 value the kernels multiply by (as a Python float).
+
+    Values fp32 cannot hold are rejected rather than rounded: past its range they would
+    become inf (NaN scores in the kernels), and below its smallest normal they would keep too
+    few bits (a subnormal) or none; every backend, the reference included, then uses the same
+    rounded value.
+    """
+    if isinstance(weight_scale, (bool, torch.Tensor)) or not isinstance(weight_scale, (int, float)):
+        raise ValueError(f"weight_scale: expected a Python float, got {type(weight_scale).__name__}")
+    try:
+        value = float(weight_scale)
+        rounded = struct.unpack("f", struct.pack("f", value))[0]  # no tensor: this runs on every call
+    except OverflowError:
+        raise ValueError(f"weight_scale: {weight_scale!r} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
+    if not math.isfinite(rounded):
+        raise ValueError(f"weight_scale: {value!r} is not a finite fp32 number (at most {FP32_MAX:.7g} in magnitude)")
+    if value != 0 and abs(rounded) < FP32_TINY:
+        raise ValueError(
+            f"weight_scale: {value!r} is below fp32's smallest normal number ({FP32_TINY:.7g}): "
+            "the kernels would multiply by a rounded subnormal or by 0"
+        )
+    return rounded
+
+
+def _check_workspace_aliasing(workspace, inputs: IndexerInputs, out: Optional[IndexerTopKResult]) -> None:
+    """Everything about a caller's workspace but its size: a uint8 tensor on the inputs'
+    device, contiguous, aligned, and sharing no byte with an input or an output (the call
+    writes it). AITER's own workspace (a tuple of tensors) is left to the aiter backend."""
+    if workspace is None:
+        return
+    if isinstance(workspace, tuple) and workspace and all(isinstance(t, torch.Tensor) for t in workspace):
+        return
+    if not isinstance(workspace, torch.Tensor):
+        raise ValueError(
+            f"workspace: expected a uint8 torch.Tensor (or AITER's workspace tuple), got {type(workspace).__name__}"
+        )
+    check_workspace(workspace, 0, inputs.device)
+    for name, t in zip(INPUT_NAMES, inputs.tensors):
+        if t is not None and _overlaps(workspace, t):
+            raise ValueError(f"workspace: overlaps {name}")
+    for field, t in zip(IndexerTopKResult._fields, out or ()):
+        if _overlaps(workspace, t):
+            raise ValueError(f"workspace: overlaps out.{field}")
 
 
 def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> None:

@@ -2,7 +2,9 @@
 
 Read a flag with ``envs.NAME.get()``; override it in a test with
 ``with envs.NAME.override(value): ...``. A value that does not parse logs a warning and the
-default is used instead, so a typo in a deployment never crashes a server. An empty value
+default is used instead, so a typo in a deployment never crashes a server; a switch that
+turns a path off declares its own fail-safe value instead (``invalid=``), so a typo in it
+never leaves the path on. An empty value
 counts as unset (``FOO= cmd`` is the shell idiom for clearing a variable). Truth-testing a
 field (``if envs.NAME:``) raises, because a field object is always truthy and that bug would
 silently ignore the variable.
@@ -39,8 +41,12 @@ class EnvField(Generic[T]):
     that depend on the machine).
     """
 
-    def __init__(self, default: Union[T, Callable[[], T]]):
+    _UNSET = object()
+
+    def __init__(self, default: Union[T, Callable[[], T]], *, invalid: Any = _UNSET, invalid_means: str = ""):
         self.default = default
+        self.invalid = invalid
+        self.invalid_means = invalid_means
         self.name: str = ""
 
     def __set_name__(self, owner, name: str) -> None:
@@ -74,7 +80,8 @@ class EnvField(Generic[T]):
         """The typed value from ``environ`` (default ``os.environ``), or the default.
 
         Unset or empty gives the default silently; an invalid value logs a warning naming the
-        variable and gives the default.
+        variable and its value and gives the field's fail-safe value if it declares one, else
+        the default.
         """
         env = os.environ if environ is None else environ
         raw = env.get(self.name)
@@ -83,9 +90,24 @@ class EnvField(Generic[T]):
         try:
             return self.parse(raw)
         except ValueError as exc:
+            if self.invalid is not EnvField._UNSET:
+                logger.warning("%s=%r is not valid (%s); read as %r, the fail-safe value: %s",
+                               self.name, raw, exc, self.invalid, self.invalid_means)
+                return self.invalid
             default = self.default_value()
             logger.warning("%s=%r is not valid (%s); using the default %r", self.name, raw, exc, default)
             return default
+
+    def readable(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        """Whether the variable is unset, empty or a value :meth:`parse` accepts."""
+        raw = self.raw(environ)
+        if raw is None or raw.strip() == "":
+            return True
+        try:
+            self.parse(raw)
+        except ValueError:
+            return False
+        return True
 
     def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
         """Whether the variable is present in ``environ`` (default ``os.environ``), even if invalid."""
@@ -180,7 +202,8 @@ class Envs:
     # Path policy (read once, when the policy is built)
     # ============================================================
     # Kill switch of the fused score + top-k path (SGLang's name): false/0/off/no sends every call to legacy.
-    SGLANG_DSV4_FP4_FUSED_TOPK = EnvBool(True)
+    # It fails safe: a value it cannot read turns the fused path off too.
+    SGLANG_DSV4_FP4_FUSED_TOPK = EnvBool(True, invalid=False, invalid_means="the fused top-k path is off")
     # Opt-in of our Triton fused path on AMD GPUs (off: AMD hosts use AITER's kernel or the legacy path).
     INDEXER_TOPK_TRITON_ROCM = EnvBool(False)
 

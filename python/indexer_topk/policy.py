@@ -5,7 +5,7 @@ The rules
 * Eager prefill rows (EXTEND, MIXED, TARGET_VERIFY and other prefill modes, outside graph
   capture) take the frozen *fused path* (:attr:`PathPolicy.fused_backend`).
 * Decode (DECODE, IDLE), anything during CUDA/HIP graph capture, and the kill switch
-  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` take ``"legacy"``: the fused path is not yet proven
+  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` (or any value it cannot read) take ``"legacy"``: the fused path is not yet proven
   under capture, and AITER's kernel refuses capture outright.
 * The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
@@ -56,7 +56,8 @@ class Probe:
     Attributes
     ----------
     fused_enabled : bool
-        The kill switch ``SGLANG_DSV4_FP4_FUSED_TOPK`` (True unless set to false/0/off/no).
+        The kill switch ``SGLANG_DSV4_FP4_FUSED_TOPK``: True when unset or set to true/1/on/yes;
+        false/0/off/no and any value it cannot read turn it off.
     device : str
         ``"cuda"`` (NVIDIA), ``"hip"`` (AMD) or ``"cpu"`` (no usable GPU).
     device_name : str
@@ -288,6 +289,13 @@ def _why_not_aiter(probe: Probe) -> str:
     return "the installed AITER lacks flydsl_pa_mqa_topk_fp4_prefill"
 
 
+def _kill_switch_off(p: Probe) -> str:
+    """Why the kill switch is off, in words: set off, or set to a value it cannot read."""
+    if not envs.SGLANG_DSV4_FP4_FUSED_TOPK.readable({KILL_SWITCH: p.kill_switch_raw or ""}):
+        return f"kill switch {KILL_SWITCH}={p.kill_switch_raw!r} is not a recognised value, so the fused path is off"
+    return f"kill switch {KILL_SWITCH} is off"
+
+
 def _decide(p: Probe) -> Tuple[str, str, str]:
     """``(fused_backend, reason, non_aiter_layout_backend)``; a ``"reference"`` fused backend
     means every call runs the reference (no GPU and no interpreter)."""
@@ -298,11 +306,11 @@ def _decide(p: Probe) -> Tuple[str, str, str]:
         if p.triton_version is None:
             return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", "reference"
         if not p.fused_enabled:
-            return "legacy", f"{why_cpu}; kill switch {KILL_SWITCH} is off", "legacy"
+            return "legacy", f"{why_cpu}; {_kill_switch_off(p)}", "legacy"
         return "fused", f"{why_cpu}; Triton kernels run under the interpreter", "fused"
 
     if not p.fused_enabled:
-        return "legacy", f"kill switch {KILL_SWITCH} is off", "legacy"
+        return "legacy", _kill_switch_off(p), "legacy"
 
     if p.device == "hip":
         ours = "fused" if (p.triton_rocm and can_use_triton(p)) else "legacy"
@@ -457,9 +465,22 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def _apply_log_level() -> None:
+    """Apply ``INDEXER_TOPK_LOG_LEVEL`` to the ``"indexer_topk"`` logger.
+
+    Setting the variable asks to see those lines, so where no handler would print them (none
+    on the logger or its ancestors: a process that configured no logging) one stderr handler
+    is attached to the package logger; where the application has its own, none is added, so
+    nothing prints twice.
+    """
     level = envs.INDEXER_TOPK_LOG_LEVEL.get()
-    if level is not None:
-        logging.getLogger(LOGGER_NAME).setLevel(level)
+    if level is None:
+        return
+    log = logging.getLogger(LOGGER_NAME)
+    log.setLevel(level)
+    if not log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
 
 
 def default_policy() -> PathPolicy:

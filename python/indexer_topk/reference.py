@@ -1,7 +1,8 @@
 """The contract in plain PyTorch: the spec every other path is tested against.
 
 Obviously correct rather than fast. Scores are computed in float64 from the dequantised
-values and rounded once to fp32; selection uses the contract's total order through
+values and ``weight_scale`` rounded to fp32 (as every backend takes it), and rounded once to
+fp32; selection uses the contract's total order through
 :func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
 blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
 than ``row_block * ctx_block`` scores.
@@ -60,7 +61,8 @@ def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, start
     s = (torch.relu(dots) * w[:, None, :]).sum(dim=-1)
     if layout is Layout.SGLANG_FP8:
         s = s * ks.double()
-    s = (s * float(weight_scale)).to(torch.float32)
+    # weight_scale as the kernels take it: the nearest fp32 (exact in the fp64 product)
+    s = (s * float(torch.tensor(float(weight_scale), dtype=torch.float32))).to(torch.float32)
     return torch.where(valid, s, torch.full_like(s, float("-inf")))
 
 
@@ -69,26 +71,28 @@ def reference_indexer_topk(
     weight_scale=1.0, row_block=16, ctx_block=4096,
 ) -> IndexerTopKResult:
     """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
-    return reference_with_next(
+    return reference_with_next_values(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
         weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block,
     )[0]
 
 
-def reference_with_next(
+def reference_with_next_values(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
     weight_scale=1.0, row_block=16, ctx_block=4096,
 ):
-    """:func:`reference_indexer_topk` and, from the same pass, each row's ``(k+1)``-th best
-    score (float32 ``[rows]``, ``-inf`` where the row has at most ``topk`` positions): the ``next_values`` of :func:`indexer_topk.compare.compare_to_reference`."""
+    """``(result, next_values)``: :func:`reference_indexer_topk` and, from the same pass, each
+    row's *next value*, its ``(k+1)``-th best score (float32 ``[rows]``, ``-inf`` where the row
+    has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
+    takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
     dev = k_cache.device
     n_rows = q.shape[0]
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
-    nxt = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
-    counts = torch.clamp(seq_lens, max=topk).to(torch.int32)
+    next_values = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
+    counts = torch.clamp(seq_lens, min=0, max=topk).to(torch.int32)  # negative: unchecked input, an empty row
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
         rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)
@@ -106,7 +110,7 @@ def reference_with_next(
             best = torch.cat([best, keys], dim=1).topk(topk + 1, dim=1, sorted=True).values
         k1 = best[:, topk]
         k1_vals = scores_from_ordered_bits((k1 >> 32).to(torch.int32))
-        nxt[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
+        next_values[rows] = torch.where(k1 != neg, k1_vals, torch.full_like(k1_vals, float("-inf")))
         best = best[:, :topk]
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
@@ -125,4 +129,4 @@ def reference_with_next(
         values[rows] = torch.where(slot_ok, vals, torch.full_like(vals, float("-inf")))
         raw[rows] = torch.where(slot_ok, pos_sel, torch.full_like(pos_sel, -1)).to(torch.int32)
         phys[rows] = torch.where(slot_ok, p, torch.full_like(p, -1)).to(torch.int32)
-    return IndexerTopKResult(values, raw, phys, counts), nxt
+    return IndexerTopKResult(values, raw, phys, counts), next_values

@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from .contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout, parse_layout
+from .contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerInputs, Layout, parse_layout
 from .formats import allocate_k_cache, quantize_query, write_k_cache
 
 PATTERNS = ("random", "increasing", "decreasing", "equal", "zero_plateau", "nan_rows")
@@ -63,6 +63,10 @@ class Workload:
 
     def kwargs(self):
         return {"topk": self.topk, "layout": self.layout.value, "weight_scale": self.weight_scale}
+
+    def inputs(self) -> IndexerInputs:
+        """The backends' form of the call's inputs (unchecked: see :class:`IndexerInputs`)."""
+        return IndexerInputs.of(self.args(), **self.kwargs())
 
 
 def _keys_for_pattern(pattern, k0, k1, c4, u, gen, device):

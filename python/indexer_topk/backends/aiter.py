@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, canonicalize_scores, parse_layout
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, canonicalize_scores
 from ..errors import BackendUnavailable
 
 AITER_MODULE = "aiter.ops.flydsl"
@@ -172,20 +172,19 @@ def _conform_values(out: IndexerTopKResult) -> None:
     out.values.masked_fill_(past, float("-inf"))
 
 
-def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None, workspace=None) -> IndexerTopKResult:
+def aiter_indexer_topk(
+    inputs, *, topk=None, layout=None, weight_scale=None, out=None, workspace=None
+) -> IndexerTopKResult:
     """Run AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` on validated ``aiter_mxfp4`` inputs.
 
     Parameters
     ----------
-    args : tuple
-        ``(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)`` as accepted by
-        :func:`indexer_topk.indexer_topk` for the ``aiter_mxfp4`` layout.
-    topk : int
-        512 or 1024 (AITER's kernel supports no other).
-    layout : Layout or str
-        Must be ``aiter_mxfp4``.
-    weight_scale : float
-        Passed to AITER, which multiplies the per-head weights by it in the kernel.
+    inputs : IndexerInputs
+        The call's inputs in the ``aiter_mxfp4`` layout, with ``topk`` 512 or 1024 (AITER's
+        kernel supports no other); ``weight_scale`` is passed to AITER, which multiplies the
+        per-head weights by it in the kernel. A tuple of the seven tensors with ``topk``,
+        ``layout`` and ``weight_scale`` keywords is also taken
+        (:func:`~indexer_topk.contract.as_inputs`).
     out : IndexerTopKResult, optional
         Written in place and returned; allocated when ``None``.
     workspace : optional
@@ -206,7 +205,8 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
         import AITER's symbol (the message carries the import error); when the inputs are not
         on an AMD gfx950 GPU.
     """
-    layout = parse_layout(layout)
+    inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
+    layout, topk, weight_scale = inputs.layout, inputs.topk, inputs.weight_scale
     if layout is not Layout.AITER_MXFP4:
         raise BackendUnavailable(f"layout: the aiter backend supports only 'aiter_mxfp4', got {layout.value!r}")
     if isinstance(topk, bool) or topk not in AITER_TOPK:
@@ -215,7 +215,7 @@ def aiter_indexer_topk(args, *, topk: int, layout, weight_scale: float, out=None
     if fn is None:
         why = f"importing {AITER_MODULE} raised {error}" if error else f"{AITER_MODULE} has no {AITER_SYMBOL}"
         raise BackendUnavailable(f"backend 'aiter' is not available: {why}")
-    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = args
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = inputs.tensors
     problem = device_problem(q.device)
     if problem:
         raise BackendUnavailable(f"backend 'aiter' is not available: {problem}")

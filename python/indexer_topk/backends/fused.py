@@ -14,9 +14,11 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
 from ..kernels.fused import fused_topk_kernel
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, pack_args, tile_config
+from ..kernels.launch import (
+    SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
+)
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
@@ -176,19 +178,22 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
     return queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt
 
 
+@launches_kernels
 def fused_indexer_topk(
-    args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
+    inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, pool: Optional[int] = None,
 ) -> IndexerTopKResult:
-    """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`).
+    """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`) of
+    :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see :func:`~indexer_topk.contract.as_inputs`).
 
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row, a
     multiple of 64 (small pools force frequent cuts, which tests use). All give the same bits.
     """
-    layout = Layout(layout)
-    ka = pack_args(args, layout)
+    inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
+    topk, layout, weight_scale = inputs.topk, inputs.layout, inputs.weight_scale
+    ka = pack_args(inputs)
     rows = ka.q.shape[0]
     device = ka.kc.device
     if out is None:

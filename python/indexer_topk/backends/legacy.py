@@ -6,10 +6,11 @@ Triton, for all three layouts. Rows are processed in chunks so the matrix never 
 budget, as SGLang chunks rows under its slab. It is the baseline the fused path is measured
 against and the fallback the policy keeps for decode and graph capture.
 
-The matrix stores each score as its int32 order key (same 4 bytes as the fp32 logit, see
-:mod:`indexer_topk.kernels.logits`). The top-k stage runs ``torch.topk`` on it to learn each
-row's k-th key, then one exact pass per row takes every key above it and the lowest positions
-among keys equal to it, and sorts the result under the contract's order.
+The matrix is a *key matrix*: it stores each score as its int32 order key (the same 4 bytes
+as the fp32 score, see :mod:`indexer_topk.kernels.logits`), so the top-k stage can rank
+integers. It runs ``torch.topk`` on each row to learn the k-th key, then one exact pass per row
+takes every key above it and the lowest positions among keys equal to it, and sorts the result
+under the contract's order.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config
+from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 
@@ -29,13 +30,15 @@ from ..kernels.select import MODE_KEYS, select_rows_kernel
 SCORE_SPAN = 8192
 
 
-def logits_width(page_table: torch.Tensor) -> int:
-    """Columns of the logits matrix: the page table's width in C4 positions, as SGLang pads it."""
+def key_matrix_width(page_table: torch.Tensor) -> int:
+    """Columns of the key matrix: the page table's width in C4 positions, as SGLang pads its
+    logits."""
     return page_table.shape[1] * PAGE_SIZE
 
 
 def rows_per_chunk(width: int, budget_bytes: int) -> int:
-    """Rows whose FP32 logits fit the budget (an even number, at least 2)."""
+    """Rows of the key matrix (4 bytes per position) that fit the budget (an even number, at
+    least 2)."""
     rows = max(2, budget_bytes // max(1, width * 4))
     return rows - rows % 2
 
@@ -50,7 +53,7 @@ def chunk_rows(rows: int, width: int, budget_bytes: Optional[int] = None) -> int
     return min(rows + rows % 2, rows_per_chunk(width, budget_bytes))
 
 
-def logits_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[int] = None) -> int:
+def key_matrix_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[int] = None) -> int:
     """Bytes of the score matrix the legacy path allocates for a call (0 for no rows)."""
     if rows == 0:
         return 0
@@ -58,34 +61,41 @@ def logits_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[int]
     return chunk_rows(rows, width, budget_bytes) * width * 4
 
 
-def legacy_score(args, *, layout, weight_scale, logits=None, row_start=0, row_count=None) -> torch.Tensor:
+@launches_kernels
+def legacy_score(
+    inputs, *, keys=None, row_start=0, row_count=None, layout=None, weight_scale=None, logits=None,
+) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
-    ``logits`` (int32 or float32 storage of that shape, reinterpreted as int32) is written in
-    full: score keys below each row's ``seq_len``, ``KEY_MIN`` past it. Decode a key with
-    :func:`indexer_topk.contract.scores_from_ordered_bits`.
+    ``inputs``: :class:`~indexer_topk.contract.IndexerInputs`, or the seven tensors with
+    ``layout`` and ``weight_scale`` (``logits`` is the earlier name of ``keys``; both kept for
+    the benchmark scripts). ``keys`` (int32 or float32 storage of that shape, reinterpreted as
+    int32) is written in full: score keys below each row's ``seq_len``, ``KEY_NONE`` past it.
+    Decode a key with :func:`indexer_topk.contract.scores_from_ordered_bits`.
     """
-    layout = Layout(layout)
-    ka = pack_args(args, layout)
-    rows = ka.q.shape[0]
+    if not isinstance(inputs, IndexerInputs):
+        inputs = as_inputs(inputs, topk=0, layout=layout, weight_scale=weight_scale)  # no topk in this stage
+    keys = logits if keys is None else keys
+    ka = pack_args(inputs)
+    rows = inputs.rows
     if row_count is None:
         row_count = rows - row_start
-    width = logits_width(ka.page_table)
-    if logits is None:
-        logits = torch.empty((row_count, width), dtype=torch.int32, device=ka.kc.device)
-    logits = logits.view(torch.int32)
+    width = key_matrix_width(ka.page_table)
+    if keys is None:
+        keys = torch.empty((row_count, width), dtype=torch.int32, device=ka.kc.device)
+    keys = keys.view(torch.int32)
     if row_count == 0 or width == 0:
-        return logits
-    cfg = tile_config(layout)
+        return keys
+    cfg = tile_config(inputs.layout)
     span = SCORE_SPAN
     grid = (triton.cdiv(row_count, cfg.rows), triton.cdiv(width, span))
     logits_kernel[grid](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
-        ka.seq_lens, min(rows, row_start + row_count), row_start, float(weight_scale), logits, logits.stride(0),
+        ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0),
         width, span, LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
-    return logits
+    return keys
 
 
 def kth_keys(keys: torch.Tensor, topk: int):
@@ -99,47 +109,66 @@ def kth_keys(keys: torch.Tensor, topk: int):
     return kth, need
 
 
+@launches_kernels
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
-    """Top-k stage over a key matrix from :func:`legacy_score`, written to ``out`` rows ``row_start..``."""
+    """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
+    written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
+    its ``seq_len``."""
     keys = keys.view(torch.int32)
+    if not keys.is_contiguous():
+        raise ValueError("keys: expected a contiguous key matrix")
     row_count = keys.shape[0]
     if row_count == 0:
         return
+    check_runnable(keys.device)
     kth, need = kth_keys(keys, topk)
     select_rows_kernel[(row_count,)](
-        keys, keys, seq_lens, keys.stride(0), seq_lens, page_table, page_table.stride(0),
+        keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
         MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=True, num_warps=SELECT_WARPS,
     )
 
 
+@launches_kernels
 def legacy_indexer_topk(
-    args, *, topk, layout, weight_scale, out: Optional[IndexerTopKResult] = None,
-    workspace: Optional[torch.Tensor] = None, logits_budget_bytes: Optional[int] = None,
+    inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
+    workspace: Optional[torch.Tensor] = None, budget_bytes: Optional[int] = None,
 ) -> IndexerTopKResult:
-    """Score all rows into FP32 logits (chunked by rows under the budget), then select.
+    """Score all rows into a key matrix (chunked by rows under the budget), then select.
 
-    ``workspace``, when given, is used as the logits storage (its size sets the chunk);
-    otherwise a ``[chunk_rows, width]`` FP32 buffer is allocated for the call.
+    ``inputs``: :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see
+    :func:`~indexer_topk.contract.as_inputs`). A ``workspace`` of at least two rows of the
+    matrix (``2 * width * 4`` bytes) is used as its storage (its size sets the chunk); a
+    smaller one, e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a
+    call the policy sent here, is left untouched. Without one, a ``[chunk_rows, width]``
+    buffer is allocated for the call, ``budget_bytes`` (default
+    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it.
     """
-    q, page_table, seq_lens = args[0], args[5], args[6]
-    rows = q.shape[0]
+    inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
+    page_table, seq_lens = inputs.page_table, inputs.seq_lens
+    rows, topk, device = inputs.rows, inputs.topk, inputs.device
     if out is None:
-        out = allocate_result(rows, topk, q.device)
+        out = allocate_result(rows, topk, device)
     if rows == 0:
         return out
-    width = logits_width(page_table)
+    width = key_matrix_width(page_table)
+    check_workspace(workspace, 0, device)
+    if workspace is not None and workspace.numel() < 2 * width * 4:
+        workspace = None
     if workspace is not None:
-        check_workspace(workspace, 2 * max(width, 1) * 4, q.device)
-        logits_budget_bytes = workspace.numel()
-    chunk = chunk_rows(rows, width, logits_budget_bytes)
+        budget_bytes = workspace.numel()
+    chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None:
         storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
-        storage = torch.empty((chunk, max(width, 1)), dtype=torch.int32, device=q.device)
+        storage = torch.empty((chunk, width), dtype=torch.int32, device=device)
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
-        logits = storage[:n]
-        legacy_score(args, layout=layout, weight_scale=weight_scale, logits=logits, row_start=r0, row_count=n)
-        legacy_select(logits, seq_lens, page_table, topk=topk, out=out, row_start=r0)
+        keys = storage[:n]
+        legacy_score(inputs, keys=keys, row_start=r0, row_count=n)
+        legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0)
     return out
+
+
+# The earlier name, still used by benchmark/profile_kernels.py.
+logits_width = key_matrix_width

@@ -146,7 +146,7 @@ def _finish_row(
             order_by_position(buf_key, buf_pos, count, TOPK)
             tl.debug_barrier()
         finalize_row(
-            buf_key, buf_pos, tl.minimum(seq_len, TOPK), seq_len, pt_ptr + row64 * stride_pt,
+            buf_key, buf_pos, tl.minimum(tl.minimum(seq_len, TOPK), count), seq_len, pt_ptr + row64 * stride_pt,
             out_bits + row64 * TOPK, out_raw + row64 * TOPK, out_phys + row64 * TOPK, out_cnt + row, TOPK,
         )
     else:

@@ -1,23 +1,64 @@
-"""Host-side launch helpers shared by the Triton backends: argument packing, tile configs and
-the bulk-copy descriptor of the FP8 key cache."""
+"""Host-side launch helpers shared by the Triton backends: argument packing, tile configs, the
+bulk-copy descriptor of the FP8 key cache, and the guard every function that launches kernels
+goes through."""
 
 from __future__ import annotations
 
 import functools
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from triton.runtime.interpreter import InterpretedFunction
 
-from ..contract import HEAD_DIM, PAGE_SIZE, Layout
-from ..envs import interpreting
-from .common import layout_id
+from ..contract import HEAD_DIM, PAGE_SIZE, IndexerInputs, Layout
+from ..errors import BackendUnavailable
+from .common import layout_id, ordered_key
 from .geometry import GEOMETRY
 
 try:  # host-side tensor descriptors (bulk tensor copies on Hopper and later)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: every layout gathers keys with pointer loads
     TensorDescriptor = None
+
+# The interpreter patches triton.language's module state for the length of a launch, so two
+# interpreted launches at once (threads) break each other; this serialises them process-wide.
+_INTERPRETER_LOCK = threading.RLock()
+
+
+def kernels_interpreted() -> bool:
+    """Whether this process's kernels run on the Triton interpreter: Triton decides when a
+    kernel module is imported (``TRITON_INTERPRET=1`` then), not at launch."""
+    return isinstance(ordered_key, InterpretedFunction)
+
+
+def check_runnable(device) -> None:
+    """:class:`~indexer_topk.errors.BackendUnavailable` saying how to run, for tensors on the CPU
+    with kernels compiled for a GPU (Triton would fail deep inside its launcher). The API checks
+    the environment before the kernels are imported (:func:`indexer_topk.backends.require_runnable`);
+    this checks how they were in fact imported."""
+    if torch.device(device).type == "cpu" and not kernels_interpreted():
+        raise BackendUnavailable(
+            "the Triton backends need a GPU or the Triton interpreter: these tensors are on the CPU and "
+            "this process's kernels were built for a GPU. Set TRITON_INTERPRET=1 in the environment before "
+            "indexer_topk's kernels are first imported (e.g. before starting Python), or pass tensors on a GPU"
+        )
+
+
+def launches_kernels(fn):
+    """Decorator for the host functions that launch this package's kernels: under the
+    interpreter, one such call runs at a time in the process (re-entrant: they call each
+    other); compiled kernels are launched without a lock."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not kernels_interpreted():
+            return fn(*args, **kwargs)
+        with _INTERPRETER_LOCK:
+            return fn(*args, **kwargs)
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -83,16 +124,24 @@ class KernelArgs:
         return self.kdesc is not None
 
 
-def pack_args(args, layout: Layout) -> KernelArgs:
-    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = args
-    layout = Layout(layout)
-    qb = q.view(torch.uint8)
-    qs = q_scale.view(torch.uint8) if q_scale is not None else qb
+def pack_args(inputs: IndexerInputs, layout=None) -> KernelArgs:
+    """The kernels' view of ``inputs`` (or of the seven tensors and ``layout``, the form
+    benchmark/compile_report.py passes)."""
+    if not isinstance(inputs, IndexerInputs):
+        inputs = IndexerInputs.of(inputs, topk=0, layout=layout)  # no kernel argument depends on topk
+    check_runnable(inputs.device)
+    layout = inputs.layout
+    qb = inputs.q.view(torch.uint8)
+    qs = inputs.q_scale.view(torch.uint8) if inputs.q_scale is not None else qb
+    k_cache = inputs.k_cache
     kf = k_cache.view(torch.float32) if layout is Layout.SGLANG_FP8 else k_cache
-    ks = k_scale if k_scale is not None else k_cache
-    interpret = interpreting()
-    kdesc = key_descriptor(k_cache, layout) if not interpret else None
-    return KernelArgs(qb, qs, weights, k_cache, kf, ks, page_table, seq_lens, layout_id(layout), interpret, kdesc)
+    ks = inputs.k_scale if inputs.k_scale is not None else k_cache
+    interpret = kernels_interpreted()
+    kdesc = None if interpret else key_descriptor(k_cache, layout)
+    return KernelArgs(
+        qb, qs, inputs.weights, k_cache, kf, ks, inputs.page_table, inputs.seq_lens, layout_id(layout), interpret,
+        kdesc,
+    )
 
 
 def bulk_copies_available(device) -> bool:

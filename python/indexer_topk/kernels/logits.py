@@ -1,4 +1,5 @@
-"""The legacy score kernel: the ``[rows, width]`` score matrix, from the shared tile.
+"""The legacy score kernel (the stage SGLang calls "logits"): the ``[rows, width]`` key matrix,
+from the shared tile.
 
 The matrix holds each score's int32 order key (:func:`.common.ordered_key`, a bijection of the
 fp32 score with the same 4 bytes) rather than the float itself, so the top-k stage can use a

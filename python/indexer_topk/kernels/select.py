@@ -174,8 +174,9 @@ def select_into(
         take_i = take.to(tl.int32)
         dst = taken + tl.cumsum(take_i, axis=0) - take_i
         tl.debug_barrier()
-        tl.store(dst_key + dst, key, mask=take)
-        tl.store(dst_pos + dst, pos, mask=take)
+        room = take & (dst < k)  # k entries at most, whatever the inputs: dst is k long
+        tl.store(dst_key + dst, key, mask=room)
+        tl.store(dst_pos + dst, pos, mask=room)
         taken += tl.sum(take_i, axis=0)
         eq_seen += tl.sum(eq_i, axis=0)
 
@@ -215,6 +216,7 @@ def finalize_row(
     Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row.
     """
     offs = tl.arange(0, TOPK)
+    count = tl.maximum(count, 0)  # a negative (unchecked) length is an empty row
     m = offs < count
     key = tl.load(src_key + offs, mask=m, other=0)
     pos = tl.load(src_pos + offs, mask=m, other=0)
@@ -243,15 +245,18 @@ def select_rows_kernel(
 ):
     """One program per row: top-k of a key-matrix row (legacy) or of per-split lists (fused merge).
 
-    With ``KNOWN_T``, ``kth_key[i]`` / ``kth_need[i]`` give row ``i``'s k-th key and how many keys
+    A key matrix (``MODE_KEYS``) is contiguous: its rows are ``stride_src`` keys long. With
+    ``KNOWN_T``, ``kth_key[i]`` / ``kth_need[i]`` give row ``i``'s k-th key and how many keys
     equal to it are selected (from a stock top-k over the row).
     """
     i = tl.program_id(0)
     row = row_start + i
     seq_len = tl.load(seq_lens + row)
     base = i.to(tl.int64) * stride_src
-    count = tl.minimum(seq_len, TOPK)
     if MODE == 0:
+        # a key-matrix row holds stride_src keys: an unchecked length past it (or below 0)
+        # must not read, and so select, beyond the row
+        seq_len = tl.minimum(tl.maximum(seq_len, 0), stride_src)
         n = seq_len
         n_valid = seq_len
         cnt_ptr = seg_cnt
@@ -260,6 +265,8 @@ def select_rows_kernel(
         cnt_ptr = seg_cnt + row.to(tl.int64) * SPLITS
         split_ids = tl.arange(0, SPLITS)
         n_valid = tl.sum(tl.load(cnt_ptr + split_ids), axis=0)
+    # never more than were found (fewer only for an unchecked length past the page table)
+    count = tl.minimum(tl.minimum(seq_len, TOPK), n_valid)
     orow = row.to(tl.int64) * TOPK
     dst_key = out_bits + orow
     dst_pos = out_raw + orow
