@@ -37,20 +37,21 @@ def bench_ms(fn, iters):
 def check_correctness(layout, topk, device, log):
     from indexer_topk.backends.fused import fused_indexer_topk
     from indexer_topk.backends.legacy import legacy_indexer_topk
-    from indexer_topk.compare import compare_to_reference, mma_tolerance, reference_with_boundary
+    from indexer_topk.compare import compare_to_reference, mma_tolerance
+    from indexer_topk.reference import reference_with_next_values
     from indexer_topk.workload import make_workload
 
     rows = []
     for pattern in ("random", "increasing", "equal", "zero_plateau", "nan_rows"):
         w = make_workload(layout, context_tokens=[131072, 20000, 300], rows_per_request=[5, 3, 2], topk=topk,
                           seed=7, device=device, pattern=pattern)
-        args, kw = w.args(), w.kwargs()
-        leg = legacy_indexer_topk(args, **kw)
-        fu = fused_indexer_topk(args, **kw)
-        fu4 = fused_indexer_topk(args, **kw, num_splits=4)
-        fp = fused_indexer_topk(args, **kw, pool=64)
-        ref, nxt = reference_with_boundary(args, topk=topk, layout=layout, weight_scale=w.weight_scale)
-        cmp = compare_to_reference(leg, ref, next_values=nxt, seq_lens=w.seq_lens, page_table=w.page_table,
+        inputs = w.inputs()
+        leg = legacy_indexer_topk(inputs)
+        fu = fused_indexer_topk(inputs)
+        fu4 = fused_indexer_topk(inputs, num_splits=4)
+        fp = fused_indexer_topk(inputs, pool=64)
+        ref, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+        cmp = compare_to_reference(leg, ref, next_values=next_values, seq_lens=w.seq_lens, page_table=w.page_table,
                                    **mma_tolerance(layout, device, ref))
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
                    fused_split4_eq_legacy=same_bits(fu4, leg), fused_pool64_eq_legacy=same_bits(fp, leg),
@@ -70,7 +71,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
     for pattern in ("random", "increasing"):
         w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1,
                           device=device, pattern=pattern)
-        args, kw = w.args(), w.kwargs()
+        inputs = w.inputs()
         # variant -> fused options (None: legacy); every variant keeps its outputs for the
         # bitwise check
         specs = {"fused": {}}
@@ -85,10 +86,10 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
         def call(name):
             opts, out = specs[name], outputs.get(name, scratch_out)
             if opts is None:
-                return lambda: legacy_indexer_topk(args, **kw, out=out)
+                return lambda: legacy_indexer_topk(inputs, out=out)
             ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device, **opts), dtype=torch.uint8,
                              device=device)
-            return lambda: fused_indexer_topk(args, **kw, out=out, workspace=ws, **opts)
+            return lambda: fused_indexer_topk(inputs, out=out, workspace=ws, **opts)
 
         for name in timed:
             fn = call(name)
@@ -112,7 +113,7 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
                            tflops=effective_tflops(w.rows, w.c4_len, ms) if name == "legacy_score" else None)
                 log(rec)
                 recs.append(rec)
-        w = args = outputs = scratch_out = None  # free the large inputs before the next workload
+        w = inputs = outputs = scratch_out = None  # free the large inputs before the next workload
         torch.cuda.empty_cache()
     return recs
 
@@ -120,14 +121,14 @@ def time_layout(layout, ctx, n_rows, topk, device, log, iters, only=None):
 def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
     """Time the legacy score stage and the fused path under alternative tile configs."""
     from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size
-    from indexer_topk.backends.legacy import legacy_indexer_topk, legacy_score, logits_width
+    from indexer_topk.backends.legacy import key_matrix_width, legacy_indexer_topk, legacy_score
     from indexer_topk.contract import Layout, allocate_result
     from indexer_topk.kernels import launch
     from indexer_topk.workload import make_workload
 
     w = make_workload(layout, context_tokens=[ctx], rows_per_request=[n_rows], topk=topk, seed=1, device=device)
-    args, kw = w.args(), w.kwargs()
-    keys = torch.empty((w.rows, logits_width(w.page_table)), dtype=torch.int32, device=device)
+    inputs = w.inputs()
+    keys = torch.empty((w.rows, key_matrix_width(w.page_table)), dtype=torch.int32, device=device)
     ws = torch.empty(fused_workspace_size(w.rows, topk, layout, device), dtype=torch.uint8, device=device)
     out_f = allocate_result(w.rows, topk, device)
     out_l = allocate_result(w.rows, topk, device)
@@ -138,9 +139,9 @@ def sweep_configs(layout, ctx, n_rows, topk, device, log, iters, configs):
             maxnreg = (cap[0] or None) if cap else saved.fused_maxnreg
             launch.TILE_CONFIGS[Layout(layout)] = launch.TileConfig(rows, nw, ls, fs, maxnreg)
             try:
-                ms_s = bench_ms(lambda: legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=keys), iters=iters)
-                ms_f = bench_ms(lambda: fused_indexer_topk(args, **kw, out=out_f, workspace=ws), iters=iters)
-                legacy_indexer_topk(args, **kw, out=out_l)
+                ms_s = bench_ms(lambda: legacy_score(inputs, keys=keys), iters=iters)
+                ms_f = bench_ms(lambda: fused_indexer_topk(inputs, out=out_f, workspace=ws), iters=iters)
+                legacy_indexer_topk(inputs, out=out_l)
                 rec = dict(layout=layout, pattern="random", variant=f"cfg {spec}", ms=ms_f,
                            tflops=effective_tflops(w.rows, w.c4_len, ms_f), score_ms=ms_s,
                            score_tflops=effective_tflops(w.rows, w.c4_len, ms_s), fused_eq_legacy_full=same_bits(out_f, out_l))

@@ -356,14 +356,6 @@ def compare_to_reference(
     return cmp
 
 
-def reference_with_boundary(args, *, topk: int, layout, weight_scale: float = 1.0) -> Tuple[IndexerTopKResult, torch.Tensor]:
-    """The earlier spelling of :func:`indexer_topk.reference.reference_with_next_values` over a
-    tuple of the seven inputs, still used by benchmark/profile_kernels.py."""
-    from .reference import reference_with_next_values
-
-    return reference_with_next_values(*args, topk=topk, layout=layout, weight_scale=weight_scale)
-
-
 __all__ = [
     "Comparison",
     "DEFAULT_ATOL",

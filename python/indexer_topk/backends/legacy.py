@@ -62,20 +62,13 @@ def key_matrix_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[
 
 
 @launches_kernels
-def legacy_score(
-    inputs, *, keys=None, row_start=0, row_count=None, layout=None, weight_scale=None, logits=None,
-) -> torch.Tensor:
+def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=None) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
-    ``inputs``: :class:`~indexer_topk.contract.IndexerInputs`, or the seven tensors with
-    ``layout`` and ``weight_scale`` (``logits`` is the earlier name of ``keys``; both kept for
-    the benchmark scripts). ``keys`` (int32 or float32 storage of that shape, reinterpreted as
+    ``keys`` (int32 or float32 storage of that shape, reinterpreted as
     int32) is written in full: score keys below each row's ``seq_len``, ``KEY_NONE`` past it.
     Decode a key with :func:`indexer_topk.contract.scores_from_ordered_bits`.
     """
-    if not isinstance(inputs, IndexerInputs):
-        inputs = as_inputs(inputs, topk=0, layout=layout, weight_scale=weight_scale)  # no topk in this stage
-    keys = logits if keys is None else keys
     ka = pack_args(inputs)
     rows = inputs.rows
     if row_count is None:
@@ -169,6 +162,3 @@ def legacy_indexer_topk(
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0)
     return out
 
-
-# The earlier name, still used by benchmark/profile_kernels.py.
-logits_width = key_matrix_width

@@ -167,14 +167,14 @@ def time_legacy_stages(w: Workload, *, warmup: int = 3, iters: int = 10, device=
     try:
         from ..backends.legacy import legacy_score, legacy_select
 
-        args = w.args()
-        logits = legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, row_start=0, row_count=w.rows)
+        inputs = w.inputs()
+        logits = legacy_score(inputs, row_start=0, row_count=w.rows)
         out = allocate_result(w.rows, w.topk, device)
         res["logits_mib"] = logits.numel() * logits.element_size() / 2**20
         res["logits_dtype"] = str(logits.dtype).replace("torch.", "")
 
         def score():
-            legacy_score(args, layout=w.layout, weight_scale=w.weight_scale, logits=logits, row_start=0, row_count=w.rows)
+            legacy_score(inputs, keys=logits, row_start=0, row_count=w.rows)
 
         def select():
             legacy_select(logits, w.seq_lens, w.page_table, topk=w.topk, out=out, row_start=0)

@@ -124,11 +124,8 @@ class KernelArgs:
         return self.kdesc is not None
 
 
-def pack_args(inputs: IndexerInputs, layout=None) -> KernelArgs:
-    """The kernels' view of ``inputs`` (or of the seven tensors and ``layout``, the form
-    benchmark/compile_report.py passes)."""
-    if not isinstance(inputs, IndexerInputs):
-        inputs = IndexerInputs.of(inputs, topk=0, layout=layout)  # no kernel argument depends on topk
+def pack_args(inputs: IndexerInputs) -> KernelArgs:
+    """The kernels' view of ``inputs``."""
     check_runnable(inputs.device)
     layout = inputs.layout
     qb = inputs.q.view(torch.uint8)
