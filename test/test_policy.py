@@ -29,6 +29,7 @@ B200 = dict(device="cuda", device_name="NVIDIA B200", compute_capability=(10, 0)
 MI355X = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.4.0")
 MI300X = dict(device="hip", device_name="AMD Instinct MI300X", gfx_arch="gfx942", triton_version="3.4.0")
 CPU = dict(device="cpu", device_name="cpu", triton_version="3.9.0")
+H200_FUSED = dict(H200, fused_prefill=True)  # the fused kernel opted in for prefill
 
 
 def make_policy(**fields) -> PathPolicy:
@@ -64,8 +65,13 @@ def table(*, aiter, sglang, decode="legacy", capture="legacy", none=None):
 
 
 ROUTING = [
-    ("nvidia_sm90", H200, "fused", table(aiter="fused", sglang="fused")),
-    ("nvidia_sm100", B200, "fused", table(aiter="fused", sglang="fused")),
+    # NVIDIA: legacy, the faster exact path as measured; the fused kernel when opted in
+    ("nvidia_sm90", H200, "legacy", table(aiter="legacy", sglang="legacy")),
+    ("nvidia_sm100", B200, "legacy", table(aiter="legacy", sglang="legacy")),
+    ("nvidia_sm90_fused_prefill", dict(H200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
+    ("nvidia_sm100_fused_prefill", dict(B200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
+    ("nvidia_fused_prefill_kill_switch", dict(H200, fused_prefill=True, fused_enabled=False), "legacy",
+     table(aiter="legacy", sglang="legacy")),
     ("nvidia_no_triton", dict(H200, triton_version=None, triton_error="ImportError('no triton')"), "legacy",
      table(aiter="legacy", sglang="legacy")),
     ("nvidia_props_raise", dict(H200, compute_capability=None, device_error="RuntimeError('props')"), "legacy",
@@ -106,13 +112,18 @@ def test_routing_table(fields, fused, expected):
     p = make_policy(**fields)
     assert p.fused_backend == fused
     assert routes(p) == expected
-    assert p.describe()["routes"] == {
+    described = p.describe()["routes"]
+    assert {k: v for k, v in described.items() if not k.startswith("sglang ")} == {
         "prefill/aiter_mxfp4": expected["aiter_mxfp4"],
         "prefill/sglang_mxfp4": expected["sglang_mxfp4"],
         "prefill/sglang_fp8": expected["sglang_fp8"],
         "decode": expected["decode"],
         "capture": expected["capture"],
     }
+    # inside SGLang: ours (engine_route), else SGLang's own path
+    for layout in LAYOUTS:
+        ours = p.engine_route(engine_path=policy.sglang_has_path(layout, p.probe), layout=layout, capturing=False)
+        assert described[f"sglang prefill/{layout}"] == (ours or "sglang")
 
 
 @pytest.mark.parametrize(
@@ -201,7 +212,7 @@ def test_forward_mode_of_unknown_type_raises():
 
 
 def test_target_verify_is_prefill_only_when_not_captured():
-    p = make_policy(**H200)
+    p = make_policy(**H200_FUSED)
     assert p.route(forward_mode="target_verify", capturing=False) == "fused"
     assert p.route(forward_mode="target_verify", capturing=True) == "legacy"
 
@@ -217,7 +228,7 @@ def _install_predicate(monkeypatch, module_name, fn_name, fn):
 
 
 def test_torch_capture_routes_to_legacy(monkeypatch):
-    p = make_policy(**H200)
+    p = make_policy(**H200_FUSED)
     assert not is_capturing() and p.route() == "fused"
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert is_capturing()
@@ -232,7 +243,7 @@ def test_torch_capture_probe_that_raises_counts_as_not_capturing(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", boom)
     assert is_capturing() is False
-    assert make_policy(**H200).route() == "fused"
+    assert make_policy(**H200_FUSED).route() == "fused"
 
 
 SGLANG_PREDICATES = [
@@ -305,7 +316,7 @@ def test_probe_nvidia(monkeypatch):
     assert (p.device, p.device_name, p.compute_capability, p.gfx_arch) == ("cuda", "NVIDIA H200", (9, 0), None)
     assert p.triton_version is not None and p.fused_enabled and not p.triton_interpret
     assert (p.aiter_symbol, p.aiter_error, p.device_error, p.torch_error) == (False, None, None, None)
-    assert PathPolicy(p).fused_backend == "fused"
+    assert PathPolicy(p).fused_backend == "legacy"  # the faster exact path as measured
 
 
 @pytest.mark.parametrize(
@@ -414,8 +425,8 @@ def test_single_info_line_nvidia(caplog):
     assert [(r.name, r.levelno) for r in caplog.records] == [("indexer_topk", logging.INFO)]
     line = caplog.records[0].getMessage()
     assert line.startswith(
-        "indexer-topk: fused top-k path = fused (NVIDIA H200 sm_90, triton 3.6.0; "
-        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset)"
+        "indexer-topk: fused top-k path = legacy (NVIDIA H200 sm_90, triton 3.6.0; "
+        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset): the faster exact path as measured"
     )
     assert "\n" not in line
 
@@ -554,6 +565,65 @@ def test_api_auto_goes_through_the_policy(monkeypatch):
 
 
 def test_api_auto_routes_decode_to_legacy(monkeypatch):
-    monkeypatch.setattr(policy, "default_policy", lambda: make_policy(**H200))
+    monkeypatch.setattr(policy, "default_policy", lambda: make_policy(**H200_FUSED))
     assert api.resolve_backend("auto", layout="sglang_fp8") == "fused"
     assert api.resolve_backend("auto", layout="sglang_fp8", is_decode=True) == "legacy"
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside a serving engine, and warm-up
+# ---------------------------------------------------------------------------------------------
+
+ENGINE = [
+    # (probe, layout, the engine has its own path, our backend or None for the engine's path)
+    (H200, "sglang_fp8", True, None),  # SGLang's CUDA path is measured faster
+    (H200_FUSED, "sglang_fp8", True, "fused"),  # opted in for the memory
+    (H200, "sglang_mxfp4", False, "legacy"),  # no path of the engine's: ours, the faster one
+    (H200_FUSED, "sglang_mxfp4", False, "fused"),
+    (dict(H200_FUSED, fused_enabled=False), "sglang_fp8", True, None),  # kill switch
+    (dict(H200, fused_enabled=False), "sglang_mxfp4", False, None),
+    (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", False, "aiter"),
+    (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", True, "aiter"),
+    (CPU, "sglang_fp8", False, None),  # nothing of ours can run
+]
+
+
+@pytest.mark.parametrize("fields,layout,engine_path,want", ENGINE)
+def test_engine_route(fields, layout, engine_path, want):
+    p = make_policy(**fields)
+    assert p.engine_route(engine_path=engine_path, layout=layout, capturing=False) == want
+    # decode and capture always take the engine's own path
+    assert p.engine_route(engine_path=engine_path, layout=layout, is_decode=True, capturing=False) is None
+    assert p.engine_route(engine_path=engine_path, layout=layout, capturing=True) is None
+
+
+def test_sglang_has_path():
+    h200, b200 = Probe(**H200), Probe(**B200)
+    assert policy.sglang_has_path("sglang_fp8", h200) and policy.sglang_has_path("sglang_fp8", b200)
+    assert not policy.sglang_has_path("sglang_mxfp4", h200)  # SGLang refuses the FP4 indexer below SM100
+    assert policy.sglang_has_path("sglang_mxfp4", b200)
+    assert not policy.sglang_has_path("aiter_mxfp4", Probe(**MI355X))
+    assert not policy.sglang_has_path("sglang_fp8", Probe(**CPU))
+
+
+def test_default_nvidia_reason_states_the_measurements_and_the_opt_in():
+    p = make_policy(**H200)
+    assert p.fused_backend == "legacy"
+    assert "measured" in p.reason and "INDEXER_TOPK_FUSED_PREFILL=1" in p.reason
+    routes = p.describe()["routes"]
+    assert routes["sglang prefill/sglang_fp8"] == "sglang"
+    assert routes["sglang prefill/sglang_mxfp4"] == "legacy"
+    assert make_policy(**H200_FUSED).describe()["routes"]["sglang prefill/sglang_fp8"] == "fused"
+
+
+def test_fused_prefill_flag_is_read_by_the_probe():
+    assert probe_environment({"INDEXER_TOPK_FUSED_PREFILL": "1"}).fused_prefill is True
+    assert probe_environment({}).fused_prefill is False
+
+
+def test_warm_up_without_a_gpu_compiles_nothing(monkeypatch):
+    import indexer_topk.api as api_module
+
+    monkeypatch.setattr(api_module, "indexer_topk", lambda *a, **k: pytest.fail("nothing to compile without a GPU"))
+    p = make_policy(**dict(CPU, triton_interpret=True))
+    assert p.warm_up("sglang_fp8", 512) >= 0.0

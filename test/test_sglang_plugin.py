@@ -35,6 +35,7 @@ from indexer_topk.policy import Probe
 import sglang_fetch
 from sglang_doubles import (
     H200,
+    H200_FUSED,
     MI355X_AITER,
     CountingPolicy,
     SceneSpec,
@@ -49,7 +50,11 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
 
 TEST_DIR = Path(__file__).resolve().parent
 REPO = TEST_DIR.parent
-LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200, "sglang_fp8": H200}
+# The probes under which our operator serves each layout's prefill, and the backend it names:
+# AITER's kernel on a gfx950; on an H200 the FP4 cache (no path of SGLang's below SM100) on our
+# legacy path, the measured faster one; the FP8 cache only with the fused kernel opted in.
+LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200, "sglang_fp8": H200_FUSED}
+LAYOUT_BACKEND = {"aiter_mxfp4": "aiter", "sglang_mxfp4": "legacy", "sglang_fp8": "fused"}
 
 
 @pytest.fixture(scope="module")
@@ -189,7 +194,7 @@ def test_prefill_matches_sglang_without_logits(sg, load, served, layout, raw):
     sg.calls.clear()
     legacy_pages, legacy_raws = scene.forward(original=True)
 
-    backend = "aiter" if layout == "aiter_mxfp4" else "fused"
+    backend = LAYOUT_BACKEND[layout]
     assert served == [(backend, scene.rows, 512, layout)]  # one call, every row: no chunks
     assert policy.routes == {backend: 1}  # the policy was asked once
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
@@ -220,7 +225,7 @@ def test_prefill_sglang_chunks_rows_we_do_not(sg, load, served, layout):
 
 def test_prefill_matches_sglang_torch_fp8_logits(sg, load, served):
     """SGLang's whole legacy path is its own code here: its torch FP8 logits and torch top-k."""
-    load(H200)
+    load(H200_FUSED)
     scene = _scene(sg, layout="sglang_fp8", keys="gapped", contexts=(2900, 2404, 300), extend=(9, 6, 3),
                    sglang_torch_logits=True, raw_indices=True, seed=3)
     pages, raws = scene.forward()
@@ -336,6 +341,31 @@ def test_capture_stays_on_sglang(sg, load, served, how):
     assert torch.equal(pages, legacy_pages)
 
 
+def test_fp8_prefill_stays_on_sglang_by_default(sg, load, served):
+    """On NVIDIA SGLang's own CUDA path serves FP8 prefill unless the fused kernel is opted in:
+    it is measured faster than ours; the policy still answers once."""
+    policy = load(H200)
+    assert policy.fused_backend == "legacy"
+    scene = _scene(sg, layout="sglang_fp8")
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+    assert policy.routes == {"legacy": 1}
+
+
+def test_warm_up_compiles_only_what_our_routes_run(sg, load):
+    """At the backend's construction the plugin compiles the kernels of the layouts our route
+    serves on this GPU: none on an H200 by default (FP8 stays on SGLang's path, FP4 is refused
+    below SM100), FP8 for both topk with the fused kernel opted in, once per process."""
+    policy = load(H200)
+    _scene(sg, layout="sglang_fp8")
+    assert policy.warmed == []
+    sglang_plugin._STATE.warmed = False
+    policy = load(H200_FUSED)
+    _scene(sg, layout="sglang_fp8")
+    _scene(sg, layout="sglang_fp8")
+    assert policy.warmed == [("sglang_fp8", 512), ("sglang_fp8", 1024)]
+
+
 def test_kill_switch_stays_on_sglang(sg, load, served):
     policy = load(Probe(**{**H200.__dict__, "fused_enabled": False, "kill_switch_raw": "false"}))
     assert policy.fused_backend == "legacy"
@@ -358,7 +388,7 @@ def test_no_kernels_here_stays_on_sglang(sg, load, served):
 
 def test_nonpaged_indexer_stays_on_sglang(sg, load, served, monkeypatch):
     """SGLang's non-paged CUDA FP8 indexer (large single-request EXTEND) is not a covered branch."""
-    load(H200)
+    load(H200_FUSED)
     monkeypatch.setattr(sg.indexer, "is_cuda", lambda: True)
     monkeypatch.setattr(sg.indexer, "get_parallel", lambda: type("P", (), {"attn_cp_size": 1})())
     monkeypatch.setenv("SGLANG_OPT_DSV4_NONPAGED_INDEXER_MIN_QUERY_TOKENS", "1")
@@ -375,7 +405,7 @@ def test_nonpaged_indexer_stays_on_sglang(sg, load, served, monkeypatch):
 
 
 def test_operator_failure_falls_back_once_and_for_all(sg, load, served, monkeypatch, caplog):
-    load(H200)
+    load(H200_FUSED)
     scene = _scene(sg, layout="sglang_fp8")
 
     def broken(*args, **kwargs):

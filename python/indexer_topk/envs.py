@@ -206,6 +206,10 @@ class Envs:
     SGLANG_DSV4_FP4_FUSED_TOPK = EnvBool(True, invalid=False, invalid_means="the fused top-k path is off")
     # Opt-in of our Triton fused path on AMD GPUs (off: AMD hosts use AITER's kernel or the legacy path).
     INDEXER_TOPK_TRITON_ROCM = EnvBool(False)
+    # Opt-in of our fused path for eager prefill on NVIDIA, for its memory (scratch independent of
+    # the context instead of a [rows, context] score matrix) where it is measured slower: than our
+    # legacy path, and inside SGLang than SGLang's own CUDA path for the FP8 cache.
+    INDEXER_TOPK_FUSED_PREFILL = EnvBool(False)
 
     # ============================================================
     # Legacy path

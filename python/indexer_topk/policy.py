@@ -10,7 +10,12 @@ The rules
 * The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
   GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
-  NVIDIA -> ``"fused"`` (``"legacy"`` if Triton cannot be imported).
+  NVIDIA -> ``"legacy"``, the faster exact path as measured (:data:`MEASURED_PREFILL`), or our
+  ``"fused"`` with ``INDEXER_TOPK_FUSED_PREFILL=1`` for its memory (``"legacy"`` if Triton
+  cannot be imported).
+* Inside a serving engine (:meth:`PathPolicy.engine_route`), a layout the engine serves with
+  its own path stays there unless the fused path is opted in: SGLang's CUDA path for the FP8
+  cache (DeepGEMM's logits and SGLang's radix top-k) is measured faster than ours.
 * No GPU: the ``legacy`` and ``fused`` backends are Triton kernels, so they run only under
   the Triton interpreter (``TRITON_INTERPRET=1``); without it every route is ``"reference"``.
 
@@ -47,6 +52,13 @@ PREFILL_MODES = frozenset(
     {"extend", "mixed", "target_verify", "draft_extend", "draft_extend_v2", "split_prefill", "dllm_extend"}
 )
 
+# What the committed H200 benchmark measured at 1024 prefill rows, 768K tokens, topk 1024
+# (benchmark/results/NOTES.md has the runs): the numbers behind the NVIDIA default.
+MEASURED_PREFILL = (
+    "on an H200 the fused kernel measured slower than the legacy path (sglang_fp8, 1024 rows x 768K "
+    "tokens: 8.0 vs 7.2 ms) and than SGLang's own CUDA path (4.0 ms)"
+)
+
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,9 @@ class Probe:
         reading the GPU's properties, or by importing Triton.
     triton_rocm : bool
         ``INDEXER_TOPK_TRITON_ROCM``: our Triton fused path is opted in on AMD.
+    fused_prefill : bool
+        ``INDEXER_TOPK_FUSED_PREFILL``: our fused path is opted in for eager prefill on NVIDIA
+        (and, inside a serving engine, instead of the engine's own path), for its memory.
     kill_switch_raw : str, optional
         The kill switch's raw value, for the log line (``None``: unset).
     """
@@ -94,6 +109,7 @@ class Probe:
     device_error: Optional[str] = None
     triton_error: Optional[str] = None
     triton_rocm: bool = False
+    fused_prefill: bool = False
     kill_switch_raw: Optional[str] = None
 
     def __post_init__(self):
@@ -167,6 +183,7 @@ def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
         "fused_enabled": envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env),
         "kill_switch_raw": envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw(env),
         "triton_rocm": envs.INDEXER_TOPK_TRITON_ROCM.get(env),
+        "fused_prefill": envs.INDEXER_TOPK_FUSED_PREFILL.get(env),
         "triton_interpret": interpreting(env),
     }
     fields.update(_probe_device())
@@ -325,7 +342,31 @@ def _decide(p: Probe) -> Tuple[str, str, str]:
 
     if not can_use_triton(p):
         return "legacy", _why_not_triton(p), "legacy"
-    return "fused", "our Triton fused kernel on NVIDIA", "fused"
+    if p.fused_prefill:
+        return "fused", "our Triton fused kernel on NVIDIA, opted in for its memory (INDEXER_TOPK_FUSED_PREFILL=1)", "fused"
+    return "legacy", (
+        f"the faster exact path as measured: {MEASURED_PREFILL}; INDEXER_TOPK_FUSED_PREFILL=1 opts in to the "
+        "fused kernel for its memory (scratch independent of the context)"
+    ), "legacy"
+
+
+def sglang_has_path(layout, probe: Probe) -> bool:
+    """Whether SGLang 0.5.23 serves ``layout``'s prefill with a path of its own on this device:
+    the FP8 cache on NVIDIA (DeepGEMM's paged logits, its radix top-k), the FP4 cache from SM100
+    on (DeepGEMM's FP4 logits; SGLang refuses the FP4 indexer below SM100). On AMD its FP4 path
+    is AITER's, which the policy routes itself."""
+    layout = parse_layout(layout)
+    if probe.device != "cuda":
+        return False
+    if layout is Layout.SGLANG_FP8:
+        return True
+    return layout is Layout.SGLANG_MXFP4 and (probe.compute_capability or (0, 0))[0] >= 10
+
+
+def _slots_for_warm_up(device) -> int:
+    from .kernels.launch import device_sm_count
+
+    return device_sm_count(device) * 2
 
 
 def _why_not_triton(p: Probe) -> str:
@@ -428,22 +469,80 @@ class PathPolicy:
         topk : int, optional
             The call's ``topk``; AITER's kernel takes only 512 and 1024.
         """
+        return self._route(layout, is_decode, capturing, forward_mode, topk)[1]
+
+    def _route(self, layout, is_decode, capturing, forward_mode, topk) -> Tuple[bool, str]:
+        """``(on the prefill route, backend)``: the first is False for the calls the proven path
+        takes whatever was chosen (decode, capture)."""
         layout = None if layout is None else parse_layout(layout)
         if self.fused_backend == "reference":
-            return "reference"
+            return False, "reference"
         if is_decode or _mode_is_decode(forward_mode):
-            return "legacy"
+            return False, "legacy"
         if capturing is None:
             capturing = is_capturing()
         if capturing:
-            return "legacy"
+            return False, "legacy"
         backend = self.fused_backend
         if backend == "aiter":
             if layout is not None and layout is not Layout.AITER_MXFP4:
-                return self._other_layout_backend
+                return True, self._other_layout_backend
             if topk is not None and topk not in AITER_TOPK:
-                return self._other_layout_backend
+                return True, self._other_layout_backend
+        return True, backend
+
+    def engine_route(self, *, engine_path: bool, **route_kwargs) -> Optional[str]:
+        """Which of our backends serves a call inside a serving engine, or ``None`` for the
+        engine's own path.
+
+        The engine's own path is the proven path: it takes decode, graph capture and every call
+        under the kill switch. ``engine_path`` says the engine serves this call's layout with a
+        path of its own on this device; such a call stays there unless our fused path is opted
+        in (``INDEXER_TOPK_FUSED_PREFILL``), because the engine's is measured faster (SGLang's
+        CUDA path for the FP8 cache, see :data:`MEASURED_PREFILL`); AITER's kernel, where it is
+        the choice, serves its layout. Other calls take our prefill route (:meth:`route`).
+        ``route_kwargs`` are :meth:`route`'s.
+        """
+        prefill, backend = self._route(
+            route_kwargs.get("layout"), route_kwargs.get("is_decode", False), route_kwargs.get("capturing"),
+            route_kwargs.get("forward_mode"), route_kwargs.get("topk"),
+        )
+        if not prefill or not self.probe.fused_enabled or backend == "reference":
+            return None
+        if engine_path:
+            return backend if backend == "aiter" or (backend == "fused" and self.probe.fused_prefill) else None
         return backend
+
+    def warm_up(self, layout, topk: int, device=None) -> float:
+        """Compile (or load from Triton's cache) the kernels eager prefill of ``layout`` takes,
+        by running it once on a small synthetic call; returns the seconds it took.
+
+        A server calls this when it builds the policy, so its first prefill does not stall on
+        compilation (20-30 s per layout for the fused kernel). Without a GPU it does nothing. Kernels specialise on the call's
+        shape class (``topk``; for the fused kernel also the context split count, one for
+        calls of hundreds of rows), so a first call of another class may still compile.
+        """
+        import time
+
+        from .api import indexer_topk
+        from .workload import make_workload
+
+        backend = self.route(layout=layout, capturing=False, topk=topk)
+        t0 = time.perf_counter()
+        # under the interpreter nothing is compiled
+        if backend in ("legacy", "fused") and self.probe.device in ("cuda", "hip"):
+            if device is None:
+                device = "cuda"
+            # enough rows that the fused plan takes one context split, as a large prefill does
+            rows = 2 * _slots_for_warm_up(device)
+            w = make_workload(layout, context_tokens=[4 * topk + 256], rows_per_request=[rows], topk=topk,
+                              seed=0, device=device)
+            indexer_topk(*w.args(), **w.kwargs(), backend=backend, check_values=False)
+            if str(device).startswith("cuda"):
+                import torch
+
+                torch.cuda.synchronize()
+        return time.perf_counter() - t0
 
     def describe(self) -> dict:
         """Probe fields, the decision, its reason and the route of each kind of call (for ``info``)."""
@@ -452,6 +551,10 @@ class PathPolicy:
         }
         routes["decode"] = self.route(is_decode=True, capturing=False)
         routes["capture"] = self.route(capturing=True)
+        # inside SGLang: its own path serves the FP8 cache (and the FP4 one from SM100 on)
+        for layout in Layout:
+            ours = self.engine_route(engine_path=sglang_has_path(layout, self.probe), layout=layout, capturing=False)
+            routes[f"sglang prefill/{layout.value}"] = ours or "sglang"
         return {
             **dataclasses.asdict(self.probe),
             "fused_backend": self.fused_backend,

@@ -13,12 +13,14 @@ are all present, registers two hooks with SGLang's ``HookRegistry``:
 ``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.forward_c4_indexer`` (AROUND)
     On the two covered branches -- HIP with the FP4 indexer (AITER layout) and the CUDA paged
     indexer over an FP4 or FP8 cache -- asks the policy, once per call, which backend serves
-    it. Where the policy names one of our kernels (``"fused"``, ``"aiter"``), runs SGLang's own
-    query/weights preparation and index-K compression, then writes the physical page indices
-    (and the raw indices when SGLang asks for them) through our operator in one call: no
-    ``[rows, c4_context]`` logits buffer, no row chunks. Where it says ``"legacy"`` (decode,
-    graph capture, the kill switch) and on every branch not covered (the non-paged indexer,
-    HiSparse, XPU, HIP FP8, ...) SGLang's original method runs unchanged.
+    it (:meth:`indexer_topk.policy.PathPolicy.engine_route`). Where it names one of ours, runs
+    SGLang's own query/weights preparation and index-K compression, then writes the physical
+    page indices (and the raw indices when SGLang asks for them) through our operator in one
+    call. Where it says SGLang's own path (decode, graph capture, the kill switch, and FP8
+    prefill on NVIDIA, where SGLang's CUDA path is measured faster than ours unless
+    ``INDEXER_TOPK_FUSED_PREFILL=1`` opts in to the fused kernel's memory saving) and on every
+    branch not covered (the non-paged indexer, HiSparse, XPU, HIP FP8, ...) SGLang's original
+    method runs unchanged.
 
 Importing this module never imports SGLang; without SGLang, :func:`load` logs and returns.
 """
@@ -58,6 +60,8 @@ _MODULE_SYMBOLS = (
 )
 _MIXIN_HELPERS = ("_forward_prepare_normal", "_forward_prepare_multi_stream", "_get_nonpaged_indexer_plan")
 
+# The INFO line logged when the kernels a route will run are compiled at start-up.
+WARM_UP_LOG = "indexer_topk: compiled %s kernels for %s (topk 512 and 1024) in %.1f s, before the first prefill"
 # The INFO line the first call served in a process logs (docs/sglang.md quotes it).
 SERVING_LOG = "indexer_topk: serving DSv4 C4 indexer top-k (backend=%s, layout=%s, topk=%d, first call %d rows)"
 
@@ -71,6 +75,7 @@ class _PluginState:
         self.indexer_module = None  # SGLang's dsv4 indexer module, once probed
         self.disabled: Optional[str] = None  # why our route is off for the rest of this process
         self.served_first_call = False
+        self.warmed = False  # the kernels our routes run were compiled (or there were none)
 
 
 _STATE = _PluginState()
@@ -171,9 +176,45 @@ def probe_sglang() -> List[str]:
 def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     """AFTER hook on the backend mixin's ``__init__``: SGLang builds attention backends
     (target, draft and per-step MTP backends alike) before it captures any graph, so building
-    the policy here keeps its probes out of every capture."""
-    _policy_or_none()
+    the policy here keeps its probes out of every capture, and compiling the kernels our routes
+    will run here keeps compilation out of the first prefill."""
+    policy = _policy_or_none()
+    if policy is not None:
+        _warm_up(policy)
     return None
+
+
+# The layouts SGLang 0.5.23 can hand the covered branches on each device kind: the FP4 indexer
+# only from SM100 on NVIDIA (it refuses it below), only AITER's layout on AMD.
+def _sglang_layouts(probe) -> List[str]:
+    if probe.device == "hip":
+        return ["aiter_mxfp4"]
+    if probe.device != "cuda":
+        return []
+    cc = probe.compute_capability or (0, 0)
+    return ["sglang_fp8"] + (["sglang_mxfp4"] if cc[0] >= 10 else [])
+
+
+def _warm_up(policy) -> None:
+    """Compile, once per process, the kernels of every layout whose prefill our route serves
+    here, for DSv4-Flash's and -Pro's topk; logs how long it took. Nothing to do where SGLang's
+    own path serves every layout (NVIDIA without ``INDEXER_TOPK_FUSED_PREFILL``)."""
+    with _STATE.lock:
+        if _STATE.warmed:
+            return
+        _STATE.warmed = True
+    for layout in _sglang_layouts(policy.probe):
+        backend = policy.engine_route(
+            engine_path=_policy.sglang_has_path(layout, policy.probe), layout=layout, capturing=False
+        )
+        if backend not in ("legacy", "fused"):
+            continue
+        try:
+            seconds = sum(policy.warm_up(layout, topk) for topk in (512, 1024))
+        except Exception as exc:  # a failed warm-up costs the first call its compile, nothing else
+            logger.warning("indexer_topk: warming up %s for %s failed (%s: %s)", backend, layout, type(exc).__name__, exc)
+            continue
+        logger.info(WARM_UP_LOG, backend, layout, seconds)
 
 
 def _policy_or_none():
@@ -192,22 +233,22 @@ def _policy_or_none():
 def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, prefill_graph: bool) -> Optional[str]:
     """Which of our backends serves this call, or ``None`` for SGLang's own path.
 
-    The policy's rules decide: decode and idle modes, graph capture (torch's stream capture
-    and SGLang's capture modes, which the policy detects itself) and the kill switch take its
-    ``"legacy"`` route, which inside SGLang is SGLang's own path. The plugin adds only what
+    The policy decides (:meth:`indexer_topk.policy.PathPolicy.engine_route`): decode and idle
+    modes, graph capture (torch's stream capture and SGLang's capture modes, which the policy
+    detects itself) and the kill switch take SGLang's own path, and so does prefill of a layout
+    SGLang serves itself on this GPU (the FP8 cache on NVIDIA: measured faster than ours) unless
+    our fused path is opted in with ``INDEXER_TOPK_FUSED_PREFILL=1``. The plugin adds only what
     SGLang's metadata says: rows SGLang scores as decode in a prefill mode
-    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``). ``"reference"``,
-    the policy's answer where none of our kernels can run (no GPU, no Triton interpreter),
-    leaves the call to SGLang too.
+    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``).
     """
     policy = _policy_or_none()
     if policy is None:
         return None
-    backend = policy.route(
+    return policy.engine_route(
+        engine_path=_policy.sglang_has_path(layout, policy.probe),
         layout=layout, topk=topk, is_decode=scored_as_decode, forward_mode=forward_mode,
         capturing=True if prefill_graph else None,  # None: the policy looks for a capture itself
     )
-    return None if backend in ("legacy", "reference") else backend
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,13 +8,14 @@ SGLang's real classes; ``policy.CountingPolicy`` is the real path policy, counti
 
 from .environment import SGLang, open_sglang
 from .kernels import Calls, Patcher
-from .policy import H200, MI355X_AITER, CountingPolicy
+from .policy import H200, H200_FUSED, MI355X_AITER, CountingPolicy
 from .scene import Scene, SceneSpec, build_scene, rows_differing, same_selection
 
 __all__ = [
     "Calls",
     "CountingPolicy",
     "H200",
+    "H200_FUSED",
     "MI355X_AITER",
     "Patcher",
     "SGLang",

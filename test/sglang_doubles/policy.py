@@ -15,6 +15,9 @@ from collections import Counter
 from indexer_topk.policy import PathPolicy, Probe
 
 H200 = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.x")
+# the fused kernel opted in for prefill (INDEXER_TOPK_FUSED_PREFILL=1): it then serves FP8 in SGLang
+H200_FUSED = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.x",
+                   fused_prefill=True)
 MI355X_AITER = Probe(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.x",
                      aiter_symbol=True)
 
@@ -25,6 +28,7 @@ class CountingPolicy:
     def __init__(self, probe: Probe):
         self.inner = PathPolicy(probe)
         self.routes = Counter()
+        self.warmed = []
 
     @property
     def probe(self):
@@ -42,3 +46,15 @@ class CountingPolicy:
         name = self.inner.route(**kwargs)
         self.routes[name] += 1
         return name
+
+    def engine_route(self, *, engine_path: bool, **kwargs):
+        """The real answer; a call's question (it names the forward mode) is counted under the
+        route it stands on (``route``'s name), the warm-up's questions are not."""
+        if "forward_mode" in kwargs:
+            self.routes[self.inner.route(**kwargs)] += 1
+        return self.inner.engine_route(engine_path=engine_path, **kwargs)
+
+    def warm_up(self, layout, topk: int, device=None) -> float:
+        """Recorded, not run: no kernel compiles here."""
+        self.warmed.append((str(layout), topk))
+        return 0.0

@@ -42,7 +42,8 @@ def triton_problem(device=None) -> Optional[str]:
     if not _triton_installed():
         return "Triton is not installed (GPU builds of torch bring it; on a CPU: pip install triton)"
     if device is not None and torch.device(device).type == "cpu" and not interpreting():
-        return "the inputs are on a CPU and the Triton interpreter is off (set TRITON_INTERPRET=1 before the first call)"
+        return ("the inputs are on a CPU and the Triton interpreter is off: set TRITON_INTERPRET=1 before the "
+                "kernels are first imported (e.g. before starting Python), or pass tensors on a GPU")
     return None
 
 
