@@ -54,7 +54,7 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
             sig[name] = POINTER_TYPES[tensors[name].dtype]
         elif name in floats:
             sig[name] = "fp32"
-        elif name.startswith(("stride", "n_", "row_start", "width", "span", "split_span")):
+        elif name.startswith(("stride", "n_", "row_start", "width", "span", "split_span", "splits")):
             sig[name] = "i32"
         else:  # every other argument is an int32 buffer
             sig[name] = "*i32"
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     print(f"triton {triton.__version__}, target sm_{a.arch}, topk {a.topk}")
     for layout in a.layouts:
         w = make_workload(layout, context_tokens=[2000], rows_per_request=[2], topk=32, seed=0, device="cpu")
-        ka = pack_args(w.inputs())
+        ka = pack_args(w.inputs(), launch=False)
         cfg = tile_config(w.layout)
         tma = Layout(layout) is Layout.SGLANG_FP8 and not a.no_tma
         tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)

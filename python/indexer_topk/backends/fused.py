@@ -100,7 +100,7 @@ class FusedPlan:
         """The fused kernel's compile-time arguments for this plan."""
         return dict(
             LAYOUT=layout_id, R=self.group_rows, TOPK=self.topk, CAP=self.cap, TILE=self.tile,
-            STRIP=self.strip, SPLITS=self.splits, TMA=tma, INTERPRET=interpret, STAGES=stages,
+            STRIP=self.strip, TMA=tma, INTERPRET=interpret, STAGES=stages,
         )
 
 
@@ -214,7 +214,7 @@ def fused_indexer_topk(
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0), width,
         ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
-        out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt,
+        out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits,
         **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
     )

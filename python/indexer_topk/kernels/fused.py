@@ -24,8 +24,8 @@ cuts compare (key, position) composites.
 At the end of an item each row is cut to ``TOPK`` and either written as the contract's outputs
 (one split per row) or stored in position order for the merge kernel
 (:func:`.select.select_rows_kernel`, segment mode). Scratch per program is ``R`` buffers of
-``CAP`` keys and ``CAP`` positions and ``R`` strips of ``S * 64`` keys, plus ``rows * SPLITS * (TOPK * 8 + 4)`` bytes for split rows: independent of the context
-length.
+``CAP`` keys and ``CAP`` positions and ``R`` strips of ``S * 64`` keys, plus
+``rows * splits * (TOPK * 8 + 4)`` bytes for split rows: independent of the context length.
 """
 
 import triton
@@ -131,9 +131,9 @@ def _flush(
 
 @triton.jit
 def _finish_row(
-    buf_key, buf_pos, count, seq_len, row, split, pt_ptr, stride_pt,
+    buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SPLITS: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr,
 ):
     row64 = row.to(tl.int64)
     seq_len = tl.maximum(seq_len, 0)  # with the value checks off a length may be negative
@@ -141,7 +141,7 @@ def _finish_row(
         cut(buf_key, buf_pos, count, TOPK, TILE)
         count = tl.minimum(count, TOPK)
         tl.debug_barrier()
-    if SPLITS == 1:
+    if splits == 1:
         if seq_len <= TOPK:  # the contract keeps a short row's positions in ascending order
             order_by_position(buf_key, buf_pos, count, TOPK)
             tl.debug_barrier()
@@ -154,20 +154,22 @@ def _finish_row(
         tl.debug_barrier()
         offs = tl.arange(0, TOPK)
         m = offs < count
-        seg = (row64 * SPLITS + split) * TOPK
+        seg = (row64 * splits + split) * TOPK
         tl.store(seg_key + seg + offs, tl.load(buf_key + offs, mask=m, other=0), mask=m)
         tl.store(seg_pos + seg + offs, tl.load(buf_pos + offs, mask=m, other=0), mask=m)
-        tl.store(seg_cnt + row64 * SPLITS + split, count)
+        tl.store(seg_cnt + row64 * splits + split, count)
 
 
-@triton.jit
+# Integer arguments take any value without a new compilation (Triton would otherwise specialise
+# on 1 and on multiples of 16), and the split count is a run-time value: one binary per layout
+# and topk serves every shape, so a server compiles it once, at start-up.
+@triton.jit(do_not_specialize=["n_pages", "stride_pt", "width", "n_rows", "n_items", "split_span", "splits"])
 def fused_topk_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, width, seq_lens, n_rows,
     weight_scale, buf_key_all, buf_pos_all, strip_all, queue, n_items, split_span,
-    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
+    out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, splits,
     LAYOUT: tl.constexpr, R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
-    STRIP: tl.constexpr, SPLITS: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    STAGES: tl.constexpr,
+    STRIP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
     key_base = buf_key_all + pid * (R * CAP)
@@ -175,8 +177,8 @@ def fused_topk_kernel(
     strip = strip_all + pid * (R * STRIP)
     item = tl.atomic_add(queue, 1)
     while item < n_items:
-        group = item // SPLITS
-        split = item % SPLITS
+        group = item // splits
+        split = item % splits
         r0 = group * R
         lo = split * split_span
         ends, hi, lead = group_rows(seq_lens, r0, n_rows, lo, tl.minimum(lo + split_span, width), R)
@@ -215,9 +217,9 @@ def fused_topk_kernel(
                 # with the value checks off)
                 seq_len = tl.minimum(tl.load(seq_lens + row), width)
                 _finish_row(
-                    key_base + r * CAP, pos_base + r * CAP, _pick(count, r, R), seq_len, row, split,
+                    key_base + r * CAP, pos_base + r * CAP, _pick(count, r, R), seq_len, row, split, splits,
                     pt_ptr, stride_pt, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-                    TOPK, TILE, SPLITS,
+                    TOPK, TILE,
                 )
                 tl.debug_barrier()
         item = tl.atomic_add(queue, 1)

@@ -124,9 +124,11 @@ class KernelArgs:
         return self.kdesc is not None
 
 
-def pack_args(inputs: IndexerInputs) -> KernelArgs:
-    """The kernels' view of ``inputs``."""
-    check_runnable(inputs.device)
+def pack_args(inputs: IndexerInputs, launch: bool = True) -> KernelArgs:
+    """The kernels' view of ``inputs``; ``launch=False`` for views that only feed a compilation
+    (benchmark/compile_report.py), where no kernel will run on these tensors."""
+    if launch:
+        check_runnable(inputs.device)
     layout = inputs.layout
     qb = inputs.q.view(torch.uint8)
     qs = inputs.q_scale.view(torch.uint8) if inputs.q_scale is not None else qb

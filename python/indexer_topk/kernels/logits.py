@@ -33,7 +33,8 @@ def _score_span(
         tl.store(out_ptrs + pos, key, mask=live & (pos < end))
 
 
-@triton.jit
+# Integer arguments take any value without a new compilation (see kernels/fused.py).
+@triton.jit(do_not_specialize=["n_pages", "stride_pt", "n_rows", "row_start", "stride_keys", "width", "span"])
 def logits_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
     weight_scale, keys, stride_keys, width, span,

@@ -236,7 +236,7 @@ def finalize_row(
     tl.store(out_cnt_ptr, count)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def select_rows_kernel(
     src_key, src_pos, seg_cnt, stride_src, seq_lens, page_table, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, row_start, kth_key, kth_need,
