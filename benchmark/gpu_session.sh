@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One GPU session's measurements, in one go (an H200; about 9 minutes):
+#   bash benchmark/gpu_session.sh [DIR]      # writes under DIR (default /tmp/session), then
+#                                            # DIR.tgz into $OUT when set
+# 1. compile every kernel the later steps use, one process per (layout, topk), side by side;
+# 2. the benchmark grid: three layouts at 64K and 768K tokens, 1024 rows, topk 1024, the
+#    increasing-score pattern at 768K, and 8192 rows at 768K (a chunked-prefill step);
+# 3. the 1,000-call stress run (time-capped);
+# 4. GPU tests of the fused path against legacy;
+# 5. Nsight Compute on the fused kernel at the reference shape.
+# Each step has its own time limit; a step past it is stopped and the next one runs.
+set -u
+DIR=${1:-/tmp/session}
+mkdir -p "$DIR"
+finish() { [ -n "${OUT:-}" ] && tar czf "$DIR/session.tgz" -C "$(dirname "$DIR")" "$(basename "$DIR")"; }
+trap finish EXIT
+export PYTHONPATH=python PYTHONUNBUFFERED=1
+T0=$(date +%s)
+step() { echo; echo "##### [$(( $(date +%s) - T0 ))s] $*"; }
+
+step "1 compile"
+for layout in sglang_fp8 sglang_mxfp4 aiter_mxfp4; do
+  for topk in 512 1024; do
+    timeout 150 python3 benchmark/warm_kernels.py --layout $layout --topk $topk > "$DIR/warm_${layout}_${topk}.log" 2>&1 &
+  done
+done
+wait
+tail -qn1 "$DIR"/warm_*.log
+
+step "2 grid"
+timeout 110 python3 benchmark/bench_indexer_topk.py --layouts sglang_fp8,sglang_mxfp4,aiter_mxfp4 --contexts 64K,768K \
+  --rows 1024 --topk 1024 --extra-patterns increasing --warmup 2 --iters 6 --out-dir "$DIR" 2>&1 | tail -25
+mkdir -p "$DIR/r8192"
+timeout 70 python3 benchmark/bench_indexer_topk.py --layouts sglang_fp8,sglang_mxfp4,aiter_mxfp4 --contexts 768K \
+  --rows 8192 --topk 1024 --extra-patterns none --warmup 1 --iters 3 --out-dir "$DIR/r8192" 2>&1 | tail -8
+
+step "3 stress"
+timeout 125 python3 benchmark/stress.py --calls 1000 --minutes 1.8 --out "$DIR" 2>&1 | tail -15
+
+step "4 GPU tests"
+timeout 60 python3 -m pytest -m gpu -q -p no:cacheprovider test/test_fused.py \
+  -k "mixed_groups or empty_rows" 2>&1 | tee "$DIR/gpu_tests.log" | tail -5
+
+step "5 ncu"
+timeout 45 ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 --launch-count 1 \
+  --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
+  python3 benchmark/ncu_fused.py > "$DIR/ncu_fused.txt" 2>&1
+grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Block Limit" "$DIR/ncu_fused.txt" | head -20
+step "done"
