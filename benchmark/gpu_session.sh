@@ -12,7 +12,7 @@
 set -u
 DIR=${1:-/tmp/session}
 mkdir -p "$DIR"
-finish() { [ -n "${OUT:-}" ] && tar czf "$DIR/session.tgz" -C "$(dirname "$DIR")" "$(basename "$DIR")"; }
+finish() { [ -n "${OUT:-}" ] && tar czf "$OUT/session.tgz" -C "$(dirname "$DIR")" "$(basename "$DIR")"; }
 trap finish EXIT
 export PYTHONPATH=python PYTHONUNBUFFERED=1
 T0=$(date +%s)
