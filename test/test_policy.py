@@ -59,15 +59,16 @@ def routes(p: PathPolicy) -> dict:
     return table
 
 
-def table(*, aiter, sglang, decode="legacy", capture="legacy", none=None):
-    return {"aiter_mxfp4": aiter, "sglang_mxfp4": sglang, "sglang_fp8": sglang,
+def table(*, aiter, sglang, fp8=None, decode="legacy", capture="legacy", none=None):
+    return {"aiter_mxfp4": aiter, "sglang_mxfp4": sglang, "sglang_fp8": sglang if fp8 is None else fp8,
             "none": aiter if none is None else none, "decode": decode, "capture": capture}
 
 
 ROUTING = [
-    # NVIDIA: legacy, the faster exact path as measured; the fused kernel when opted in
-    ("nvidia_sm90", H200, "legacy", table(aiter="legacy", sglang="legacy")),
-    ("nvidia_sm100", B200, "legacy", table(aiter="legacy", sglang="legacy")),
+    # NVIDIA: the faster exact path per layout as measured (fused for MXFP4, legacy for FP8);
+    # the fused kernel for every layout when opted in
+    ("nvidia_sm90", H200, "fused", table(aiter="fused", sglang="fused", fp8="legacy")),
+    ("nvidia_sm100", B200, "fused", table(aiter="fused", sglang="fused", fp8="legacy")),
     ("nvidia_sm90_fused_prefill", dict(H200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
     ("nvidia_sm100_fused_prefill", dict(B200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
     ("nvidia_fused_prefill_kill_switch", dict(H200, fused_prefill=True, fused_enabled=False), "legacy",
@@ -316,7 +317,8 @@ def test_probe_nvidia(monkeypatch):
     assert (p.device, p.device_name, p.compute_capability, p.gfx_arch) == ("cuda", "NVIDIA H200", (9, 0), None)
     assert p.triton_version is not None and p.fused_enabled and not p.triton_interpret
     assert (p.aiter_symbol, p.aiter_error, p.device_error, p.torch_error) == (False, None, None, None)
-    assert PathPolicy(p).fused_backend == "legacy"  # the faster exact path as measured
+    assert PathPolicy(p).fused_backend == "fused"
+    assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"  # the faster one, as measured
 
 
 @pytest.mark.parametrize(
@@ -425,8 +427,8 @@ def test_single_info_line_nvidia(caplog):
     assert [(r.name, r.levelno) for r in caplog.records] == [("indexer_topk", logging.INFO)]
     line = caplog.records[0].getMessage()
     assert line.startswith(
-        "indexer-topk: fused top-k path = legacy (NVIDIA H200 sm_90, triton 3.6.0; "
-        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset): the faster exact path as measured"
+        "indexer-topk: fused top-k path = fused (NVIDIA H200 sm_90, triton 3.6.0; "
+        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset): the faster exact path per layout as measured"
     )
     assert "\n" not in line
 
@@ -578,10 +580,11 @@ ENGINE = [
     # (probe, layout, the engine has its own path, our backend or None for the engine's path)
     (H200, "sglang_fp8", True, None),  # SGLang's CUDA path is measured faster
     (H200_FUSED, "sglang_fp8", True, "fused"),  # opted in for the memory
-    (H200, "sglang_mxfp4", False, "legacy"),  # no path of the engine's: ours, the faster one
+    (H200, "sglang_mxfp4", False, "fused"),  # no path of the engine's: ours, the faster one
     (H200_FUSED, "sglang_mxfp4", False, "fused"),
     (dict(H200_FUSED, fused_enabled=False), "sglang_fp8", True, None),  # kill switch
     (dict(H200, fused_enabled=False), "sglang_mxfp4", False, None),
+    (H200, "sglang_fp8", False, "legacy"),  # an engine without its own path: our faster one
     (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", False, "aiter"),
     (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", True, "aiter"),
     (CPU, "sglang_fp8", False, None),  # nothing of ours can run
@@ -608,11 +611,13 @@ def test_sglang_has_path():
 
 def test_default_nvidia_reason_states_the_measurements_and_the_opt_in():
     p = make_policy(**H200)
-    assert p.fused_backend == "legacy"
+    assert p.fused_backend == "fused"
+    assert p.route(layout="sglang_fp8", capturing=False) == "legacy"
     assert "measured" in p.reason and "INDEXER_TOPK_FUSED_PREFILL=1" in p.reason
+    assert "7.5 vs 7.9 ms" in p.reason and "12.8 vs 13.7 ms" in p.reason
     routes = p.describe()["routes"]
     assert routes["sglang prefill/sglang_fp8"] == "sglang"
-    assert routes["sglang prefill/sglang_mxfp4"] == "legacy"
+    assert routes["sglang prefill/sglang_mxfp4"] == "fused"
     assert make_policy(**H200_FUSED).describe()["routes"]["sglang prefill/sglang_fp8"] == "fused"
 
 

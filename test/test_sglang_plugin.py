@@ -52,9 +52,9 @@ TEST_DIR = Path(__file__).resolve().parent
 REPO = TEST_DIR.parent
 # The probes under which our operator serves each layout's prefill, and the backend it names:
 # AITER's kernel on a gfx950; on an H200 the FP4 cache (no path of SGLang's below SM100) on our
-# legacy path, the measured faster one; the FP8 cache only with the fused kernel opted in.
+# fused kernel, the measured faster one; the FP8 cache only with the fused kernel opted in.
 LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200, "sglang_fp8": H200_FUSED}
-LAYOUT_BACKEND = {"aiter_mxfp4": "aiter", "sglang_mxfp4": "legacy", "sglang_fp8": "fused"}
+LAYOUT_BACKEND = {"aiter_mxfp4": "aiter", "sglang_mxfp4": "fused", "sglang_fp8": "fused"}
 
 
 @pytest.fixture(scope="module")
@@ -345,7 +345,7 @@ def test_fp8_prefill_stays_on_sglang_by_default(sg, load, served):
     """On NVIDIA SGLang's own CUDA path serves FP8 prefill unless the fused kernel is opted in:
     it is measured faster than ours; the policy still answers once."""
     policy = load(H200)
-    assert policy.fused_backend == "legacy"
+    assert policy.inner.route(layout="sglang_fp8", capturing=False) == "legacy"
     scene = _scene(sg, layout="sglang_fp8")
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)

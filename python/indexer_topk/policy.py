@@ -10,12 +10,16 @@ The rules
 * The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
   GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
-  NVIDIA -> ``"legacy"``, the faster exact path as measured (:data:`MEASURED_PREFILL`), or our
-  ``"fused"`` with ``INDEXER_TOPK_FUSED_PREFILL=1`` for its memory (``"legacy"`` if Triton
-  cannot be imported).
+  NVIDIA -> the faster exact path as measured: ``"fused"`` for the MXFP4 layouts
+  (:data:`MEASURED_MXFP4`), ``"legacy"`` for the FP8 layout (:data:`MEASURED_FP8`), or
+  ``"fused"`` for every layout with ``INDEXER_TOPK_FUSED_PREFILL=1``, for its memory
+  (``"legacy"`` if Triton cannot be imported).
 * Inside a serving engine (:meth:`PathPolicy.engine_route`), a layout the engine serves with
   its own path stays there unless the fused path is opted in: SGLang's CUDA path for the FP8
   cache (DeepGEMM's logits and SGLang's radix top-k) is measured faster than ours.
+
+:meth:`PathPolicy.route` gives each call its layout's backend; :attr:`PathPolicy.fused_backend`
+names the fused path (what the MXFP4 layouts take on NVIDIA, AITER's on a gfx950).
 * No GPU: the ``legacy`` and ``fused`` backends are Triton kernels, so they run only under
   the Triton interpreter (``TRITON_INTERPRET=1``); without it every route is ``"reference"``.
 
@@ -52,11 +56,16 @@ PREFILL_MODES = frozenset(
     {"extend", "mixed", "target_verify", "draft_extend", "draft_extend_v2", "split_prefill", "dllm_extend"}
 )
 
-# What the committed H200 benchmark measured at 1024 prefill rows, 768K tokens, topk 1024
-# (benchmark/results/NOTES.md has the runs): the numbers behind the NVIDIA default.
-MEASURED_PREFILL = (
-    "on an H200 the fused kernel measured slower than the legacy path (sglang_fp8, 1024 rows x 768K "
-    "tokens: 8.0 vs 7.2 ms) and than SGLang's own CUDA path (4.0 ms)"
+# What the committed H200 benchmark measured (benchmark/results/bench_nvidia-h200.md, 5d0d405;
+# SGLang's path beside ours in benchmark/results/sglang_cuda/): the numbers behind the NVIDIA
+# defaults, at 1024 prefill rows, 768K tokens, topk 1024.
+MEASURED_FP8 = (
+    "for the FP8 cache the legacy path measured faster than the fused kernel on an H200 (7.5 vs 7.9 ms "
+    "at 1024 rows x 768K tokens), and SGLang's own CUDA path faster than both (4.1 ms)"
+)
+MEASURED_MXFP4 = (
+    "for the MXFP4 caches the fused kernel measured faster than the legacy path on an H200 (sglang_mxfp4 "
+    "12.8 vs 13.7 ms, aiter_mxfp4 13.0 vs 14.4 ms at 1024 rows x 768K tokens; slower at 64K: 1.58 vs 1.39 ms)"
 )
 
 
@@ -313,41 +322,47 @@ def _kill_switch_off(p: Probe) -> str:
     return f"kill switch {KILL_SWITCH} is off"
 
 
-def _decide(p: Probe) -> Tuple[str, str, str]:
-    """``(fused_backend, reason, non_aiter_layout_backend)``; a ``"reference"`` fused backend
-    means every call runs the reference (no GPU and no interpreter)."""
+def _decide(p: Probe) -> Tuple[str, str, dict]:
+    """``(fused_backend, reason, backend per layout)``; a ``"reference"`` fused backend means
+    every call runs the reference (no GPU and no interpreter)."""
+
+    def every(backend: str) -> dict:
+        return {layout: backend for layout in Layout}
+
     if p.device == "cpu":
         why_cpu = "no GPU" + (f" (torch raised {p.torch_error})" if p.torch_error else "")
         if not p.triton_interpret:
-            return "reference", f"{why_cpu} and the Triton interpreter is off", "reference"
+            return "reference", f"{why_cpu} and the Triton interpreter is off", every("reference")
         if p.triton_version is None:
-            return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", "reference"
+            return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})", every("reference")
         if not p.fused_enabled:
-            return "legacy", f"{why_cpu}; {_kill_switch_off(p)}", "legacy"
-        return "fused", f"{why_cpu}; Triton kernels run under the interpreter", "fused"
+            return "legacy", f"{why_cpu}; {_kill_switch_off(p)}", every("legacy")
+        return "fused", f"{why_cpu}; Triton kernels run under the interpreter", every("fused")
 
     if not p.fused_enabled:
-        return "legacy", _kill_switch_off(p), "legacy"
+        return "legacy", _kill_switch_off(p), every("legacy")
 
     if p.device == "hip":
         ours = "fused" if (p.triton_rocm and can_use_triton(p)) else "legacy"
         if can_use_aiter(p):
-            return "aiter", f"AITER's fused FP4 kernel on {p.gfx_arch}", ours
+            return "aiter", f"AITER's fused FP4 kernel on {p.gfx_arch}", {**every(ours), Layout.AITER_MXFP4: "aiter"}
         why = _why_not_aiter(p)
         if ours == "fused":
-            return "fused", f"{why}; our Triton path is opted in (INDEXER_TOPK_TRITON_ROCM=1)", "fused"
+            return "fused", f"{why}; our Triton path is opted in (INDEXER_TOPK_TRITON_ROCM=1)", every("fused")
         if p.triton_rocm:
-            return "legacy", f"{why}; INDEXER_TOPK_TRITON_ROCM=1 but {_why_not_triton(p)}", "legacy"
-        return "legacy", f"{why}; our Triton path on AMD is opt-in (INDEXER_TOPK_TRITON_ROCM=1)", "legacy"
+            return "legacy", f"{why}; INDEXER_TOPK_TRITON_ROCM=1 but {_why_not_triton(p)}", every("legacy")
+        return "legacy", f"{why}; our Triton path on AMD is opt-in (INDEXER_TOPK_TRITON_ROCM=1)", every("legacy")
 
     if not can_use_triton(p):
-        return "legacy", _why_not_triton(p), "legacy"
+        return "legacy", _why_not_triton(p), every("legacy")
     if p.fused_prefill:
-        return "fused", "our Triton fused kernel on NVIDIA, opted in for its memory (INDEXER_TOPK_FUSED_PREFILL=1)", "fused"
-    return "legacy", (
-        f"the faster exact path as measured: {MEASURED_PREFILL}; INDEXER_TOPK_FUSED_PREFILL=1 opts in to the "
-        "fused kernel for its memory (scratch independent of the context)"
-    ), "legacy"
+        return "fused", (
+            "our Triton fused kernel on NVIDIA for every layout, opted in for its memory (INDEXER_TOPK_FUSED_PREFILL=1)"
+        ), every("fused")
+    return "fused", (
+        f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it; {MEASURED_FP8}, so it "
+        "takes the legacy path (INDEXER_TOPK_FUSED_PREFILL=1 puts it on the fused kernel too, for its memory)"
+    ), {**every("fused"), Layout.SGLANG_FP8: "legacy"}
 
 
 def sglang_has_path(layout, probe: Probe) -> bool:
@@ -405,21 +420,23 @@ class PathPolicy:
     probe : Probe
     fused_backend : str
         ``"fused"``, ``"aiter"`` or ``"legacy"`` (``"reference"`` on a CPU without the Triton
-        interpreter): the backend eager prefill takes. For layouts other than
-        ``aiter_mxfp4`` on an AITER host, see :meth:`route`.
+        interpreter): the fused path of this process, what eager prefill of a call without a
+        layout takes. Each layout's backend (the FP8 one takes ``"legacy"`` on NVIDIA unless
+        the fused kernel is opted in; layouts other than ``aiter_mxfp4`` on an AITER host take
+        ours), see :meth:`route`.
     reason : str
         Why, in words.
     """
 
-    __slots__ = ("probe", "fused_backend", "reason", "_other_layout_backend", "_frozen")
+    __slots__ = ("probe", "fused_backend", "reason", "_layout_backends", "_frozen")
 
     def __init__(self, probe: Optional[Probe] = None, *, logger: Optional[logging.Logger] = None):
         probe = probe_environment() if probe is None else probe
-        fused, reason, other = _decide(probe)
+        fused, reason, per_layout = _decide(probe)
         self.probe = probe
         self.fused_backend = fused
         self.reason = reason
-        self._other_layout_backend = other
+        self._layout_backends = per_layout
         self._frozen = True
         (logger or logging.getLogger(LOGGER_NAME)).info("%s", self.log_line())
 
@@ -483,12 +500,9 @@ class PathPolicy:
             capturing = is_capturing()
         if capturing:
             return False, "legacy"
-        backend = self.fused_backend
-        if backend == "aiter":
-            if layout is not None and layout is not Layout.AITER_MXFP4:
-                return True, self._other_layout_backend
-            if topk is not None and topk not in AITER_TOPK:
-                return True, self._other_layout_backend
+        backend = self.fused_backend if layout is None else self._layout_backends[layout]
+        if backend == "aiter" and topk is not None and topk not in AITER_TOPK:
+            return True, self._layout_backends[Layout.SGLANG_MXFP4]  # AITER's kernel takes 512 and 1024 only
         return True, backend
 
     def engine_route(self, *, engine_path: bool, **route_kwargs) -> Optional[str]:
@@ -499,7 +513,7 @@ class PathPolicy:
         under the kill switch. ``engine_path`` says the engine serves this call's layout with a
         path of its own on this device; such a call stays there unless our fused path is opted
         in (``INDEXER_TOPK_FUSED_PREFILL``), because the engine's is measured faster (SGLang's
-        CUDA path for the FP8 cache, see :data:`MEASURED_PREFILL`); AITER's kernel, where it is
+        CUDA path for the FP8 cache, see :data:`MEASURED_FP8`); AITER's kernel, where it is
         the choice, serves its layout. Other calls take our prefill route (:meth:`route`).
         ``route_kwargs`` are :meth:`route`'s.
         """
