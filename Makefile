@@ -34,7 +34,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> $(VENV) is ready; $(BIN)/indexer-topk runs the command line from this checkout"
 
 demo: $(VENV)/.installed
-	@echo "==> demo: without a GPU, a small batch under the Triton interpreter (15-30 s)"
+	@echo "==> demo: without a GPU, a small batch under the Triton interpreter (about a minute)"
 	$(BIN)/indexer-topk demo $(ARGS)
 
 test: $(VENV)/.installed
