@@ -94,7 +94,7 @@ def build(case: Case, device: str) -> Workload:
         lens = torch.tensor(case.seq_lens, dtype=torch.int32, device=device)
         assert lens.shape == wl.seq_lens.shape, "one length per row"
         assert bool((lens <= wl.seq_lens).all()), "edited lengths must not exceed the originals"
-        wl.seq_lens = lens
+        wl = dataclasses.replace(wl, seq_lens=lens)
     for row in case.reverse_rows:
         wl = reverse_row_pages(wl, row)
     if case.nonfinite_scales:

@@ -7,6 +7,8 @@ workspace, ``counts`` stay within ``[0, topk]``, and each listed position is one
 scored (no stale scratch is reported as a result).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -47,7 +49,7 @@ def test_lengths_past_the_page_table_write_only_the_outputs(backend, device):
     """A 16-column page table (1024 positions) and lengths 1000 and 1624: the score stage stops
     at the page table, so nothing past it may be selected, read or written."""
     wl = workload(16, 512)
-    wl.seq_lens = torch.tensor([1000, 16 * 64 + 600], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([1000, 16 * 64 + 600], dtype=torch.int32, device=device))
     g = GuardedResult(wl.rows, wl.topk, device)
     ws = key_matrix_workspace(wl) if backend == "legacy" else GuardedWorkspace(
         it.workspace_size(wl.rows, wl.topk, wl.layout.value, device), device, fill=0x7F)
@@ -63,7 +65,7 @@ def test_fused_reports_no_stale_scratch_past_the_page_table(num_splits, device):
     kernel finds 512 candidates, and must not report 388 more from its scratch (zeroed here;
     garbage there would be dereferenced through the page table)."""
     wl = workload(8, 1024)
-    wl.seq_lens = torch.tensor([900, 300], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([900, 300], dtype=torch.int32, device=device))
     ws = torch.zeros(it.workspace_size(wl.rows, wl.topk, wl.layout.value, device) * 2, dtype=torch.uint8, device=device)
     out = allocate_result(wl.rows, wl.topk, device)
     for t in out:
@@ -75,9 +77,9 @@ def test_fused_reports_no_stale_scratch_past_the_page_table(num_splits, device):
 def test_legacy_reads_a_row_no_further_than_the_page_table(device):
     """Legacy treats a length past the page table as the page table's width."""
     wl = workload(8, 1024)
-    wl.seq_lens = torch.tensor([900, 300], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([900, 300], dtype=torch.int32, device=device))
     got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", check_values=False)
-    wl.seq_lens = torch.tensor([512, 300], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([512, 300], dtype=torch.int32, device=device))
     assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"), "900 read as 512")
 
 
@@ -86,7 +88,7 @@ def test_negative_lengths_are_empty_rows(backend, device):
     """A negative length counts 0 (it used to come back as a negative count); the other row of
     the pair is unaffected."""
     wl = workload(2, 512, "sglang_mxfp4")
-    wl.seq_lens = torch.tensor([-5, 100], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([-5, 100], dtype=torch.int32, device=device))
     got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend, check_values=False)
-    wl.seq_lens = torch.tensor([0, 100], dtype=torch.int32, device=device)
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([0, 100], dtype=torch.int32, device=device))
     assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend=backend), "-5 read as 0")

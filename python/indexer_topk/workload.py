@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 
@@ -33,40 +33,28 @@ def hadamard(n: int, device=None, dtype=torch.float32) -> torch.Tensor:
     return h / math.sqrt(n)
 
 
-@dataclass
-class Workload:
-    """Inputs of one :func:`indexer_topk.indexer_topk` call plus how they were made."""
+@dataclass(frozen=True)
+class Workload(IndexerInputs):
+    """Inputs of one :func:`indexer_topk.indexer_topk` call (unchecked, see
+    :class:`~indexer_topk.contract.IndexerInputs`) plus how they were made. Derive a variant
+    with :func:`dataclasses.replace`."""
 
-    layout: Layout
-    q: torch.Tensor
-    q_scale: Optional[torch.Tensor]
-    k_cache: torch.Tensor
-    k_scale: Optional[torch.Tensor]
-    weights: torch.Tensor
-    page_table: torch.Tensor
-    seq_lens: torch.Tensor
-    topk: int
-    weight_scale: float
     context_tokens: Sequence[int] = field(default_factory=list)
     pattern: str = "random"
-
-    @property
-    def rows(self) -> int:
-        return self.q.shape[0]
 
     @property
     def c4_len(self) -> int:
         return int(self.seq_lens.max()) if self.rows else 0
 
     def args(self):
-        return (self.q, self.q_scale, self.k_cache, self.k_scale, self.weights, self.page_table, self.seq_lens)
+        return self.tensors
 
     def kwargs(self):
         return {"topk": self.topk, "layout": self.layout.value, "weight_scale": self.weight_scale}
 
     def inputs(self) -> IndexerInputs:
-        """The backends' form of the call's inputs (unchecked: see :class:`IndexerInputs`)."""
-        return IndexerInputs.of(self.args(), **self.kwargs())
+        """The backends' form of the call's inputs (the workload itself is one)."""
+        return self
 
 
 def _keys_for_pattern(pattern, k0, k1, c4, u, gen, device):
@@ -179,6 +167,6 @@ def make_workload(
     page_table = torch.stack(pt_rows) if pt_rows else torch.empty((0, max_pages), dtype=torch.int32, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     return Workload(
-        layout, pack.q, pack.q_scale, k_cache, k_scale, pack.weights, page_table.contiguous(), seq_lens,
-        topk, float(weight_scale), ctx, pattern,
+        pack.q, pack.q_scale, k_cache, k_scale, pack.weights, page_table.contiguous(), seq_lens,
+        layout=layout, topk=topk, weight_scale=float(weight_scale), context_tokens=ctx, pattern=pattern,
     )

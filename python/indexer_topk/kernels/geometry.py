@@ -11,15 +11,7 @@ from dataclasses import dataclass
 
 import triton.language as tl
 
-from ..contract import (
-    HEAD_DIM,
-    HEADS,
-    MX_GROUP,
-    PAGE_SIZE,
-    SGLANG_FP8_SLOT_BYTES,
-    SGLANG_MXFP4_SLOT_BYTES,
-    Layout,
-)
+from ..contract import HEAD_DIM, HEADS, MX_GROUP, PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES, Layout
 
 
 @dataclass(frozen=True)
