@@ -269,10 +269,11 @@ SCRAMBLE_CASES = [
 @pytest.mark.parametrize("pool", POOLS)
 @pytest.mark.parametrize("num_splits", [1, 4], ids=split_id)
 @pytest.mark.parametrize("case", SCRAMBLE_CASES, ids=str)
-def test_scrambled_visits_and_claimed_slots(case, num_splits, pool, device):
-    """Pages visited out of order, buffers in claim order, cuts by (key, position): the same
-    bits as legacy on ties (all-equal and zero plateaus, where only positions decide) and on
-    scores that grow along the context, with a cut every page or two and with the full pool."""
+def test_scrambled_visits_and_composite_cuts(case, num_splits, pool, device):
+    """Pages visited out of order, buffers out of position order, cuts and gates by
+    (key, position): the same bits as legacy on ties (all-equal and zero plateaus, where only
+    positions decide) and on scores that grow along the context, with a cut every page or two
+    and with the full pool."""
     check_fused(case, device, num_splits, pool_for(pool, case.topk), f"{split_id(num_splits)}, {pool}")
 
 

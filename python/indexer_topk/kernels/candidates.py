@@ -13,11 +13,9 @@ the test :func:`beats_gate` applies. The gate only rises, so nothing dropped cou
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, LOW32
+from .common import COMP_MIN, INT64_MAX, LOW32
 from .select import tile_threshold
 
-INT64_MAX = tl.constexpr(2**63 - 1)
-INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit

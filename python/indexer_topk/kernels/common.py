@@ -19,6 +19,8 @@ KEY_MIN = tl.constexpr(-2147483648)  # below every score's key: "no entry"
 # NaN's key: only bit patterns of negative NaNs map here otherwise, so no number does.
 KEY_NAN = tl.constexpr(-2147483647)
 COMP_MIN = tl.constexpr(-(2**63))  # below every 64-bit composite (key, position)
+INT32_MAX = tl.constexpr(2**31 - 1)
+INT64_MAX = tl.constexpr(2**63 - 1)
 LOW32 = tl.constexpr(4294967295)
 NEG_INF_BITS = tl.constexpr(-8388608)  # 0xFF800000, the fp32 bits of -inf
 

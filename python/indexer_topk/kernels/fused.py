@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from .candidates import beats_gate, cut, order_by_position
-from .common import KEY_MIN, ordered_key
+from .common import INT32_MAX, KEY_MIN, ordered_key
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 from .select import finalize_row
@@ -40,7 +40,6 @@ from .select import finalize_row
 # 0.6180339887 * 2**20: the scrambled visit's step is n * GOLDEN >> 20, nudged to be coprime.
 GOLDEN = tl.constexpr(648056)
 AGREE_CHUNK = tl.constexpr(256)
-INT32_MAX = tl.constexpr(2**31 - 1)
 
 
 @triton.jit
