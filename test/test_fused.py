@@ -278,14 +278,14 @@ def test_scrambled_visits_and_composite_cuts(case, num_splits, pool, device):
 
 
 
-def test_strip_of_two_blocks_with_cuts(device):
-    """A two-block staging strip (pool 480 at topk 32): strips end inside and at the end of a
-    split, and the buffer is cut before a strip is appended."""
+def test_strip_of_two_pages_with_cuts(device):
+    """A two-page strip (pool 128 at topk 32): strips end inside and at the end of a split, and
+    a buffer is cut before a strip's entrants are appended."""
     case = Case("strip2-increasing", "sglang_mxfp4", "increasing", context_tokens=(6000, 1100),
                 rows_per_request=(3, 2), seed=9)
-    plan = plan_fused(build(case, device).rows, case.topk, device, 2, 480)
-    assert (plan.cap, plan.stage) == (512, 256)
-    check_fused(case, device, 2, 480, "two-block strips")
+    plan = plan_fused(build(case, device).rows, case.topk, device, 2, 128)
+    assert (plan.cap, plan.strip) == (160, 128)
+    check_fused(case, device, 2, 128, "two-page strips")
 
 
 EXTREME = [("sglang_fp8", "huge_scale"), ("sglang_mxfp4", "huge_scale"), ("aiter_mxfp4", "exponent_1"),

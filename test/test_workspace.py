@@ -6,7 +6,7 @@ import torch
 
 import indexer_topk as it
 from indexer_topk import policy
-from indexer_topk.backends.fused import fused_workspace_size
+from indexer_topk.backends.fused import fused_workspace_size, plan_fused
 from indexer_topk.backends.legacy import key_matrix_width
 from indexer_topk.envs import envs
 from kernel_cases import assert_bitwise
@@ -30,28 +30,30 @@ def _refuse_kernels(monkeypatch):
 
 
 def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
-    """At rows = topk = 1024 on an H200-sized GPU (264 program slots, 256 groups of four rows)
-    the scratch is the queue and, per row slot, a 1664-entry buffer (keys and positions), a
-    512-key staging strip and three words of state: under 16 MiB, the same for every layout (no
-    context length enters), and enough for every smaller call too (an engine sizes one
-    workspace for its largest batch)."""
+    """At rows = topk = 1024 on an H200-sized GPU (264 program slots, two rows per group) the
+    scratch is the queue and, per row slot, a 2048-entry buffer (keys and positions) and a
+    1024-key staging strip; the size an engine reserves, ``workspace_size(1024, 1024)``, also
+    covers every smaller call (some split their rows and keep per-split lists), and stays under
+    16 MiB for every layout (no context length enters)."""
     from indexer_topk.backends import fused
 
     monkeypatch.setattr(fused, "device_sm_count", lambda device: 132)
     fused._max_plan_bytes.cache_clear()
-    programs, cap, strip = 256, 1024 + 640, 512
-    want = 256 + 8 * programs * 4 * cap + 4 * programs * 4 * (strip + 3)
+    programs, cap, strip = 264, 1024 + 1024, 1024
+    want = 256 + 8 * programs * 2 * cap + 4 * programs * 2 * strip
+    assert fused.plan_fused(1024, 1024, "cpu").nbytes == want
     for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
-        assert fused.plan_fused(1024, 1024, "cpu", group_rows=4).nbytes == want
         size = fused_workspace_size(1024, 1024, layout, "cpu")
-        assert size >= want and size <= 16 << 20
+        assert want <= size <= 16 << 20
         assert all(size >= fused.plan_fused(r, 1024, "cpu").nbytes for r in range(1, 1025))
+        assert size == max(fused.plan_fused(r, 1024, "cpu").nbytes for r in range(1, 1025))
     fused._max_plan_bytes.cache_clear()
 
 
 def test_fused_workspace_too_small_or_misaligned(wl, monkeypatch):
     _refuse_kernels(monkeypatch)
-    n = fused_workspace_size(wl.rows, wl.topk, wl.layout, "cpu")
+    n = plan_fused(wl.rows, wl.topk, "cpu").nbytes  # this call's own need
+    assert fused_workspace_size(wl.rows, wl.topk, wl.layout, "cpu") >= n
     with pytest.raises(ValueError, match="^workspace: .* needed"):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="fused", workspace=torch.zeros(n - 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="^workspace: must start"):

@@ -13,7 +13,7 @@ the test :func:`beats_gate` applies. The gate only rises, so nothing dropped cou
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, INT64_MAX, LOW32
+from .common import COMP_MIN, INT64_MAX, LOW32, sort1d
 from .select import tile_threshold
 
 
@@ -61,7 +61,7 @@ def order_by_position(buf_key, buf_pos, count, TOPK: tl.constexpr):
     key = tl.load(buf_key + offs, mask=valid, other=0)
     pos = tl.load(buf_pos + offs, mask=valid, other=0)
     by_pos = (pos.to(tl.int64) << 32) | (key.to(tl.int64) & LOW32)
-    by_pos = tl.sort(tl.where(valid, by_pos, INT64_MAX))
+    by_pos = sort1d(tl.where(valid, by_pos, INT64_MAX), False)
     tl.debug_barrier()
     tl.store(buf_key + offs, (by_pos & LOW32).to(tl.int32), mask=valid)
     tl.store(buf_pos + offs, (by_pos >> 32).to(tl.int32), mask=valid)

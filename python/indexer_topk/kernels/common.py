@@ -7,6 +7,7 @@ are broken by position by the callers, never by the key.
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 # Layout ids, as constexpr kernel arguments.
 LAYOUT_AITER_MXFP4 = 0
@@ -82,3 +83,28 @@ def ue8m0_to_f32(e):
     bits = tl.where(e >= 255, 0x7F800000, e << 23)
     # e == 0 is 2**-127, a subnormal: bit 22 of the fraction
     return tl.where(e == 0, 0x00400000, bits).to(tl.float32, bitcast=True)
+
+
+# Whether this process's kernels run on the Triton interpreter (Triton decides when a kernel
+# is defined, by TRITON_INTERPRET then).
+INTERPRETED = tl.constexpr(isinstance(ordered_key, InterpretedFunction))
+
+
+@triton.jit
+def sort1d(x, DESCENDING: tl.constexpr):
+    """``tl.sort`` of a 1-D tensor. Under the interpreter, where ``tl.sort``'s network of
+    small steps costs seconds per call, each element's rank is counted in one ``[N, N]``
+    comparison and the elements are placed by rank: the same sorted tensor."""
+    if INTERPRETED:
+        idx = tl.arange(0, x.shape[0])
+        xi = x[:, None]
+        xj = x[None, :]
+        if DESCENDING:
+            ahead = xj > xi
+        else:
+            ahead = xj < xi
+        ahead = ahead | ((xj == xi) & (idx[None, :] < idx[:, None]))
+        rank = tl.sum(ahead.to(tl.int32), axis=1)
+        return tl.sum(tl.where(rank[None, :] == idx[:, None], xj, 0), axis=1)
+    else:
+        return tl.sort(x, descending=DESCENDING)

@@ -14,7 +14,7 @@ them under the contract's order (int64 ``key << 32 | ~position``) and writes the
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits
+from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits, sort1d
 
 MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
@@ -222,7 +222,7 @@ def finalize_row(
     pos = tl.load(src_pos + offs, mask=m, other=0)
     if seq_len > TOPK:
         comp = (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
-        comp = tl.sort(tl.where(m, comp, COMP_MIN), descending=True)
+        comp = sort1d(tl.where(m, comp, COMP_MIN), True)
         key = (comp >> 32).to(tl.int32)
         pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
