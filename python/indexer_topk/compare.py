@@ -29,7 +29,7 @@ The ``(k+1)``-th reference score of each row, its *next value*, comes from
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import List, Optional
 
 import torch
 

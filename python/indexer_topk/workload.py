@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerInputs, Layout, parse_layout
+from .contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerInputs, parse_layout
 from .formats import allocate_k_cache, quantize_query, write_k_cache
 
 PATTERNS = ("random", "increasing", "decreasing", "equal", "zero_plateau", "nan_rows")
