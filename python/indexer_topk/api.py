@@ -151,7 +151,9 @@ def indexer_topk(
 
 
 def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:
-    """Bytes of scratch the fused backend needs for a call of ``rows`` rows (context-independent)."""
+    """Bytes of scratch that serve every fused call of at most ``rows`` rows with this ``topk``
+    and ``layout`` on ``device``, independent of the context length: an engine reserves one
+    workspace for its largest batch and passes it to every call."""
     require_runnable("fused")
     from .backends.fused import fused_workspace_size
 
