@@ -34,11 +34,11 @@ $(VENV)/.installed: pyproject.toml
 	@echo "==> $(VENV) is ready; $(BIN)/indexer-topk runs the command line from this checkout"
 
 demo: $(VENV)/.installed
-	@echo "==> demo: without a GPU, a small batch under the Triton interpreter (about a minute)"
+	@echo "==> demo: without a GPU, a small batch under the Triton interpreter (5-30 s)"
 	$(BIN)/indexer-topk demo $(ARGS)
 
 test: $(VENV)/.installed
-	@echo "==> CPU test suite: about 5 minutes on two idle cores, more on a busy machine"
+	@echo "==> CPU test suite: about 7 minutes on two idle cores, more on a busy machine"
 	@echo "    (kernels run under the Triton interpreter; the first run also downloads SGLang's"
 	@echo "    release to test the plugin on SGLang's own code)"
 	$(BIN)/python -m pytest -m "not gpu" -q $(ARGS)
