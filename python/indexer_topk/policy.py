@@ -378,12 +378,6 @@ def sglang_has_path(layout, probe: Probe) -> bool:
     return layout is Layout.SGLANG_MXFP4 and (probe.compute_capability or (0, 0))[0] >= 10
 
 
-def _slots_for_warm_up(device) -> int:
-    from .kernels.launch import device_sm_count
-
-    return device_sm_count(device) * 2
-
-
 def _why_not_triton(p: Probe) -> str:
     if p.triton_version is None:
         return f"Triton cannot be imported ({p.triton_error})"
@@ -505,7 +499,16 @@ class PathPolicy:
             return True, self._layout_backends[Layout.SGLANG_MXFP4]  # AITER's kernel takes 512 and 1024 only
         return True, backend
 
-    def engine_route(self, *, engine_path: bool, **route_kwargs) -> Optional[str]:
+    def engine_route(
+        self,
+        *,
+        engine_path: bool,
+        layout=None,
+        is_decode: bool = False,
+        capturing: Optional[bool] = None,
+        forward_mode: Any = None,
+        topk: Optional[int] = None,
+    ) -> Optional[str]:
         """Which of our backends serves a call inside a serving engine, or ``None`` for the
         engine's own path.
 
@@ -514,13 +517,10 @@ class PathPolicy:
         path of its own on this device; such a call stays there unless our fused path is opted
         in (``INDEXER_TOPK_FUSED_PREFILL``), because the engine's is measured faster (SGLang's
         CUDA path for the FP8 cache, see :data:`MEASURED_FP8`); AITER's kernel, where it is
-        the choice, serves its layout. Other calls take our prefill route (:meth:`route`).
-        ``route_kwargs`` are :meth:`route`'s.
+        the choice, serves its layout. Other calls take our prefill route. The other parameters
+        are :meth:`route`'s.
         """
-        prefill, backend = self._route(
-            route_kwargs.get("layout"), route_kwargs.get("is_decode", False), route_kwargs.get("capturing"),
-            route_kwargs.get("forward_mode"), route_kwargs.get("topk"),
-        )
+        prefill, backend = self._route(layout, is_decode, capturing, forward_mode, topk)
         if not prefill or not self.probe.fused_enabled or backend == "reference":
             return None
         if engine_path:
@@ -547,8 +547,11 @@ class PathPolicy:
         if backend in ("legacy", "fused") and self.probe.device in ("cuda", "hip"):
             if device is None:
                 device = "cuda"
+            from .backends.fused import program_slots
+            from .kernels.launch import tile_config
+
             # enough rows that the fused plan takes one context split, as a large prefill does
-            rows = 2 * _slots_for_warm_up(device)
+            rows = program_slots(device) * tile_config(layout).rows
             w = make_workload(layout, context_tokens=[4 * topk + 256], rows_per_request=[rows], topk=topk,
                               seed=0, device=device)
             indexer_topk(*w.args(), **w.kwargs(), backend=backend, check_values=False)

@@ -184,15 +184,13 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     return None
 
 
-# The layouts SGLang 0.5.23 can hand the covered branches on each device kind: the FP4 indexer
-# only from SM100 on NVIDIA (it refuses it below), only AITER's layout on AMD.
 def _sglang_layouts(probe) -> List[str]:
+    """The layouts SGLang 0.5.23 can hand the covered branches here: on NVIDIA the ones it serves
+    with its own path (the FP4 indexer only from SM100 on: it refuses it below), on AMD only
+    AITER's layout."""
     if probe.device == "hip":
         return ["aiter_mxfp4"]
-    if probe.device != "cuda":
-        return []
-    cc = probe.compute_capability or (0, 0)
-    return ["sglang_fp8"] + (["sglang_mxfp4"] if cc[0] >= 10 else [])
+    return [layout for layout in ("sglang_fp8", "sglang_mxfp4") if _policy.sglang_has_path(layout, probe)]
 
 
 def _warm_up(policy) -> None:

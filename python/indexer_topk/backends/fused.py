@@ -81,7 +81,6 @@ class FusedPlan:
     def strip_entries(self) -> int:
         return self.programs * self.group_rows * self.strip
 
-
     @property
     def segment_counts(self) -> int:
         return self.rows * self.splits if self.splits > 1 else 0
@@ -104,7 +103,8 @@ class FusedPlan:
         )
 
 
-def _slots(device) -> int:
+def program_slots(device=None) -> int:
+    """Programs the fused kernel keeps resident on ``device`` (the current GPU when None)."""
     if device is None:
         device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     return device_sm_count(device) * PROGRAMS_PER_SM
@@ -112,11 +112,13 @@ def _slots(device) -> int:
 
 def plan_fused(
     rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-    group_rows: int = 2,
+    group_rows: Optional[int] = None,
 ) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when groups are too few
-    to occupy every program slot."""
-    return _plan(rows, topk, _slots(device), num_splits, pool, group_rows)
+    to occupy every program slot. ``group_rows`` defaults to the tile's (every layout's today)."""
+    if group_rows is None:
+        group_rows = tile_config(Layout.SGLANG_FP8).rows
+    return _plan(rows, topk, program_slots(device), num_splits, pool, group_rows)
 
 
 def _plan(rows, topk, slots, num_splits, pool, group_rows) -> FusedPlan:
@@ -148,7 +150,7 @@ def fused_workspace_size(
     ``layout`` picks the tile's rows per group; the three layouts share one today.
     """
     group = (tile_config(Layout(layout)) if layout is not None else tile_config(Layout.SGLANG_FP8)).rows
-    return _max_plan_bytes(rows, topk, _slots(device), num_splits, pool, group)
+    return _max_plan_bytes(rows, topk, program_slots(device), num_splits, pool, group)
 
 
 @functools.lru_cache(maxsize=256)
@@ -174,7 +176,7 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         seg_key, seg_pos = take(plan.segment_entries), take(plan.segment_entries)
         seg_cnt = take(plan.segment_counts)
     else:
-        seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel when SPLITS == 1
+        seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel with one split
     return queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt
 
 

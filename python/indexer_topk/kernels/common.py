@@ -85,6 +85,12 @@ def ue8m0_to_f32(e):
     return tl.where(e == 0, 0x00400000, bits).to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def pick(vec, r, R: tl.constexpr):
+    """Element ``r`` of a small ``[R]`` vector, as a scalar."""
+    return tl.sum(tl.where(tl.arange(0, R) == r, vec, 0), axis=0)
+
+
 # Whether this process's kernels run on the Triton interpreter (Triton decides when a kernel
 # is defined, by TRITON_INTERPRET then).
 INTERPRETED = tl.constexpr(isinstance(ordered_key, InterpretedFunction))

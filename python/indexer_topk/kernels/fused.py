@@ -32,14 +32,13 @@ import triton
 import triton.language as tl
 
 from .candidates import beats_gate, cut, order_by_position
-from .common import INT32_MAX, KEY_MIN, ordered_key
+from .common import INT32_MAX, KEY_MIN, ordered_key, pick
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 from .select import finalize_row
 
 # 0.6180339887 * 2**20: the scrambled visit's step is n * GOLDEN >> 20, nudged to be coprime.
 GOLDEN = tl.constexpr(648056)
-AGREE_CHUNK = tl.constexpr(256)
 
 
 @triton.jit
@@ -84,12 +83,6 @@ def _stage(
 
 
 @triton.jit
-def _pick(vec, r, R: tl.constexpr):
-    """Element ``r`` of a small ``[R]`` vector, as a scalar."""
-    return tl.sum(tl.where(tl.arange(0, R) == r, vec, 0), axis=0)
-
-
-@triton.jit
 def _flush(
     strip, filled, v0, n, step, lo, key_base, pos_base, count, gate_key, gate_pos,
     R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, STRIP: tl.constexpr,
@@ -111,8 +104,8 @@ def _flush(
     n_take = tl.sum(take.to(tl.int32), axis=1)
     if tl.max(count + n_take, axis=0) > CAP:
         for r in range(R):  # a loop, not unrolled: one copy of the cut
-            c = _pick(count, r, R)
-            if c + _pick(n_take, r, R) > CAP:
+            c = pick(count, r, R)
+            if c + pick(n_take, r, R) > CAP:
                 gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE)
                 gate_key = tl.where(rr == r, gk, gate_key)
                 gate_pos = tl.where(rr == r, gp, gate_pos)
@@ -184,7 +177,7 @@ def fused_topk_kernel(
         n = tl.maximum(tl.cdiv(hi - lo, PAGE), 0)
         step = visit_step(n)
         qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
-        uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R, AGREE_CHUNK)
+        uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R)
         pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
         count = tl.zeros([R], tl.int32)
         gate_key = tl.full([R], KEY_MIN, tl.int32)  # every entry beats it
@@ -216,7 +209,7 @@ def fused_topk_kernel(
                 # with the value checks off)
                 seq_len = tl.minimum(tl.load(seq_lens + row), width)
                 _finish_row(
-                    key_base + r * CAP, pos_base + r * CAP, _pick(count, r, R), seq_len, row, split, splits,
+                    key_base + r * CAP, pos_base + r * CAP, pick(count, r, R), seq_len, row, split, splits,
                     pt_ptr, stride_pt, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
                     TOPK, TILE,
                 )

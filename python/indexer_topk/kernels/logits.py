@@ -14,8 +14,6 @@ from .common import KEY_MIN, ordered_key
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 
-AGREE_CHUNK = tl.constexpr(256)
-
 
 @triton.jit
 def _score_span(
@@ -53,7 +51,7 @@ def logits_kernel(
     if lo < hi:
         qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
         pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
-        if pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R, AGREE_CHUNK):
+        if pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R):
             _score_span(
                 lo, hi, end, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w,
                 weight_scale, out_ptrs, live, R, LAYOUT, TMA, INTERPRET, True, STAGES,

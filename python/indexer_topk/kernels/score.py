@@ -31,7 +31,7 @@ fp32 by hand, because the interpreter's bf16 dot is unreliable.
 import triton
 import triton.language as tl
 
-from .common import LAYOUT_AITER_MXFP4, LAYOUT_SGLANG_FP8, e2m1_to_f32, e4m3_to_f32, ue8m0_to_f32
+from .common import LAYOUT_AITER_MXFP4, LAYOUT_SGLANG_FP8, e2m1_to_f32, e4m3_to_f32, pick, ue8m0_to_f32
 from .geometry import (
     AI4_CHUNK_STRIDE,
     AI4_INTERLEAVE,
@@ -55,6 +55,7 @@ from .geometry import (
 )
 
 FP8 = tl.constexpr(LAYOUT_SGLANG_FP8)
+AGREE_CHUNK = tl.constexpr(256)  # page-table columns compared at once
 AITER = tl.constexpr(LAYOUT_AITER_MXFP4)
 
 
@@ -191,17 +192,17 @@ def group_rows(seq_lens, r0, n_rows, lo, hi_cap, R: tl.constexpr):
 
 
 @triton.jit
-def pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R: tl.constexpr, CHUNK: tl.constexpr):
+def pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R: tl.constexpr):
     """Whether every row of the group names, for each page it needs in ``[lo, end)``, the same
     page as the lead row: then one key tile serves the whole group."""
     pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
     bad = tl.zeros([], dtype=tl.int32)
     for r in range(R):
-        end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
+        end = pick(ends, r, R)
         pt_r = pt_ptr + (r0 + r).to(tl.int64) * stride_pt
         col_end = (end + PAGE - 1) // PAGE
-        for c0 in range(lo // PAGE, col_end, CHUNK):
-            cols = c0 + tl.arange(0, CHUNK)
+        for c0 in range(lo // PAGE, col_end, AGREE_CHUNK):
+            cols = c0 + tl.arange(0, AGREE_CHUNK)
             m = cols < col_end
             a = tl.load(pt_r + cols, mask=m, other=0)
             b = tl.load(pt_lead + cols, mask=m, other=0)
@@ -229,7 +230,7 @@ def score_page(
         s = tl.zeros([PAGE, R], dtype=tl.float32)
         col = tl.arange(0, R)[None, :]
         for r in range(R):
-            end = tl.sum(tl.where(tl.arange(0, R) == r, ends, 0), axis=0)
+            end = pick(ends, r, R)
             if b < end:
                 page = tl.load(pt_ptr + (r0 + r).to(tl.int64) * stride_pt + b // PAGE)
                 k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
