@@ -84,7 +84,7 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     grid = (triton.cdiv(row_count, cfg.rows), triton.cdiv(width, span))
     logits_kernel[grid](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
-        ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0),
+        ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
         width, span, LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )

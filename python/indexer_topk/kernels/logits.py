@@ -32,20 +32,23 @@ def _score_span(
 
 
 # Integer arguments take any value without a new compilation (see kernels/fused.py).
-@triton.jit(do_not_specialize=["n_pages", "stride_pt", "n_rows", "row_start", "stride_keys", "width", "span"])
+@triton.jit(do_not_specialize=["n_pages", "stride_pt", "n_rows", "row_start", "stride_keys", "col0", "width", "span"])
 def logits_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
-    weight_scale, keys, stride_keys, width, span,
+    weight_scale, keys, stride_keys, col0, width, span,
     LAYOUT: tl.constexpr, R: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Program (group, chunk): keys of rows ``row_start + R * group + (0 .. R-1)`` over one span
-    of positions; rows at or past ``n_rows`` are not written."""
+    """Program (group, span): keys of rows ``row_start + R * group + (0 .. R-1)`` over positions
+    ``col0 + span * program_id(1) ..`` (below ``width``), at column ``position - col0`` of the
+    key matrix ``keys``; rows at or past ``n_rows`` are not written. The legacy path scores a
+    whole row (``col0 = 0``), the chunked stream one context chunk at a time."""
     r0 = row_start + tl.program_id(0) * R
-    lo = tl.program_id(1) * span
+    lo = col0 + tl.program_id(1) * span
     end = tl.minimum(lo + span, width)
     ends, hi, lead = group_rows(seq_lens, r0, n_rows, lo, end, R)
     rows = r0 + tl.arange(0, R)
-    out_ptrs = keys + (rows - row_start).to(tl.int64)[None, :] * stride_keys
+    # column position - col0 of the row's keys: the offset is folded into the row pointers
+    out_ptrs = keys + ((rows - row_start).to(tl.int64) * stride_keys - col0)[None, :]
     live = (rows < n_rows)[None, :]
     scored_to = lo
     if lo < hi:
