@@ -177,4 +177,3 @@ def device_sm_count(device) -> int:
 def _sm_count(index: int) -> int:
     # read once per device: the properties query is host work on every call otherwise
     return torch.cuda.get_device_properties(index).multi_processor_count
-
