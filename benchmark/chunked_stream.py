@@ -38,8 +38,9 @@ import torch
 import triton
 import triton.language as tl
 
+from indexer_topk.backends.fused import _next_pow2
 from indexer_topk.contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
-from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position
+from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position, trim
 from indexer_topk.kernels.common import INT32_MAX, KEY_MIN
 from indexer_topk.kernels.launch import device_sm_count, launches_kernels, pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel
@@ -103,10 +104,14 @@ def chunk_select_kernel(
                     pos_b = col0 + offs_b
                     take_b = (key_b != KEY_MIN) & beats_gate(key_b, pos_b, gate_key, gate_pos)
                     if count + tl.sum(take_b.to(tl.int32), axis=0) > CAP:
-                        tl.debug_barrier()  # every earlier append is in place before the cut reads
-                        gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
-                        count = tl.full([], TOPK, tl.int32)
+                        tl.debug_barrier()  # every earlier append is in place before the trim reads
+                        count, gate_key, gate_pos = trim(buf_key, buf_pos, count, TOPK, TILE)
                         take_b = take_b & beats_gate(key_b, pos_b, gate_key, gate_pos)
+                        if count + tl.sum(take_b.to(tl.int32), axis=0) > CAP:
+                            tl.debug_barrier()
+                            gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
+                            count = tl.full([], TOPK, tl.int32)
+                            take_b = take_b & beats_gate(key_b, pos_b, gate_key, gate_pos)
                     count = _append(buf_key, buf_pos, count, key_b, pos_b, take_b)
         if last != 0:
             tl.debug_barrier()
@@ -144,10 +149,6 @@ SELECT_MAXNREG = None
 ENTRY_BYTES = 8  # an int32 key and an int32 position
 STATE_BYTES = 4 * STATE_WORDS.value
 GOLDEN = (math.sqrt(5) - 1) / 2
-
-
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
 
 
 @dataclass(frozen=True)
@@ -230,13 +231,15 @@ def _carve(workspace: torch.Tensor, plan: StreamPlan):
 def stream_indexer_topk(
     inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, block: Optional[int] = None, rows_per_step: Optional[int] = None,
-    budget: int = STREAM_BUDGET_BYTES,
+    budget: int = STREAM_BUDGET_BYTES, launch=("score", "fold"),
 ) -> IndexerTopKResult:
     """Chunked-stream top-k (the contract of :func:`indexer_topk.indexer_topk`).
 
     ``workspace``: uint8, at least :func:`stream_workspace_size` bytes, allocated per call when
     omitted; two concurrent calls must not share one. ``block``, ``rows_per_step`` and
-    ``budget`` override the plan (see :func:`plan_stream`); all give the same bits.
+    ``budget`` override the plan (see :func:`plan_stream`); all give the same bits. ``launch``
+    names the launches to issue: a measurement can time the score or the fold launches alone
+    (their outputs are then meaningless).
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     topk, layout = inputs.topk, inputs.layout
@@ -273,10 +276,12 @@ def stream_indexer_topk(
         for i, c in enumerate(order):
             col0 = c * chunk
             ncols = max(0, min(chunk, width - col0))
-            score((groups, max(1, triton.cdiv(ncols, span))), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages,
-                  pt, pt.stride(0), ka.seq_lens, r0 + n, r0, weight_scale, keys, chunk, col0, col0 + ncols, span)
-            fold((n,), keys, chunk, col0, ncols, ka.seq_lens, r0, r0 + n, width, buf_key, buf_pos, state, pt, pt.stride(0),
-                 out_bits, out.raw_indices, out.physical_indices, out.counts, int(i == 0), int(i == n_chunks - 1))
+            if "score" in launch:
+                score((groups, max(1, triton.cdiv(ncols, span))), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages,
+                      pt, pt.stride(0), ka.seq_lens, r0 + n, r0, weight_scale, keys, chunk, col0, col0 + ncols, span)
+            if "fold" in launch:
+                fold((n,), keys, chunk, col0, ncols, ka.seq_lens, r0, r0 + n, width, buf_key, buf_pos, state, pt, pt.stride(0),
+                     out_bits, out.raw_indices, out.physical_indices, out.counts, int(i == 0), int(i == n_chunks - 1))
     return out
 
 

@@ -43,62 +43,32 @@ def compile_only(layout, topk):
 
 
 def stage_times(inputs, plan_kw, iters):
-    """Score-only and select-only passes of the stream's launch sequence, and the host time of
-    one call (launches issued without waiting)."""
+    """The stream's score launches alone, its fold launches alone, and the host time of one call
+    (launches issued without waiting)."""
     import triton
 
     import chunked_stream as st
-    from indexer_topk.contract import PAGE_SIZE, allocate_result
-    from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
-    from indexer_topk.kernels.logits import logits_kernel
-    from chunked_stream import chunk_select_kernel
+    from indexer_topk.contract import PAGE_SIZE
+    from indexer_topk.kernels.launch import tile_config
 
-    ka = pack_args(inputs)
-    cfg = tile_config(inputs.layout)
-    plan = st.plan_stream(inputs.rows, inputs.topk, cfg.rows, **plan_kw)
+    plan = st.plan_stream(inputs.rows, inputs.topk, tile_config(inputs.layout).rows, **plan_kw)
     ws = torch.empty(plan.nbytes, dtype=torch.uint8, device="cuda")
-    keys, bk, bp, state = st._carve(ws, plan)
-    out = allocate_result(inputs.rows, inputs.topk, "cuda")
-    pt = ka.page_table
-    width = pt.shape[1] * PAGE_SIZE
-    chunk = min(plan.chunk, triton.cdiv(width, PAGE_SIZE) * PAGE_SIZE)
-    order = st.chunk_order(triton.cdiv(width, chunk))
-    slots = device_sm_count("cuda") * st.SCORE_PROGRAMS_PER_SM[inputs.layout]
 
-    from chunked_stream import Relaunch
+    def run(*launch):
+        return lambda: st.stream_indexer_topk(inputs, workspace=ws, launch=launch, **plan_kw)
 
-    score_k = Relaunch(logits_kernel, dict(LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=False,
-                                           STAGES=cfg.logits_stages),
-                       dict(num_warps=cfg.num_warps, num_stages=cfg.logits_stages))
-    fold_k = Relaunch(chunk_select_kernel, dict(TOPK=inputs.topk, CAP=plan.cap, TILE=plan.tile, BLOCK=plan.block,
-                                                SPAN=plan.span),
-                      dict(num_warps=st.SELECT_WARPS, **({"maxnreg": st.SELECT_MAXNREG} if st.SELECT_MAXNREG else {})))
-
-    def run(score, select):
-        for r0 in range(0, inputs.rows, plan.rows_per_step):
-            n = min(plan.rows_per_step, inputs.rows - r0)
-            groups = triton.cdiv(n, cfg.rows)
-            span = triton.cdiv(triton.cdiv(chunk, max(1, slots // groups)), PAGE_SIZE) * PAGE_SIZE
-            for i, c in enumerate(order):
-                col0 = c * chunk
-                ncols = min(chunk, width - col0)
-                if score:
-                    score_k((groups, triton.cdiv(ncols, span)), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc,
-                            ka.pages, pt, pt.stride(0), ka.seq_lens, r0 + n, r0, float(inputs.weight_scale), keys,
-                            chunk, col0, col0 + ncols, span)
-                if select:
-                    fold_k((n,), keys, chunk, col0, ncols, ka.seq_lens, r0, r0 + n, width, bk, bp, state, pt,
-                           pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
-                           out.counts, int(i == 0), int(i == len(order) - 1))
-
-    res = dict(score_ms=median_ms(lambda: run(True, False), warmup=2, iters=iters, device="cuda"),
-               select_ms=median_ms(lambda: run(False, True), warmup=2, iters=iters, device="cuda"))
+    res = dict(score_ms=median_ms(run("score"), warmup=2, iters=iters, device="cuda"),
+               select_ms=median_ms(run("fold"), warmup=2, iters=iters, device="cuda"))
+    call = run("score", "fold")
+    call()
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    run(True, True)
+    call()
     res["host_ms"] = (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
-    res["launches"] = 2 * len(order) * triton.cdiv(inputs.rows, plan.rows_per_step)
+    width = inputs.page_table.shape[1] * PAGE_SIZE
+    chunk = min(plan.chunk, triton.cdiv(width, PAGE_SIZE) * PAGE_SIZE)
+    res["launches"] = 2 * triton.cdiv(width, chunk) * triton.cdiv(inputs.rows, plan.rows_per_step)
     res["chunk"] = chunk
     res["rows_per_step"] = plan.rows_per_step
     return res
@@ -124,15 +94,14 @@ def main(argv=None):
     stream_plans = {
         "stream": {},
         "stream_r512": dict(rows_per_step=512),
-        "stream_r512_nreg96": dict(rows_per_step=512, select_maxnreg=96),
-        "stream_r256_b2048": dict(block=2048),
         "stream_r1024_32M": dict(rows_per_step=1024, budget=32 * MiB),
     }
     cases = [  # layout, tokens, rows, pattern, variants
         ("sglang_fp8", 786432, 1024, "random", ["legacy", "fused", *stream_plans]),
-        ("sglang_fp8", 786432, 1024, "increasing", ["stream"]),
+        ("sglang_fp8", 786432, 1024, "increasing", ["fused", "stream"]),
         ("sglang_fp8", 65536, 1024, "random", ["legacy", "fused", "stream"]),
-        ("sglang_mxfp4", 786432, 1024, "random", ["legacy", "stream"]),
+        ("sglang_mxfp4", 786432, 1024, "random", ["legacy", "fused", "stream"]),
+        ("sglang_mxfp4", 65536, 1024, "random", ["legacy", "fused"]),
         ("sglang_fp8", 786432, 8, "random", ["legacy", "stream"]),
     ]
     if a.quick:
