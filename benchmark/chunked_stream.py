@@ -40,7 +40,7 @@ import triton.language as tl
 
 from indexer_topk.backends.fused import _next_pow2
 from indexer_topk.contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
-from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position, trim
+from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position
 from indexer_topk.kernels.common import INT32_MAX, KEY_MIN
 from indexer_topk.kernels.launch import device_sm_count, launches_kernels, pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel
@@ -104,14 +104,10 @@ def chunk_select_kernel(
                     pos_b = col0 + offs_b
                     take_b = (key_b != KEY_MIN) & beats_gate(key_b, pos_b, gate_key, gate_pos)
                     if count + tl.sum(take_b.to(tl.int32), axis=0) > CAP:
-                        tl.debug_barrier()  # every earlier append is in place before the trim reads
-                        count, gate_key, gate_pos = trim(buf_key, buf_pos, count, TOPK, TILE)
+                        tl.debug_barrier()  # every earlier append is in place before the cut reads
+                        gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
+                        count = tl.full([], TOPK, tl.int32)
                         take_b = take_b & beats_gate(key_b, pos_b, gate_key, gate_pos)
-                        if count + tl.sum(take_b.to(tl.int32), axis=0) > CAP:
-                            tl.debug_barrier()
-                            gate_key, gate_pos = cut(buf_key, buf_pos, count, TOPK, TILE)
-                            count = tl.full([], TOPK, tl.int32)
-                            take_b = take_b & beats_gate(key_b, pos_b, gate_key, gate_pos)
                     count = _append(buf_key, buf_pos, count, key_b, pos_b, take_b)
         if last != 0:
             tl.debug_barrier()

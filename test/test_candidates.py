@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position, trim
+from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position
 
 import kernel_cases as kc
 
@@ -21,14 +21,6 @@ def _cut_kernel(key_ptr, pos_ptr, gate_ptr, count, TOPK: tl.constexpr, TILE: tl.
     gk, gp = cut(key_ptr, pos_ptr, count, TOPK, TILE)
     tl.store(gate_ptr, gk)
     tl.store(gate_ptr + 1, gp)
-
-
-@triton.jit
-def _trim_kernel(key_ptr, pos_ptr, res_ptr, count, TOPK: tl.constexpr, TILE: tl.constexpr):
-    kept, gk, gp = trim(key_ptr, pos_ptr, count, TOPK, TILE)
-    tl.store(res_ptr, kept)
-    tl.store(res_ptr + 1, gk)
-    tl.store(res_ptr + 2, gp)
 
 
 @triton.jit
@@ -94,43 +86,3 @@ def test_order_by_position_of_a_shuffled_buffer(count):
     _order_kernel[(1,)](key_buf, pos_buf, count, TOPK=topk)
     assert list(zip(pos_buf[:count].tolist(), key_buf[:count].tolist())) == pairs
     assert bool((key_buf[count:] == kc.INDEX_SENTINEL).all()) and bool((pos_buf[count:] == kc.INDEX_SENTINEL).all())
-
-
-def _passes(entries, gate):
-    """Which of ``entries`` beat ``gate`` under the kernels' own test."""
-    n = len(entries)
-    padded = 1 << max(0, (n - 1).bit_length())
-    kp = torch.tensor([e[0] for e in entries] + [-(2**31)] * (padded - n), dtype=torch.int32)
-    pp = torch.tensor([e[1] for e in entries] + [0] * (padded - n), dtype=torch.int32)
-    out = torch.zeros(padded, dtype=torch.int32)
-    _beats_kernel[(1,)](kp, pp, out, int(gate[0]), int(gate[1]), N=padded)
-    return out[:n].tolist()
-
-
-@pytest.mark.parametrize("keys_from", ["ties", "full_range", "clustered", "one_key"])
-@pytest.mark.parametrize("count", [65, 200, 256])
-def test_trim_keeps_a_superset_behind_an_exact_gate(count, keys_from):
-    """A trim keeps at least the best topk, packed at the front, and its gate splits the buffer
-    exactly: every kept entry beats it, every dropped one does not."""
-    topk, tile = 64, 256
-    if keys_from in ("clustered", "one_key"):
-        g = torch.Generator().manual_seed(count)
-        if keys_from == "clustered":  # one outlier far above a tight cluster: a wide digit
-            keys = torch.randint(1000, 1010, (count,), generator=g, dtype=torch.int32)
-            keys[0] = 2**31 - 2
-        else:  # every key equal: positions decide
-            keys = torch.full((count,), -7, dtype=torch.int32)
-        key_buf = torch.full((tile,), kc.INDEX_SENTINEL, dtype=torch.int32)
-        pos_buf = torch.full((tile,), kc.INDEX_SENTINEL, dtype=torch.int32)
-        key_buf[:count] = keys
-        pos_buf[:count] = torch.randperm(50_000, generator=g)[:count].to(torch.int32)
-    else:
-        key_buf, pos_buf = _buffer(count, tile, keys_from, seed=count)
-    entries = list(zip(key_buf[:count].tolist(), pos_buf[:count].tolist()))
-    res = torch.zeros(3, dtype=torch.int32)
-    _trim_kernel[(1,)](key_buf, pos_buf, res, count, TOPK=topk, TILE=tile)
-    kept_n, gate = int(res[0]), (int(res[1]), int(res[2]))
-    kept = list(zip(key_buf[:kept_n].tolist(), pos_buf[:kept_n].tolist()))
-    assert topk <= kept_n <= count
-    assert sorted(kept) == sorted(e for e, p in zip(entries, _passes(entries, gate)) if p)
-    assert set(_order(entries)[:topk]) <= set(kept)

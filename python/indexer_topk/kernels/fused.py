@@ -11,8 +11,7 @@ a time:
   in the registers of the legacy score loop (two programs per SM);
 * the flush then takes, for all rows at once, the strip's keys that beat their row's gate and
   appends them to the rows' candidate buffers with one prefix sum; a buffer they would not fit
-  is first trimmed to a superset of its best ``TOPK`` (or, where a trim frees too little, cut
-  to exactly ``TOPK``; :mod:`.candidates`), which raises its gate. Counts
+  is first cut back to its best ``TOPK`` (:mod:`.candidates`), which raises its gate. Counts
   and gates stay in registers.
 
 Pages are visited in a scrambled order: visit ``i`` of the split's ``n`` pages scores page
@@ -32,7 +31,7 @@ At the end of an item each row is cut to ``TOPK`` and either written as the cont
 import triton
 import triton.language as tl
 
-from .candidates import beats_gate, cut, order_by_position, trim
+from .candidates import beats_gate, cut, order_by_position
 from .common import INT32_MAX, KEY_MIN, ordered_key, pick
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
@@ -94,7 +93,7 @@ def _flush(
     the rows' states; returns them updated.
 
     After a cut the buffer holds ``TOPK`` entries and ``STRIP <= CAP - TOPK``, so the strip
-    always fits then; a trim is kept only where the row's remaining entrants fit.
+    always fits then.
     """
     offs = tl.arange(0, STRIP)
     page = (v0 + (offs // PAGE) * step) % n
@@ -107,16 +106,10 @@ def _flush(
         for r in range(R):  # a loop, not unrolled: one copy of the cut
             c = pick(count, r, R)
             if c + pick(n_take, r, R) > CAP:
-                # a trim (one histogram) makes room unless the boundary bucket holds too much
-                c, gk, gp = trim(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE)
-                still = take & beats_gate(key, pos, gk, gp) & (rr[:, None] == r)
-                if c + tl.sum(tl.sum(still.to(tl.int32), axis=1), axis=0) > CAP:
-                    tl.debug_barrier()
-                    gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE)
-                    c = tl.full([], TOPK, tl.int32)
+                gk, gp = cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE)
                 gate_key = tl.where(rr == r, gk, gate_key)
                 gate_pos = tl.where(rr == r, gp, gate_pos)
-                count = tl.where(rr == r, c, count)
+                count = tl.where(rr == r, TOPK, count)
             tl.debug_barrier()
         take = take & beats_gate(key, pos, gate_key[:, None], gate_pos[:, None])
         n_take = tl.sum(take.to(tl.int32), axis=1)
