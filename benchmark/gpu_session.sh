@@ -7,7 +7,7 @@
 #    increasing-score pattern at 768K, and 8192 rows at 768K (a chunked-prefill step);
 # 3. the 1,000-call stress run (time-capped);
 # 4. GPU tests of the fused path against legacy;
-# 5. Nsight Compute on the fused kernel at the reference shape.
+# 5. Nsight Compute on the fused kernel at the reference shape (sections, then stalls by source line).
 # Each step has its own time limit; a step past it is stopped and the next one runs.
 set -u
 DIR=${1:-/tmp/session}
@@ -46,4 +46,12 @@ timeout 45 ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 -
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
   python3 benchmark/ncu_fused.py > "$DIR/ncu_fused.txt" 2>&1
 grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Block Limit" "$DIR/ncu_fused.txt" | head -20
+# where the warps stall, by source line and region (the exported source page is large: summarised here)
+timeout 90 ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 --launch-count 1 \
+  --section WarpStateStats --section SourceCounters --import-source yes -o "$DIR/fused_src" \
+  python3 benchmark/ncu_fused.py > /dev/null 2>&1 \
+  && ncu -i "$DIR/fused_src.ncu-rep" --page source --csv --print-source cuda,sass > "$DIR/fused_src.csv" \
+  && python3 benchmark/ncu_source_summary.py "$DIR/fused_src.csv" > "$DIR/ncu_fused_source.txt" \
+  && head -14 "$DIR/ncu_fused_source.txt"
+rm -f "$DIR/fused_src.ncu-rep" "$DIR/fused_src.csv"
 step "done"
