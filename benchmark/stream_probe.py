@@ -85,12 +85,12 @@ def main(argv=None):
         return 0
     from indexer_topk.backends.fused import fused_indexer_topk
     from indexer_topk.backends.legacy import legacy_indexer_topk
-    from chunked_stream import stream_indexer_topk
+    from chunked_stream import plan_stream, stream_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
 
     MiB = 1 << 20
-    # name -> plan overrides; "stream" is the module's default (256 rows per step, no register cap)
+    # name -> plan overrides; "stream" is the module's default (256 rows per step)
     stream_plans = {
         "stream": {},
         "stream_r512": dict(rows_per_step=512),
@@ -120,25 +120,15 @@ def main(argv=None):
             elif name == "fused":
                 fn = lambda: fused_indexer_topk(inputs, out=out)  # noqa: E731
             else:
-                kw = dict(stream_plans[name])
-                import chunked_stream as st
-
-                nreg = kw.pop("select_maxnreg", st.SELECT_MAXNREG)
-                ws = torch.empty(st.plan_stream(w.rows, 1024, **kw).nbytes, dtype=torch.uint8, device="cuda")
-
-                def fn(kw=kw, ws=ws, nreg=nreg):
-                    saved, st.SELECT_MAXNREG = st.SELECT_MAXNREG, nreg
-                    try:
-                        return stream_indexer_topk(inputs, out=out, workspace=ws, **kw)
-                    finally:
-                        st.SELECT_MAXNREG = saved
+                kw = stream_plans[name]
+                ws = torch.empty(plan_stream(w.rows, 1024, **kw).nbytes, dtype=torch.uint8, device="cuda")
+                fn = lambda kw=kw, ws=ws: stream_indexer_topk(inputs, out=out, workspace=ws, **kw)  # noqa: E731
             try:
                 ms = median_ms(fn, warmup=2, iters=a.iters, device="cuda")
                 rec = dict(layout=layout, tokens=tokens, rows=rows, pattern=pattern, variant=name, ms=ms,
                            tflops=effective_tflops(w.rows, w.c4_len, ms), eq_legacy=bitwise_equal(out, ref))
                 if name == "stream":
-                    plan_kw = {k: v for k, v in stream_plans[name].items() if k != "select_maxnreg"}
-                    rec.update(stage_times(inputs, plan_kw, a.iters))
+                    rec.update(stage_times(inputs, stream_plans[name], a.iters))
             except Exception as e:  # a variant that fails is a data point, not the end of the run
                 rec = dict(layout=layout, tokens=tokens, rows=rows, pattern=pattern, variant=name, error=repr(e)[:300])
             print(json.dumps(rec), flush=True)
