@@ -78,6 +78,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--compile", nargs=2, metavar=("LAYOUT", "TOPK"))
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--fused-only", action="store_true", help="legacy and the fused kernel only (no stream plans)")
     p.add_argument("--iters", type=int, default=8)
     a = p.parse_args(argv)
     if a.compile:
@@ -104,6 +105,9 @@ def main(argv=None):
         ("sglang_mxfp4", 65536, 1024, "random", ["legacy", "fused"]),
         ("sglang_fp8", 786432, 8, "random", ["legacy", "stream"]),
     ]
+    if a.fused_only:
+        cases = [(l, t, r, pat, [v for v in vs if v in ("legacy", "fused")]) for l, t, r, pat, vs in cases]
+        cases = [c for c in cases if c[4]]
     if a.quick:
         cases = cases[:1]
     records = []
