@@ -5,13 +5,11 @@ A persistent grid of programs pulls work items from an atomic counter; an item i
 a time:
 
 * the scoring loop scores each page for the group (``[64, R]``, the shared tile of
-  :mod:`.score`, up to its last two multiplications) and stores the scores to the program's
-  staging strip in scratch (L2-resident). It holds nothing else: no barrier, no gate, no
-  data-dependent branch, no load but the page id and the key page, so the compiler pipelines
-  its bulk key copies;
-* the flush then finishes the strip's scores (key scales, ``weight_scale``: the same
-  operations as the legacy kernel's, so the same bits), turns them into order keys, ``KEY_MIN``
-  past each row's length, takes, for all rows at once, the keys that beat their row's gate and
+  :mod:`.score`) and stores the order keys to the program's staging strip in scratch
+  (L2-resident), ``KEY_MIN`` past each row's length. It holds nothing else: no barrier, no
+  gate, no data-dependent branch, so the compiler pipelines its bulk key copies and keeps it
+  in the registers of the legacy score loop (two programs per SM);
+* the flush then takes, for all rows at once, the strip's keys that beat their row's gate and
   appends them to the rows' candidate buffers with one prefix sum; a buffer they would not fit
   is first cut back to its best ``TOPK`` (:mod:`.candidates`), which raises its gate. Counts
   and gates stay in registers.
@@ -35,8 +33,8 @@ import triton.language as tl
 
 from .candidates import beats_gate, cut, order_by_position
 from .common import INT32_MAX, KEY_MIN, ordered_key, pick
-from .geometry import FP8_PAGE_WORDS, FP8_SCALE_WORD, PAGE
-from .score import FP8, group_rows, load_queries, pages_agree, scale_scores, score_page
+from .geometry import PAGE
+from .score import group_rows, load_queries, pages_agree, score_page
 from .select import finalize_row
 
 # 0.6180339887 * 2**20: the scrambled visit's step is n * GOLDEN >> 20, nudged to be coprime.
@@ -66,52 +64,33 @@ def _stage(
     R: tl.constexpr, STRIP: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
     UNIFORM: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """Score visits ``i0 .. i1`` (the first at page ``v``) into the strip: row ``r``'s score of
-    visit ``i0 + k``, position ``j`` of its page, at ``strip[r * STRIP + k * 64 + j]`` (fp32
-    bits, before :func:`.score.scale_scores`: the flush scales them, so no key-scale load waits
-    between MMAs). Returns the page of visit ``i1``."""
+    """Score visits ``i0 .. i1`` (the first at page ``v``) into the strip: row ``r``'s key of
+    visit ``i0 + k``, position ``j`` of its page, at ``strip[r * STRIP + k * 64 + j]``. Returns
+    the page of visit ``i1``."""
     rows = tl.arange(0, R)[None, :] * STRIP
     lane = tl.arange(0, PAGE)[:, None]
     for i in tl.range(i0, i1, num_stages=STAGES):
         b = lo + v * PAGE
         s = score_page(
             b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
-            R, LAYOUT, TMA, INTERPRET, UNIFORM, False,
+            R, LAYOUT, TMA, INTERPRET, UNIFORM,
         )
-        tl.store(strip + rows + (i - i0) * PAGE + lane, s.to(tl.int32, bitcast=True))
+        key = tl.where(b + lane < ends[None, :], ordered_key(s), KEY_MIN)
+        tl.store(strip + rows + (i - i0) * PAGE + lane, key)
         v += step  # the next visit: (v + step) mod n, with step < n
         v = tl.where(v >= n, v - n, v)
     return v
 
 
 @triton.jit
-def _key_scales(kf_ptr, n_pages, pt_ptr, stride_pt, r0, col, lane, live, R: tl.constexpr, LAYOUT: tl.constexpr):
-    """sglang_fp8: each ``live`` slot's key scale ``[R, STRIP]``, through the slot's row's own
-    page-table entry (where a group shares pages, the lead row's; a page outside the cache reads
-    0, as in :func:`.score.load_page`). Other layouts have none (a placeholder)."""
-    if LAYOUT == FP8:
-        rows = (r0 + tl.arange(0, R)).to(tl.int64)[:, None]
-        page = tl.load(pt_ptr + rows * stride_pt + col[None, :], mask=live, other=0)
-        ok = live & (page >= 0) & (page < n_pages)
-        page64 = tl.where(ok, page, 0).to(tl.int64)
-        return tl.load(kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + lane[None, :], mask=ok, other=0.0)
-    else:
-        return 1.0
-
-
-@triton.jit
 def _flush(
     strip, filled, v0, n, step, lo, key_base, pos_base, count, gate_key, gate_pos,
-    kf_ptr, n_pages, pt_ptr, stride_pt, r0, ends, weight_scale,
     R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr, STRIP: tl.constexpr,
-    LAYOUT: tl.constexpr,
 ):
     """Append the strip's keys that beat their row's gate (the first ``filled`` slots of each
     row, from visits starting at page ``v0``) to the rows' buffers, all rows at once; a row whose
     entrants would not fit is cut first. ``count``, ``gate_key`` and ``gate_pos`` (``[R]``) are
-    the rows' states; returns them updated. The strip holds scores before
-    :func:`.score.scale_scores`, which is applied here; positions at or past a row's ``ends``
-    are no entries.
+    the rows' states; returns them updated.
 
     After a cut the buffer holds ``TOPK`` entries and ``STRIP <= CAP - TOPK``, so the strip
     always fits then.
@@ -120,11 +99,7 @@ def _flush(
     page = (v0 + (offs // PAGE) * step) % n
     pos = (lo + page * PAGE + offs % PAGE)[None, :]
     rr = tl.arange(0, R)
-    live = (offs[None, :] < filled) & (pos < ends[:, None])
-    raw = tl.load(strip + rr[:, None] * STRIP + offs[None, :], mask=live, other=0)
-    kscale = _key_scales(kf_ptr, n_pages, pt_ptr, stride_pt, r0, lo // PAGE + page, offs % PAGE, live, R, LAYOUT)
-    s = scale_scores(raw.to(tl.float32, bitcast=True), kscale, weight_scale, LAYOUT)
-    key = tl.where(live, ordered_key(s), KEY_MIN)
+    key = tl.load(strip + rr[:, None] * STRIP + offs[None, :], mask=offs[None, :] < filled, other=KEY_MIN)
     take = (key != KEY_MIN) & beats_gate(key, pos, gate_key[:, None], gate_pos[:, None])
     n_take = tl.sum(take.to(tl.int32), axis=1)
     if tl.max(count + n_take, axis=0) > CAP:
@@ -224,7 +199,7 @@ def fused_topk_kernel(
             tl.debug_barrier()  # the whole strip, from every warp, is in place
             count, gate_key, gate_pos = _flush(
                 strip, (stop - i) * PAGE, v0, n, step, lo, key_base, pos_base, count, gate_key, gate_pos,
-                kf_ptr, n_pages, pt_ptr, stride_pt, r0, ends, weight_scale, R, TOPK, CAP, TILE, STRIP, LAYOUT,
+                R, TOPK, CAP, TILE, STRIP,
             )
             tl.debug_barrier()  # no warp refills the strip before every warp has read it
         for r in range(R):

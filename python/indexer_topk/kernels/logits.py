@@ -24,7 +24,7 @@ def _score_span(
     for b in tl.range(lo, hi, PAGE, num_stages=STAGES):
         s = score_page(
             b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
-            R, LAYOUT, TMA, INTERPRET, UNIFORM, True,
+            R, LAYOUT, TMA, INTERPRET, UNIFORM,
         )
         pos = b + tl.arange(0, PAGE)[:, None]
         key = tl.where(pos < ends[None, :], ordered_key(s), KEY_MIN)

@@ -5,7 +5,7 @@ Math, for a group of ``R`` query rows ``r`` and one page of 64 keys ``j``::
     acc[j, (r, h)] = sum_d k[j, d] * q[r, h, d]              # one MMA: M = 64 keys, N = R * 64
     score[j, r]    = sum_h weights[r, h] * relu(acc[j, (r, h)]) + 0.0
     score[j, r]   *= k_scale[j]                              # sglang_fp8 only
-    score[j, r]   *= weight_scale                            # (these two: scale_scores)
+    score[j, r]   *= weight_scale
 
 Keys sit on the MMA's M side and the ``R`` rows of a group share one MMA along N, so each key
 page is read once for ``R * 64`` query heads, and the 64-head reduction runs along N, inside a
@@ -156,22 +156,11 @@ def load_page(
 
 
 @triton.jit
-def scale_scores(s, kscale, weight_scale, LAYOUT: tl.constexpr):
-    """The last steps of the score math: the key scale (sglang_fp8) and ``weight_scale``. One
-    function, so a kernel that applies them away from the MMA (the fused kernel, at its flush)
-    performs the same operations and gets the same bits."""
-    if LAYOUT == FP8:
-        s = s * kscale
-    return s * weight_scale
-
-
-@triton.jit
 def page_scores(
     k, kblk, kscale, qt, w, weight_scale,
-    R: tl.constexpr, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr, SCALED: tl.constexpr,
+    R: tl.constexpr, LAYOUT: tl.constexpr, INTERPRET: tl.constexpr,
 ):
-    """``[64, R]`` fp32 scores of the group's rows against one key page (see :func:`load_page`);
-    without ``SCALED``, before :func:`scale_scores`."""
+    """``[64, R]`` fp32 scores of the group's rows against one key page (see :func:`load_page`)."""
     if INTERPRET:
         acc = tl.dot(k, qt, input_precision="ieee", out_dtype=tl.float32)
     elif LAYOUT == FP8:
@@ -181,9 +170,9 @@ def page_scores(
         acc = tl.dot_scaled(k, kblk, "e2m1", qt, None, "bf16", out_dtype=tl.float32)
     acc = tl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
     s = tl.sum(tl.reshape(acc * w[None, :], [PAGE, R, NHEADS]), axis=2) + 0.0
-    if SCALED:
-        s = scale_scores(s, kscale[:, None], weight_scale, LAYOUT)
-    return s
+    if LAYOUT == FP8:
+        s = s * kscale[:, None]
+    return s * weight_scale
 
 
 @triton.jit
@@ -225,10 +214,9 @@ def pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R: tl.constexpr):
 def score_page(
     b, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
     R: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
-    UNIFORM: tl.constexpr, SCALED: tl.constexpr,
+    UNIFORM: tl.constexpr,
 ):
-    """``[64, R]`` scores of the group at the page starting at position ``b`` (without
-    ``SCALED``, before :func:`scale_scores`).
+    """``[64, R]`` scores of the group at the page starting at position ``b``.
 
     ``UNIFORM``: the rows share their pages (:func:`pages_agree`), so the lead row's page serves
     all. Otherwise each row needing the page scores its own (the same MMA, its column kept), so
@@ -237,7 +225,7 @@ def score_page(
     if UNIFORM:
         page = tl.load(pt_lead + b // PAGE)
         k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
-        s = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET, SCALED)
+        s = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET)
     else:
         s = tl.zeros([PAGE, R], dtype=tl.float32)
         col = tl.arange(0, R)[None, :]
@@ -246,6 +234,6 @@ def score_page(
             if b < end:
                 page = tl.load(pt_ptr + (r0 + r).to(tl.int64) * stride_pt + b // PAGE)
                 k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
-                s_r = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET, SCALED)
+                s_r = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET)
                 s = tl.where(col == r, s_r, s)
     return s
