@@ -152,9 +152,7 @@ class StreamPlan:
     """Geometry of one chunked-stream call; ``rows_per_step``, ``chunk`` and ``block`` fix the
     workspace layout."""
 
-    rows: int
     topk: int
-    group_rows: int  # the score tile's R
     rows_per_step: int
     chunk: int  # positions per chunk (a multiple of the 64-key page)
     block: int  # keys a fold reads at once; a row's buffer holds topk + block
@@ -195,13 +193,14 @@ def plan_stream(rows: int, topk: int, group_rows: int = 2, budget: int = STREAM_
     chunk = per_row // 4 // PAGE_SIZE * PAGE_SIZE
     if chunk < PAGE_SIZE:
         raise ValueError(f"budget: {budget} bytes cannot hold a step of {rows_per_step} rows at topk {topk}")
-    return StreamPlan(rows, topk, group_rows, rows_per_step, chunk, block)
+    return StreamPlan(topk, rows_per_step, chunk, block)
 
 
-def stream_workspace_size(rows: int, topk: int, layout=None, device=None) -> int:
-    """Bytes of scratch that serve every stream call of at most ``rows`` rows, at any context
-    length: the budget (every plan fits it)."""
-    return STREAM_BUDGET_BYTES if rows > 0 else 0
+def chunk_geometry(plan: StreamPlan, width: int) -> tuple[int, int]:
+    """``(chunk, n_chunks)``: the positions per chunk a call over ``width`` positions uses (the
+    plan's, or fewer when the whole context is shorter) and how many chunks cover it."""
+    chunk = min(plan.chunk, max(PAGE_SIZE, triton.cdiv(width, PAGE_SIZE) * PAGE_SIZE))
+    return chunk, max(1, triton.cdiv(width, chunk))
 
 
 def chunk_order(n: int) -> list[int]:
@@ -231,7 +230,7 @@ def stream_indexer_topk(
 ) -> IndexerTopKResult:
     """Chunked-stream top-k (the contract of :func:`indexer_topk.indexer_topk`).
 
-    ``workspace``: uint8, at least :func:`stream_workspace_size` bytes, allocated per call when
+    ``workspace``: uint8, at least the plan's ``nbytes`` (at most ``budget``), allocated per call when
     omitted; two concurrent calls must not share one. ``block``, ``rows_per_step`` and
     ``budget`` override the plan (see :func:`plan_stream`); all give the same bits. ``launch``
     names the launches to issue: a measurement can time the score or the fold launches alone
@@ -254,8 +253,7 @@ def stream_indexer_topk(
     keys, buf_key, buf_pos, state = _carve(workspace, plan)
     pt = ka.page_table
     width = pt.shape[1] * PAGE_SIZE
-    chunk = min(plan.chunk, max(PAGE_SIZE, triton.cdiv(width, PAGE_SIZE) * PAGE_SIZE))
-    n_chunks = max(1, triton.cdiv(width, chunk))
+    chunk, n_chunks = chunk_geometry(plan, width)
     order = chunk_order(n_chunks)
     slots = device_sm_count(device) * SCORE_PROGRAMS_PER_SM[layout]
     out_bits = out.values.view(torch.int32)

@@ -54,8 +54,7 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
             sig[name] = POINTER_TYPES[tensors[name].dtype]
         elif name in floats:
             sig[name] = "fp32"
-        elif name.startswith(("stride", "n_", "row_start", "width", "span", "split_span", "splits", "col0", "ncols")) or name in (
-            "first", "last"):
+        elif name.startswith(("stride", "n_", "row_start", "col0", "width", "span", "split_span", "splits")):
             sig[name] = "i32"
         else:  # every other argument is an int32 buffer
             sig[name] = "*i32"

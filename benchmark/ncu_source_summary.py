@@ -20,12 +20,16 @@ from __future__ import annotations
 import argparse
 import collections
 import csv
+import ast
 import gzip
 import sys
+from pathlib import Path
 
-# Line ranges of kernels/fused.py's functions, and the files that only one region uses.
-FUSED_REGIONS = (("scoring loop (_stage)", 61, 85), ("flush (_flush)", 86, 124), ("end of item (_finish_row)", 125, 158),
-                 ("item set-up and queue (fused_topk_kernel)", 159, 10**6), ("visit order", 1, 60))
+FUSED_SOURCE = Path(__file__).resolve().parents[1] / "python" / "indexer_topk" / "kernels" / "fused.py"
+FUSED_ROLES = {"_stage": "scoring loop (_stage)", "_flush": "flush (_flush)", "_finish_row": "end of item (_finish_row)",
+               "fused_topk_kernel": "item set-up and queue (fused_topk_kernel)", "visit_step": "visit order",
+               "_gcd": "visit order"}
+# Files that only one region uses.
 FILE_REGIONS = {"score.py": "score tile (score.py)", "candidates.py": "cut (candidates.py)",
                 "select.py": "radix histogram and final write (select.py)", "common.py": "order keys (common.py)"}
 
@@ -60,9 +64,17 @@ def read_samples(path):
     return samples, text, reasons
 
 
-def region(name, line):
+def fused_regions(source=FUSED_SOURCE):
+    """``[(label, first line, last line)]`` of the fused kernel module's functions, read from the
+    source the profile ran (run this from the same checkout)."""
+    tree = ast.parse(Path(source).read_text())
+    return [(FUSED_ROLES.get(f.name, f.name), f.lineno, f.end_lineno)
+            for f in tree.body if isinstance(f, ast.FunctionDef)]
+
+
+def region(name, line, fused):
     if name == "fused.py":
-        for label, lo, hi in FUSED_REGIONS:
+        for label, lo, hi in fused:
             if lo <= line <= hi:
                 return label
     return FILE_REGIONS.get(name, f"library ({name})")
@@ -79,9 +91,10 @@ def main(argv=None) -> int:
         print("no warp-stall samples in", a.csv, file=sys.stderr)
         return 1
     print(f"warp-stall samples: {total}")
+    fused = fused_regions()
     regions = collections.Counter()
     for (name, line), n in samples.items():
-        regions[region(name, line)] += n
+        regions[region(name, line, fused)] += n
     print("\nby region")
     for label, n in regions.most_common():
         print(f"{100 * n / total:6.1f}%  {label}")

@@ -66,9 +66,8 @@ def stage_times(inputs, plan_kw, iters):
     call()
     res["host_ms"] = (time.perf_counter() - t0) * 1e3
     torch.cuda.synchronize()
-    width = inputs.page_table.shape[1] * PAGE_SIZE
-    chunk = min(plan.chunk, triton.cdiv(width, PAGE_SIZE) * PAGE_SIZE)
-    res["launches"] = 2 * triton.cdiv(width, chunk) * triton.cdiv(inputs.rows, plan.rows_per_step)
+    chunk, n_chunks = st.chunk_geometry(plan, inputs.page_table.shape[1] * PAGE_SIZE)
+    res["launches"] = 2 * n_chunks * triton.cdiv(inputs.rows, plan.rows_per_step)
     res["chunk"] = chunk
     res["rows_per_step"] = plan.rows_per_step
     return res
