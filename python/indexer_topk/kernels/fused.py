@@ -215,3 +215,41 @@ def fused_topk_kernel(
                 )
                 tl.debug_barrier()
         item = tl.atomic_add(queue, 1)
+
+
+@triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
+def group_pass_kernel(pt_ptr, stride_pt, width, seq_lens, n_rows, group_pass, R: tl.constexpr):
+    """``group_pass[g]``: 1 when the ``R`` rows of group ``g`` name the same pages wherever they
+    need them (one key tile serves the group), else ``R`` (each row is scored in its own pass)."""
+    g = tl.program_id(0)
+    r0 = g * R
+    ends, hi, lead = group_rows(seq_lens, r0, n_rows, 0, width, R)
+    uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, 0, R)
+    tl.store(group_pass + g, tl.where(uniform, 1, R))
+
+
+@triton.jit(do_not_specialize=["stride_pt", "width", "splits"])
+def finish_rows_kernel(
+    seq_lens, pt_ptr, stride_pt, width, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, splits,
+    TOPK: tl.constexpr, TILE: tl.constexpr,
+):
+    """One program per (row, split): the at most ``TOPK`` unordered entries a streaming kernel left
+    for it (in the row's output slots with one split, else in its split list) become the row's
+    outputs, or a split list in position order for the merge kernel."""
+    i = tl.program_id(0)
+    row = i // splits
+    split = i % splits
+    row64 = row.to(tl.int64)
+    seq_len = tl.minimum(tl.load(seq_lens + row), width)
+    if splits == 1:
+        buf_key = out_bits + row64 * TOPK
+        buf_pos = out_raw + row64 * TOPK
+        count = tl.load(out_cnt + row)
+    else:
+        buf_key = seg_key + i.to(tl.int64) * TOPK
+        buf_pos = seg_pos + i.to(tl.int64) * TOPK
+        count = tl.load(seg_cnt + i)
+    _finish_row(
+        buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
+        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE,
+    )
