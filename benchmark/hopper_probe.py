@@ -6,8 +6,9 @@
 First an exactness sweep on small shapes (every adversarial pattern, several requests so that
 groups straddle requests, small pools that force cuts, split rows, topk 512 and 1024): the Hopper
 kernel's outputs against legacy's, bit for bit. Then timings (median of CUDA events) of legacy,
-the plain-Triton fused kernel (``INDEXER_TOPK_HOPPER_KERNEL=0``) and the Hopper kernel on the same
-inputs, each checked against legacy. JSON records go to ``$OUT/hopper_probe.json``.
+the package's fused kernel and the Hopper stream (``hopper_stream.py``) on the same inputs, each
+checked against legacy; ``hopper_no_select`` times the Hopper stream with its selection taken
+out (a probe of the loads and MMAs alone; its outputs are undefined). JSON records go to ``$OUT/hopper_probe.json``.
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ from indexer_topk.compare import bitwise_equal
 
 def run_fused(inputs, hopper: bool, **kw):
     from indexer_topk.backends.fused import fused_indexer_topk
-    from indexer_topk.envs import envs
 
-    with envs.INDEXER_TOPK_HOPPER_KERNEL.override(hopper):
-        return fused_indexer_topk(inputs, **kw)
+    from hopper_stream import hopper_indexer_topk
+
+    return hopper_indexer_topk(inputs, **kw) if hopper else fused_indexer_topk(inputs, **kw)
 
 
 def check(quick: bool) -> list:
@@ -72,7 +73,7 @@ def check(quick: bool) -> list:
     return records
 
 
-def timings(quick: bool, iters: int) -> list:
+def timings(quick: bool, iters: int, only: int = 0) -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
@@ -86,16 +87,20 @@ def timings(quick: bool, iters: int) -> list:
     ]
     if quick:
         cases = cases[:1]
+    if only:
+        cases = cases[:only]
     records = []
     for layout, tokens, rows, pattern in cases:
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                           device="cuda", pattern=pattern)
         inputs = w.inputs()
         ref = legacy_indexer_topk(inputs)
-        for name in ("legacy", "fused", "hopper"):
+        for name in ("legacy", "fused", "hopper", "hopper_no_select"):
             out = allocate_result(w.rows, 1024, "cuda")
             if name == "legacy":
                 fn = lambda: legacy_indexer_topk(inputs, out=out)  # noqa: E731
+            elif name == "hopper_no_select":  # a timing probe: outputs undefined
+                fn = lambda: run_fused(inputs, True, out=out, no_select=True)  # noqa: E731
             else:
                 fn = lambda h=(name == "hopper"): run_fused(inputs, h, out=out)  # noqa: E731
             try:
@@ -117,9 +122,10 @@ def main(argv=None):
     p.add_argument("--skip-check", action="store_true")
     p.add_argument("--skip-time", action="store_true")
     p.add_argument("--iters", type=int, default=8)
+    p.add_argument("--cases", type=int, default=0, help="time only the first N shapes")
     a = p.parse_args(argv)
     checks = [] if a.skip_check else check(a.quick)
-    times = [] if a.skip_time else timings(a.quick, a.iters)
+    times = [] if a.skip_time else timings(a.quick, a.iters, a.cases)
     with open(os.path.join(os.environ.get("OUT", "."), "hopper_probe.json"), "w") as f:
         json.dump(dict(checks=checks, timings=times), f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}")

@@ -210,9 +210,6 @@ class Envs:
     # the context instead of a [rows, context] score matrix) where it is measured slower: than our
     # legacy path, and inside SGLang than SGLang's own CUDA path for the FP8 cache.
     INDEXER_TOPK_FUSED_PREFILL = EnvBool(False)
-    # The warp-specialised Hopper kernel for the FP8 cache on sm_90 (off: the plain-Triton fused
-    # kernel everywhere). Same bits either way; read at each fused call.
-    INDEXER_TOPK_HOPPER_KERNEL = EnvBool(True, invalid=False, invalid_means="the plain-Triton fused kernel is used")
 
     # ============================================================
     # Legacy path

@@ -14,10 +14,8 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
-from ..kernels.geometry import GEOMETRY
-from ..envs import envs
-from ..kernels.fused import finish_rows_kernel, fused_topk_kernel, group_pass_kernel
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..kernels.fused import fused_topk_kernel
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
 )
@@ -210,31 +208,10 @@ def fused_indexer_topk(
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
     queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
     n_items = triton.cdiv(rows, cfg.rows) * plan.splits
-    out_bits = out.values.view(torch.int32)
-    descs = hopper_descriptors(inputs, ka, cfg)
-    if descs is not None:
-        _launch_hopper(inputs, ka, plan, descs, width, span, n_items, out, buf_key, buf_pos, strip, seg_key, seg_pos,
-                       seg_cnt)
-    else:
-        queue.zero_()
-        _launch_triton(ka, cfg, plan, weight_scale, width, span, n_items, out, queue, buf_key, buf_pos, strip,
-                       seg_key, seg_pos, seg_cnt)
-    if plan.splits > 1:
-        select_rows_kernel[(rows,)](
-            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
-            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
-            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
-            num_warps=SELECT_WARPS,
-        )
-    return out
-
-
-def _launch_triton(ka, cfg, plan, weight_scale, width, span, n_items, out, queue, buf_key, buf_pos, strip,
-                   seg_key, seg_pos, seg_cnt):
-    rows = ka.q.shape[0]
     out_bits = out.values.view(torch.int32)
     fused_topk_kernel[(plan.programs,)](
         ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0), width,
@@ -243,81 +220,11 @@ def _launch_triton(ka, cfg, plan, weight_scale, width, span, n_items, out, queue
         **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
     )
-
-
-def hopper_descriptors(inputs, ka, cfg):
-    """Bulk-copy descriptors of the warp-specialised Hopper kernel (:mod:`..kernels.hopper`) for
-    these inputs, or None where it does not apply: it serves the FP8 cache on an sm_90 GPU with
-    Gluon, the legacy tile's configuration, 16-byte aligned queries and cache, unless
-    ``INDEXER_TOPK_HOPPER_KERNEL`` turns it off."""
-    if inputs.layout is not Layout.SGLANG_FP8 or ka.interpret or not ka.tma or (cfg.rows, cfg.num_warps) != (2, 4):
-        return None
-    if torch.cuda.get_device_capability(ka.kc.device) != (9, 0) or not envs.INDEXER_TOPK_HOPPER_KERNEL.get():
-        return None
-    q, kc = inputs.q, inputs.k_cache
-    if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
-        return None
-    try:
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
-    except ImportError:
-        return None
-    page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
-    pages, rows = kc.shape[0], q.shape[0]
-    # the cache as [pages * KEY_ROWS, 128] bytes: page p's keys are rows p * KEY_ROWS .. + 63
-    key_rows = page_bytes // HEAD_DIM
-    keys = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(pages * key_rows, HEAD_DIM)
-    scales = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(torch.float32).view(pages, page_bytes // 4)
-    queries = q.view(torch.uint8).reshape(rows * HEADS, HEAD_DIM)
-    fp8 = torch.float8_e4m3fn
-    return HopperDescriptors(
-        GluonDescriptor(queries.view(fp8), [rows * HEADS, HEAD_DIM], [HEAD_DIM, 1], [cfg.rows * HEADS, HEAD_DIM],
-                        gl.NVMMASharedLayout.get_default_for([cfg.rows * HEADS, HEAD_DIM], gl.float8e4nv)),
-        GluonDescriptor(keys.view(fp8), [pages * key_rows, HEAD_DIM], [HEAD_DIM, 1], [PAGE_SIZE, HEAD_DIM],
-                        gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], gl.float8e4nv)),
-        GluonDescriptor(scales, [pages, page_bytes // 4], [page_bytes // 4, 1], [1, PAGE_SIZE],
-                        gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
-        key_rows,
-        GEOMETRY[Layout.SGLANG_FP8].scale_offset // 4,
-    )
-
-
-@dataclass(frozen=True)
-class HopperDescriptors:
-    queries: object
-    keys: object
-    scales: object
-    key_rows: int  # 128-byte rows per cache page
-    scale_col: int  # fp32 word of a page's first key scale
-
-
-HOPPER_KEY_STAGES = 4
-HOPPER_SCORE_SLOTS = 16
-
-
-def _launch_hopper(inputs, ka, plan, descs, width, span, n_items, out, buf_key, buf_pos, strip, seg_key, seg_pos,
-                   seg_cnt):
-    from ..kernels.hopper import hopper_stream_kernel
-
-    rows = ka.q.shape[0]
-    groups = triton.cdiv(rows, plan.group_rows)
-    group_pass = strip[:groups]  # the strips are the plain-Triton kernel's; this kernel has none
-    out_bits = out.values.view(torch.int32)
-    if plan.splits == 1:  # each row's entries go straight to its output slots
-        seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
-    group_pass_kernel[(groups,)](
-        ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
-    )
-    hopper_stream_kernel[(min(device_sm_count(ka.kc.device), n_items),)](
-        descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
-        ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
-        n_items, span, plan.splits,
-        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
-        SLOTS=HOPPER_SCORE_SLOTS, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
-        num_warps=4, maxnreg=128,
-    )
-    finish_rows_kernel[(rows * plan.splits,)](
-        ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
-        out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
-        num_warps=4,
-    )
+    if plan.splits > 1:
+        select_rows_kernel[(rows,)](
+            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
+            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
+            num_warps=SELECT_WARPS,
+        )
+    return out

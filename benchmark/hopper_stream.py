@@ -1,6 +1,15 @@
-"""The fused stream on Hopper, warp-specialised (Gluon): loads, MMAs and selection overlap.
+#!/usr/bin/env python3
+"""An experiment: the fused stream on Hopper, warp-specialised in Gluon (exact; slower today).
 
-The plain-Triton fused kernel (:mod:`.fused`) takes turns: a program scores a strip of pages,
+    PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
+
+Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; with the
+selection taken out, loads and MMAs alone run at about 810 TFLOP/s (4.08 ms at 1024 rows x
+768K); with it, 8.16 ms, because the single selection warpgroup is the bottleneck. So it stays
+here, not in the package, until its selection keeps up.
+
+
+The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
 then stops its MMAs to select. Here each program is split into partitions that run at once and
 talk through shared-memory rings guarded by mbarriers:
 
@@ -12,30 +21,38 @@ talk through shared-memory rings guarded by mbarriers:
   hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
   ``[64, R]`` score tiles;
 * **select** (the default warpgroup): takes each score tile, appends the scores that beat their
-  row's gate to the row's candidate buffer (global scratch, as in :mod:`.fused`), cuts a buffer
+  row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
   that would overflow to its best ``TOPK`` (raising the gate), and at the end of an item cuts
   each row to ``TOPK`` and writes it, unordered, to the row's output slot (one split) or split
-  list. :func:`indexer_topk.kernels.fused.finish_rows_kernel` then orders and writes the outputs.
+  list. :func:`finish_rows_kernel` then orders and writes the outputs.
 
 Work items (a group of ``R`` rows and one context split) are dealt round-robin to a persistent
 grid; every partition walks the same items and visits, so ring slots and barrier phases follow
-from a running visit count. Pages are visited in the golden-ratio order of :mod:`.fused`.
+from a running visit count. Pages are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
 A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
 each pass with that row's pages, keeping only that row's column: the same bits.
 
 Only the ``sglang_fp8`` layout and ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's
-configuration) are built here; the module is imported only where Gluon and an sm_90 GPU exist.
+configuration) are built here; it needs Gluon and an sm_90 GPU.
 """
 
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
-import triton.language as tl
 
-from .common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
-from .fused import GOLDEN
-from .geometry import NHEADS, PAGE
+from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
+from indexer_topk.kernels.common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
+from indexer_topk.kernels.fused import GOLDEN, _finish_row
+from indexer_topk.kernels.geometry import GEOMETRY, NHEADS, PAGE
+from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS
+from indexer_topk.kernels.score import group_rows, pages_agree
+from indexer_topk.kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
@@ -80,13 +97,22 @@ def _item(item, splits, split_span, seq_lens, n_rows, width, R: gl.constexpr):
 
 
 @gluon.jit
-def tile_scores(acc, w, kscale, weight_scale, R: gl.constexpr):
-    """``[64, R]`` scores from the MMA accumulator ``[64, R * 64]`` (see
-    :func:`indexer_topk.kernels.score.page_scores`: the same operations on the same layouts)."""
+def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr):
+    """``[64, R]`` scores from the MMA accumulator ``[64, R * 64]`` and the page's key scales
+    (``[64]`` fp32 in shared memory); see :func:`indexer_topk.kernels.score.page_scores`: the
+    same operations on the same layouts, hence the same bits."""
     acc = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
     s = gl.sum(gl.reshape(acc * gl.expand_dims(w, 0), [PAGE, R, NHEADS]), axis=2) + 0.0
-    s = s * gl.expand_dims(gl.convert_layout(kscale, gl.SliceLayout(1, s.type.layout)), 1)
+    s = s * gl.expand_dims(kscale_smem.load(gl.SliceLayout(1, s.type.layout)), 1)
     return s * weight_scale
+
+
+@gluon.jit
+def _release(bar):
+    """Arrive on ``bar`` for the whole partition: one thread arrives, so every warp must be done
+    with the shared memory the barrier guards first."""
+    gl.thread_barrier()
+    mbarrier.arrive(bar, count=1)
 
 
 @gluon.jit
@@ -166,6 +192,7 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
+    NO_SELECT: gl.constexpr,
 ):
     NW: gl.constexpr = 4
     # each row's 64 scores in one warp (two warps per row): the row's scans stay in the warp
@@ -188,6 +215,13 @@ def _select_partition(
         hi = gl.minimum(gl.minimum(lo + split_span, width), gl.max(lens, axis=0))
         ends = gl.maximum(gl.minimum(lens, hi), lo)
         npass = gl.load(group_pass + r0 // R)
+        if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
+            for i in range(n * npass):
+                t = it % SLOTS
+                mbarrier.wait(sready.index(t), (it // SLOTS) & 1)
+                _release(sfree.index(t))
+                it += 1
+            npass = 0
         for p in range(npass):
             active = (rr == p) | (npass == 1)
             count = gl.zeros([R], gl.int32, layout=RL)
@@ -198,7 +232,7 @@ def _select_partition(
                 t = it % SLOTS
                 mbarrier.wait(sready.index(t), (it // SLOTS) & 1)
                 s = ring.index(t).load(SL)
-                mbarrier.arrive(sfree.index(t), count=1)
+                _release(sfree.index(t))
                 it += 1
                 key = _ordered_key(s)
                 pos = lo + v * PAGE + lane
@@ -265,13 +299,15 @@ def _load_partition(
         for p in range(npass):
             src = gl.where(npass == 1, lead, r0 + p)
             pt_row = pt_ptr + src.to(gl.int64) * stride_pt + lo // PAGE
-            v = 0
+            # the page ids of the next two visits are read before this visit's copies are issued
+            v1 = gl.where(step >= n, step - n, step)
+            v2 = gl.where(v1 + step >= n, v1 + step - n, v1 + step)
             page = gl.load(pt_row, mask=n > 0, other=0)
+            page1 = gl.load(pt_row + v1, mask=n > 1, other=0)
             for i in range(n):
-                v_next = v + step
-                v_next = gl.where(v_next >= n, v_next - n, v_next)
-                # the next page id is read before this page's copies are issued
-                page_next = gl.load(pt_row + v_next, mask=i + 1 < n, other=0)
+                page2 = gl.load(pt_row + v2, mask=i + 2 < n, other=0)
+                v2 += step
+                v2 = gl.where(v2 >= n, v2 - n, v2)
                 ok = (page >= 0) & (page < n_pages)
                 s = it % KSTAGES
                 mbarrier.wait(kfree.index(s), ((it // KSTAGES) & 1) ^ 1)
@@ -284,8 +320,8 @@ def _load_partition(
                     s_desc, [gl.where(ok, page, -1), SCALE_COL], kready.index(s), sbuf.index(s)
                 )
                 it += 1
-                page = page_next
-                v = v_next
+                page = page1
+                page1 = page2
 
 
 @gluon.jit
@@ -298,7 +334,6 @@ def _score_partition(
         version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
     )
     WL: gl.constexpr = gl.SliceLayout(0, MMA)
-    KL: gl.constexpr = gl.BlockedLayout([1, 1], [1, 32], [1, SCORE_WARPS], [1, 0])
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     zero = gl.zeros([PAGE, R * NHEADS], gl.float32, layout=MMA)
@@ -320,15 +355,14 @@ def _score_partition(
             mbarrier.wait(kready.index(s), (g // KSTAGES) & 1)
             acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            kscale = gl.reshape(sbuf.index(s).load(KL), [PAGE])
-            mbarrier.arrive(kfree.index(s), count=1)
-            sc = tile_scores(acc, w, kscale, weight_scale, R)
+            sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
+            _release(kfree.index(s))
             t = g % SLOTS
             mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
             ring.index(t).store(sc)
-            mbarrier.arrive(sready.index(t), count=1)
+            _release(sready.index(t))
         it += total
-        mbarrier.arrive(qfree.index(qs), count=1)
+        _release(qfree.index(qs))
         q_i += 1
 
 
@@ -337,7 +371,7 @@ def hopper_stream_kernel(
     q_desc, k_desc, s_desc, w_ptr, pt_ptr, stride_pt, n_pages, width, seq_lens, n_rows, weight_scale,
     group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
-    SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr,
+    SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, NO_SELECT: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -370,7 +404,7 @@ def hopper_stream_kernel(
                 _select_partition,
                 (
                     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
-                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS,
+                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, NO_SELECT,
                 ),
             ),
             (
@@ -401,3 +435,146 @@ def hopper_stream_kernel(
         [1, SCORE_WARPS, SCORE_WARPS],
         [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
     )
+
+
+@triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
+def group_pass_kernel(pt_ptr, stride_pt, width, seq_lens, n_rows, group_pass, R: tl.constexpr):
+    """``group_pass[g]``: 1 when the ``R`` rows of group ``g`` name the same pages wherever they
+    need them (one key tile serves the group), else ``R`` (each row is scored in its own pass)."""
+    g = tl.program_id(0)
+    r0 = g * R
+    ends, hi, lead = group_rows(seq_lens, r0, n_rows, 0, width, R)
+    uniform = pages_agree(pt_ptr, stride_pt, r0, ends, lead, 0, R)
+    tl.store(group_pass + g, tl.where(uniform, 1, R))
+
+
+@triton.jit(do_not_specialize=["stride_pt", "width", "splits"])
+def finish_rows_kernel(
+    seq_lens, pt_ptr, stride_pt, width, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, splits,
+    TOPK: tl.constexpr, TILE: tl.constexpr,
+):
+    """One program per (row, split): the at most ``TOPK`` unordered entries a streaming kernel left
+    for it (in the row's output slots with one split, else in its split list) become the row's
+    outputs, or a split list in position order for the merge kernel."""
+    i = tl.program_id(0)
+    row = i // splits
+    split = i % splits
+    row64 = row.to(tl.int64)
+    seq_len = tl.minimum(tl.load(seq_lens + row), width)
+    if splits == 1:
+        buf_key = out_bits + row64 * TOPK
+        buf_pos = out_raw + row64 * TOPK
+        count = tl.load(out_cnt + row)
+    else:
+        buf_key = seg_key + i.to(tl.int64) * TOPK
+        buf_pos = seg_pos + i.to(tl.int64) * TOPK
+        count = tl.load(seg_cnt + i)
+    _finish_row(
+        buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
+        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE,
+    )
+
+
+# ---- host side ----
+
+
+def hopper_descriptors(inputs, ka, cfg):
+    """Bulk-copy descriptors of :func:`hopper_stream_kernel` for these inputs; ValueError where it
+    does not apply (it serves the FP8 cache on an sm_90 GPU, the legacy tile's configuration,
+    contiguous 16-byte aligned queries and cache)."""
+    if inputs.layout is not Layout.SGLANG_FP8 or ka.interpret or not ka.tma or (cfg.rows, cfg.num_warps) != (2, 4):
+        raise ValueError("the Hopper stream serves the sglang_fp8 layout on a GPU, with the 2-row tile")
+    if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
+        raise ValueError("the Hopper stream needs an sm_90 GPU")
+    q, kc = inputs.q, inputs.k_cache
+    if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
+        raise ValueError("the Hopper stream needs contiguous, 16-byte aligned queries and a non-empty cache")
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
+
+    page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
+    pages, rows = kc.shape[0], q.shape[0]
+    # the cache as [pages * KEY_ROWS, 128] bytes: page p's keys are rows p * KEY_ROWS .. + 63
+    key_rows = page_bytes // HEAD_DIM
+    keys = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(pages * key_rows, HEAD_DIM)
+    scales = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(torch.float32).view(pages, page_bytes // 4)
+    queries = q.view(torch.uint8).reshape(rows * HEADS, HEAD_DIM)
+    fp8 = torch.float8_e4m3fn
+    return HopperDescriptors(
+        GluonDescriptor(queries.view(fp8), [rows * HEADS, HEAD_DIM], [HEAD_DIM, 1], [cfg.rows * HEADS, HEAD_DIM],
+                        gl.NVMMASharedLayout.get_default_for([cfg.rows * HEADS, HEAD_DIM], gl.float8e4nv)),
+        GluonDescriptor(keys.view(fp8), [pages * key_rows, HEAD_DIM], [HEAD_DIM, 1], [PAGE_SIZE, HEAD_DIM],
+                        gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, HEAD_DIM], gl.float8e4nv)),
+        GluonDescriptor(scales, [pages, page_bytes // 4], [page_bytes // 4, 1], [1, PAGE_SIZE],
+                        gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
+        key_rows,
+        GEOMETRY[Layout.SGLANG_FP8].scale_offset // 4,
+    )
+
+
+@dataclass(frozen=True)
+class HopperDescriptors:
+    queries: object
+    keys: object
+    scales: object
+    key_rows: int  # 128-byte rows per cache page
+    scale_col: int  # fp32 word of a page's first key scale
+
+
+HOPPER_KEY_STAGES = 4
+HOPPER_SCORE_SLOTS = 16
+
+
+def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
+                        no_select: bool = False):
+    """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
+    through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
+    ``no_select`` is a timing probe: the selection does no work and the outputs are undefined."""
+    from indexer_topk.backends.fused import _carve, plan_fused
+    from indexer_topk.contract import allocate_result, as_inputs
+    from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
+
+    inputs = as_inputs(inputs)
+    ka = pack_args(inputs)
+    cfg = tile_config(inputs.layout)
+    descs = hopper_descriptors(inputs, ka, cfg)
+    rows, topk = ka.q.shape[0], inputs.topk
+    if out is None:
+        out = allocate_result(rows, topk, ka.kc.device)
+    if rows == 0:
+        return out
+    plan = plan_fused(rows, topk, ka.kc.device, num_splits, pool, cfg.rows)
+    workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=ka.kc.device)
+    _, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    width = ka.page_table.shape[1] * PAGE_SIZE
+    span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
+    n_items = triton.cdiv(rows, cfg.rows) * plan.splits
+    groups = triton.cdiv(rows, plan.group_rows)
+    group_pass = strip[:groups]  # the strips are the plain-Triton kernel's; this kernel has none
+    out_bits = out.values.view(torch.int32)
+    if plan.splits == 1:  # each row's entries go straight to its output slots
+        seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
+    group_pass_kernel[(groups,)](
+        ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
+    )
+    hopper_stream_kernel[(min(device_sm_count(ka.kc.device), n_items),)](
+        descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
+        ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
+        n_items, span, plan.splits,
+        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
+        SLOTS=HOPPER_SCORE_SLOTS, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
+        NO_SELECT=no_select,
+        num_warps=4, maxnreg=128,
+    )
+    finish_rows_kernel[(rows * plan.splits,)](
+        ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
+        out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
+        num_warps=4,
+    )
+    if plan.splits > 1:
+        select_rows_kernel[(rows,)](
+            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
+            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
+            num_warps=SELECT_WARPS,
+        )
+    return out
