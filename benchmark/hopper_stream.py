@@ -50,9 +50,7 @@ from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
 from indexer_topk.kernels.common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
 from indexer_topk.kernels.fused import GOLDEN, _finish_row
 from indexer_topk.kernels.geometry import GEOMETRY, NHEADS, PAGE
-from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS
 from indexer_topk.kernels.score import group_rows, pages_agree
-from indexer_topk.kernels.select import MODE_SEGMENTS, select_rows_kernel
 
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
@@ -529,7 +527,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined."""
-    from indexer_topk.backends.fused import _carve, plan_fused
+    from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
 
@@ -571,10 +569,5 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         num_warps=4,
     )
     if plan.splits > 1:
-        select_rows_kernel[(rows,)](
-            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
-            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
-            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
-            num_warps=SELECT_WARPS,
-        )
+        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
     return out

@@ -221,10 +221,16 @@ def fused_indexer_topk(
         num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
     )
     if plan.splits > 1:
-        select_rows_kernel[(rows,)](
-            seg_key, seg_pos, seg_cnt, plan.splits * topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
-            out_bits, out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
-            MODE=MODE_SEGMENTS, TOPK=topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
-            num_warps=SELECT_WARPS,
-        )
+        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
     return out
+
+
+def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_pos, seg_cnt) -> None:
+    """The exact merge of split rows: each row's ``plan.splits`` lists of at most ``topk``
+    entries in position order (``seg_*``, as the streaming kernels leave them) become its outputs."""
+    select_rows_kernel[(plan.rows,)](
+        seg_key, seg_pos, seg_cnt, plan.splits * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+        out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
+        MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
+        num_warps=SELECT_WARPS,
+    )
