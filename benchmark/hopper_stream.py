@@ -55,7 +55,7 @@ from indexer_topk.kernels.score import group_rows, pages_agree
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
 # Registers per thread of the worker partitions; the selection gets the rest of the 128 x 16 warps.
-SCORE_REGS = gl.constexpr(168)
+SCORE_REGS = gl.constexpr(152)
 SCORE_REGS_LOAD = gl.constexpr(40)
 
 
@@ -190,11 +190,11 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    NO_SELECT: gl.constexpr,
+    G: gl.constexpr, NO_SELECT: gl.constexpr,
 ):
     NW: gl.constexpr = 4
-    # each row's 64 scores in one warp (two warps per row): the row's scans stay in the warp
-    SL: gl.constexpr = gl.BlockedLayout([2, 1], [32, 1], [1, NW], [0, 1])
+    # G visits' scores at once; each row's in one warp (two warps per row): its scans stay in the warp
+    SL: gl.constexpr = gl.BlockedLayout([2 * G, 1], [32, 1], [1, NW], [0, 1])
     RL: gl.constexpr = gl.SliceLayout(0, SL)
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
@@ -204,17 +204,22 @@ def _select_partition(
     key_base = buf_key_all + pid.to(gl.int64) * (R * CAP)
     pos_base = buf_pos_all + pid.to(gl.int64) * (R * CAP)
     rr = gl.arange(0, R, layout=RL)
-    lane = gl.expand_dims(gl.arange(0, PAGE, layout=gl.SliceLayout(1, SL)), 1)
+    e = gl.expand_dims(gl.arange(0, G * PAGE, layout=gl.SliceLayout(1, SL)), 1)
+    lane = e % PAGE
+    visit = e // PAGE  # which of the G visits
     row_off = gl.expand_dims(rr, 0) * CAP
+    # the ring's slots of one selection step are consecutive: G visits' tiles as one [G * 64, R]
+    steps = ring._reinterpret(gl.float32, [SLOTS // G, G * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     it = 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
+        n_pad = (n + G - 1) // G * G
         lens = gl.load(seq_lens + r0 + rr, mask=r0 + rr < n_rows, other=0)
         hi = gl.minimum(gl.minimum(lo + split_span, width), gl.max(lens, axis=0))
         ends = gl.maximum(gl.minimum(lens, hi), lo)
         npass = gl.load(group_pass + r0 // R)
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
-            for i in range(n * npass):
+            for i in range(n_pad * npass):
                 t = it % SLOTS
                 mbarrier.wait(sready.index(t), (it // SLOTS) & 1)
                 _release(sfree.index(t))
@@ -226,17 +231,26 @@ def _select_partition(
             gate_key = gl.full([R], KEY_MIN, gl.int32, layout=RL)
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
             v = 0
-            for i in range(n):
-                t = it % SLOTS
-                mbarrier.wait(sready.index(t), (it // SLOTS) & 1)
-                s = ring.index(t).load(SL)
-                _release(sfree.index(t))
-                it += 1
+            for i in range(0, n_pad, G):
+                for u in gl.static_range(G):
+                    mbarrier.wait(sready.index((it + u) % SLOTS), ((it + u) // SLOTS) & 1)
+                s = steps.index((it // G) % (SLOTS // G)).load(SL)
+                gl.thread_barrier()  # every warp has read the tiles before they are released
+                for u in gl.static_range(G):
+                    mbarrier.arrive(sfree.index((it + u) % SLOTS), count=1)
+                it += G
                 key = _ordered_key(s)
-                pos = lo + v * PAGE + lane
+                # visit i + u scores page (v + u * step) mod n, stepped without a division
+                base = lo + v * PAGE + lane
+                vu = v
+                for u in gl.static_range(1, G):
+                    vu += step
+                    vu = gl.where(vu >= n, vu - n, vu)
+                    base = gl.where(visit == u, lo + vu * PAGE + lane, base)
+                pos = base
                 gk = gl.expand_dims(gate_key, 0)
                 gp = gl.expand_dims(gate_pos, 0)
-                take = (pos < gl.expand_dims(ends, 0)) & gl.expand_dims(active, 0)
+                take = (pos < gl.expand_dims(ends, 0)) & gl.expand_dims(active, 0) & (i + visit < n)
                 take = take & ((key > gk) | ((key == gk) & (pos < gp)))
                 n_take = gl.sum(take.to(gl.int32), axis=0)
                 if gl.max(count + n_take, axis=0) > CAP:
@@ -257,8 +271,9 @@ def _select_partition(
                 gl.store(key_base + row_off + dst, key, mask=take)
                 gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
                 count = count + n_take
-                v += step
-                v = gl.where(v >= n, v - n, v)
+                for u in gl.static_range(G):
+                    v += step
+                    v = gl.where(v >= n, v - n, v)
             gl.thread_barrier()
             for r in range(R):
                 row = r0 + r
@@ -280,7 +295,7 @@ def _select_partition(
 def _load_partition(
     q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
     pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-    R: gl.constexpr, KSTAGES: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr,
+    R: gl.constexpr, KSTAGES: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
 ):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -302,21 +317,24 @@ def _load_partition(
             v2 = gl.where(v1 + step >= n, v1 + step - n, v1 + step)
             page = gl.load(pt_row, mask=n > 0, other=0)
             page1 = gl.load(pt_row + v1, mask=n > 1, other=0)
-            for i in range(n):
+            for i in range(0, (n + G - 1) // G * G):  # padded to whole selection steps
                 page2 = gl.load(pt_row + v2, mask=i + 2 < n, other=0)
                 v2 += step
                 v2 = gl.where(v2 >= n, v2 - n, v2)
                 ok = (page >= 0) & (page < n_pages)
                 s = it % KSTAGES
                 mbarrier.wait(kfree.index(s), ((it // KSTAGES) & 1) ^ 1)
-                mbarrier.expect(kready.index(s), k_desc.block_type.nbytes + s_desc.block_type.nbytes)
-                # a page outside the cache reads as zeros: a negative coordinate is out of bounds
-                tma.async_copy_global_to_shared(
-                    k_desc, [gl.where(ok, page * KEY_ROWS, -PAGE), 0], kready.index(s), kbuf.index(s)
-                )
-                tma.async_copy_global_to_shared(
-                    s_desc, [gl.where(ok, page, -1), SCALE_COL], kready.index(s), sbuf.index(s)
-                )
+                if i < n:
+                    mbarrier.expect(kready.index(s), k_desc.block_type.nbytes + s_desc.block_type.nbytes)
+                    # a page outside the cache reads as zeros: a negative coordinate is out of bounds
+                    tma.async_copy_global_to_shared(
+                        k_desc, [gl.where(ok, page * KEY_ROWS, -PAGE), 0], kready.index(s), kbuf.index(s)
+                    )
+                    tma.async_copy_global_to_shared(
+                        s_desc, [gl.where(ok, page, -1), SCALE_COL], kready.index(s), sbuf.index(s)
+                    )
+                else:  # a padding visit: an empty token through the rings
+                    mbarrier.arrive(kready.index(s), count=1)
                 it += 1
                 page = page1
                 page1 = page2
@@ -326,7 +344,7 @@ def _load_partition(
 def _score_partition(
     PAR: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr,
+    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr,
 ):
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
@@ -346,19 +364,25 @@ def _score_partition(
         qs = q_i % 2
         mbarrier.wait(qready.index(qs), (q_i // 2) & 1)
         qt = qbuf.index(qs).permute((1, 0))
-        total = n * npass
+        n_pad = (n + G - 1) // G * G
+        total = n_pad * npass
         for j in range((PAR + 2 - it % 2) % 2, total, 2):
             g = it + j
             s = g % KSTAGES
-            mbarrier.wait(kready.index(s), (g // KSTAGES) & 1)
-            acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
-            _release(kfree.index(s))
             t = g % SLOTS
-            mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
-            ring.index(t).store(sc)
-            _release(sready.index(t))
+            mbarrier.wait(kready.index(s), (g // KSTAGES) & 1)
+            if j % n_pad < n:
+                acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
+                _release(kfree.index(s))
+                mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
+                ring.index(t).store(sc)
+                _release(sready.index(t))
+            else:  # a padding visit: nothing to score, the selection masks it
+                _release(kfree.index(s))
+                mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
+                _release(sready.index(t))
         it += total
         _release(qfree.index(qs))
         q_i += 1
@@ -369,7 +393,8 @@ def hopper_stream_kernel(
     q_desc, k_desc, s_desc, w_ptr, pt_ptr, stride_pt, n_pages, width, seq_lens, n_rows, weight_scale,
     group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
-    SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, NO_SELECT: gl.constexpr = False,
+    SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
+    NO_SELECT: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -402,7 +427,7 @@ def hopper_stream_kernel(
                 _select_partition,
                 (
                     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
-                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, NO_SELECT,
+                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, NO_SELECT,
                 ),
             ),
             (
@@ -410,7 +435,7 @@ def hopper_stream_kernel(
                 (
                     q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
                     pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span,
-                    splits, R, KSTAGES, KEY_ROWS, SCALE_COL,
+                    splits, R, KSTAGES, KEY_ROWS, SCALE_COL, G,
                 ),
             ),
             (
@@ -418,7 +443,7 @@ def hopper_stream_kernel(
                 (
                     0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-                    R, KSTAGES, SLOTS,
+                    R, KSTAGES, SLOTS, G,
                 ),
             ),
             (
@@ -426,7 +451,7 @@ def hopper_stream_kernel(
                 (
                     1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-                    R, KSTAGES, SLOTS,
+                    R, KSTAGES, SLOTS, G,
                 ),
             ),
         ],
@@ -519,7 +544,9 @@ class HopperDescriptors:
 
 
 HOPPER_KEY_STAGES = 4
-HOPPER_SCORE_SLOTS = 16
+HOPPER_SCORE_SLOTS = 32
+# visits the selection takes per step (at most the pool's pages: a step's entrants must fit beside a cut buffer)
+HOPPER_SELECT_VISITS = 8
 
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
@@ -560,9 +587,12 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         n_items, span, plan.splits,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
         SLOTS=HOPPER_SCORE_SLOTS, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
+        G=min(HOPPER_SELECT_VISITS, plan.pool // PAGE_SIZE),
         NO_SELECT=no_select,
         num_warps=4, maxnreg=128,
     )
+    if no_select:
+        return out
     finish_rows_kernel[(rows * plan.splits,)](
         ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
         out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,

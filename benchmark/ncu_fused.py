@@ -20,8 +20,12 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=786432)
     p.add_argument("--rows", type=int, default=1024)
     p.add_argument("--topk", type=int, default=1024)
+    p.add_argument("--hopper", action="store_true", help="the warp-specialised experiment (hopper_stream.py)")
     a = p.parse_args(argv)
     from indexer_topk.backends.fused import fused_indexer_topk
+
+    if a.hopper:
+        from hopper_stream import hopper_indexer_topk as fused_indexer_topk
     from indexer_topk.workload import make_workload
 
     w = make_workload(a.layout, context_tokens=[a.context], rows_per_request=[a.rows], topk=a.topk, seed=1,
