@@ -95,10 +95,12 @@ def timings(quick: bool, iters: int, only: int = 0) -> list:
                           device="cuda", pattern=pattern)
         inputs = w.inputs()
         ref = legacy_indexer_topk(inputs)
-        for name in ("legacy", "fused", "hopper", "hopper_no_select"):
+        for name in ("legacy", "fused", "hopper", "hopper_no_select", "hopper_slots32"):
             out = allocate_result(w.rows, 1024, "cuda")
             if name == "legacy":
                 fn = lambda: legacy_indexer_topk(inputs, out=out)  # noqa: E731
+            elif name == "hopper_slots32":  # a deeper score ring
+                fn = lambda: run_fused(inputs, True, out=out, score_slots=32)  # noqa: E731
             elif name == "hopper_no_select":  # a timing probe: outputs undefined
                 fn = lambda: run_fused(inputs, True, out=out, no_select=True)  # noqa: E731
             else:

@@ -55,7 +55,7 @@ from indexer_topk.kernels.score import group_rows, pages_agree
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
 # Registers per thread of the worker partitions; the selection gets the rest of the 128 x 16 warps.
-SCORE_REGS = gl.constexpr(152)
+SCORE_REGS = gl.constexpr(168)
 SCORE_REGS_LOAD = gl.constexpr(40)
 
 
@@ -544,16 +544,19 @@ class HopperDescriptors:
 
 
 HOPPER_KEY_STAGES = 4
-HOPPER_SCORE_SLOTS = 32
+HOPPER_SCORE_SLOTS = 16
 # visits the selection takes per step (at most the pool's pages: a step's entrants must fit beside a cut buffer)
-HOPPER_SELECT_VISITS = 8
+HOPPER_SELECT_VISITS = 4
 
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-                        no_select: bool = False):
+                        no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
+                        score_slots: int = HOPPER_SCORE_SLOTS):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
-    ``no_select`` is a timing probe: the selection does no work and the outputs are undefined."""
+    ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
+    ``select_visits`` (a power of two) and ``score_slots`` (a multiple of it) shape the selection's
+    steps and the score ring."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -586,8 +589,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
         n_items, span, plan.splits,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
-        SLOTS=HOPPER_SCORE_SLOTS, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
-        G=min(HOPPER_SELECT_VISITS, plan.pool // PAGE_SIZE),
+        SLOTS=score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
+        G=min(select_visits, plan.pool // PAGE_SIZE),
         NO_SELECT=no_select,
         num_warps=4, maxnreg=128,
     )
