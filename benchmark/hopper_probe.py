@@ -8,7 +8,8 @@ groups straddle requests, small pools that force cuts, split rows, topk 512 and 
 kernel's outputs against legacy's, bit for bit. Then timings (median of CUDA events) of legacy,
 the package's fused kernel and the Hopper stream (``hopper_stream.py``) on the same inputs, each
 checked against legacy; ``hopper_no_select`` times the Hopper stream with its selection taken
-out (a probe of the loads and MMAs alone; its outputs are undefined). JSON records go to ``$OUT/hopper_probe.json``.
+out (a probe of the loads and MMAs alone; its outputs are undefined), ``hopper_slots32`` with a
+score ring twice as deep. JSON records go to ``$OUT/hopper_probe.json``.
 """
 
 from __future__ import annotations

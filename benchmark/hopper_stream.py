@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""An experiment: the fused stream on Hopper, warp-specialised in Gluon (exact; slower today).
+"""An experiment: the fused stream on Hopper, warp-specialised in Gluon (exact; faster than legacy at long contexts only).
 
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
-Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; with the
-selection taken out, loads and MMAs alone run at about 810 TFLOP/s (4.08 ms at 1024 rows x
-768K); with it, 8.16 ms, because the single selection warpgroup is the bottleneck. So it stays
-here, not in the package, until its selection keeps up.
+Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
+768K, 6.85 ms against legacy's 7.51 and the package's fused kernel's 7.88; its loads and MMAs
+alone take 4.4 ms (about 750-800 TFLOP/s): the single selection warpgroup is the limit. Slower
+than legacy at 64K (1.22 vs 0.85 ms), so it stays here, not in the package, until its
+selection keeps up.
 
 
 The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
@@ -20,7 +21,7 @@ talk through shared-memory rings guarded by mbarriers:
   head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
   hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
   ``[64, R]`` score tiles;
-* **select** (the default warpgroup): takes each score tile, appends the scores that beat their
+* **select** (the default warpgroup): takes ``G`` visits' score tiles per step, appends the scores that beat their
   row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
   that would overflow to its best ``TOPK`` (raising the gate), and at the end of an item cuts
   each row to ``TOPK`` and writes it, unordered, to the row's output slot (one split) or split
