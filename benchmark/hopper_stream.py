@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""An experiment: the fused stream on Hopper, warp-specialised in Gluon (exact; faster than legacy at long contexts only).
+"""An experiment: a warp-specialised Gluon fused stream for Hopper (exact; beats legacy at long contexts only).
 
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
@@ -20,7 +20,7 @@ talk through shared-memory rings guarded by mbarriers:
 * **score** (two warpgroups, even and odd visits): the MMA ``[64 keys] x [R * 64 heads]`` and the
   head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
   hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
-  ``[64, R]`` score tiles;
+  ``[64, R]`` tiles of order keys;
 * **select** (the default warpgroup): takes ``G`` visits' score tiles per step, appends the scores that beat their
   row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
   that would overflow to its best ``TOPK`` (raising the gate), and at the end of an item cuts
@@ -210,7 +210,7 @@ def _select_partition(
     visit = e // PAGE  # which of the G visits
     row_off = gl.expand_dims(rr, 0) * CAP
     # the ring's slots of one selection step are consecutive: G visits' tiles as one [G * 64, R]
-    steps = ring._reinterpret(gl.float32, [SLOTS // G, G * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    steps = ring._reinterpret(gl.int32, [SLOTS // G, G * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
     it = 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
@@ -235,12 +235,11 @@ def _select_partition(
             for i in range(0, n_pad, G):
                 for u in gl.static_range(G):
                     mbarrier.wait(sready.index((it + u) % SLOTS), ((it + u) // SLOTS) & 1)
-                s = steps.index((it // G) % (SLOTS // G)).load(SL)
+                key = steps.index((it // G) % (SLOTS // G)).load(SL)
                 gl.thread_barrier()  # every warp has read the tiles before they are released
                 for u in gl.static_range(G):
                     mbarrier.arrive(sfree.index((it + u) % SLOTS), count=1)
                 it += G
-                key = _ordered_key(s)
                 # visit i + u scores page (v + u * step) mod n, stepped without a division
                 base = lo + v * PAGE + lane
                 vu = v
@@ -378,7 +377,7 @@ def _score_partition(
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
                 _release(kfree.index(s))
                 mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
-                ring.index(t).store(sc)
+                ring.index(t).store(_ordered_key(sc))  # the order key here: the selection's chain is the limit
                 _release(sready.index(t))
             else:  # a padding visit: nothing to score, the selection masks it
                 _release(kfree.index(s))
@@ -404,7 +403,7 @@ def hopper_stream_kernel(
     sbuf = gl.allocate_shared_memory(s_desc.dtype, [KSTAGES] + s_desc.block_type.shape, s_desc.layout)
     qbuf = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
     ring = gl.allocate_shared_memory(
-        gl.float32, [SLOTS, PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
+        gl.int32, [SLOTS, PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     )
     kready = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
