@@ -4,8 +4,8 @@
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
 Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
-768K, 6.85 ms against legacy's 7.51 and the package's fused kernel's 7.88; its loads and MMAs
-alone take 4.4 ms (about 750-800 TFLOP/s): the single selection warpgroup is the limit. Slower
+768K, 6.80 ms against legacy's 7.49 and the package's fused kernel's 7.94; its loads and MMAs
+alone take 4.4-4.6 ms (about 720-800 TFLOP/s): the single selection warpgroup is the limit. Slower
 than legacy at 64K (1.22 vs 0.85 ms), so it stays here, not in the package, until its
 selection keeps up.
 
