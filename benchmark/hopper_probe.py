@@ -74,7 +74,18 @@ def check(quick: bool) -> list:
     return records
 
 
-def timings(quick: bool, iters: int, only: int = 0) -> list:
+# Builds not yet measured on a device, timed (and checked) beside the kept one at the first shape
+# with --variants: hopper_stream.hopper_indexer_topk keyword arguments.
+UNTESTED = {
+    "hopper_cut_call": dict(cut_call=True),
+    "hopper_split2": dict(select_split=2),
+    "hopper_split2_call": dict(select_split=2, cut_call=True),
+    "hopper_g8_split2_call": dict(select_visits=8, score_slots=32, select_split=2, cut_call=True),
+    "hopper_g8_regs168": dict(select_visits=8, score_slots=32),
+}
+
+
+def timings(quick: bool, iters: int, only: int = 0, variants: bool = False) -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
@@ -91,15 +102,20 @@ def timings(quick: bool, iters: int, only: int = 0) -> list:
     if only:
         cases = cases[:only]
     records = []
-    for layout, tokens, rows, pattern in cases:
+    for k, (layout, tokens, rows, pattern) in enumerate(cases):
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                           device="cuda", pattern=pattern)
         inputs = w.inputs()
         ref = legacy_indexer_topk(inputs)
-        for name in ("legacy", "fused", "hopper", "hopper_no_select", "hopper_slots32"):
+        names = ["legacy", "fused", "hopper", "hopper_no_select", "hopper_slots32"]
+        if variants and k == 0:
+            names += list(UNTESTED)
+        for name in names:
             out = allocate_result(w.rows, 1024, "cuda")
             if name == "legacy":
                 fn = lambda: legacy_indexer_topk(inputs, out=out)  # noqa: E731
+            elif name in UNTESTED:
+                fn = lambda kw=UNTESTED[name]: run_fused(inputs, True, out=out, **kw)  # noqa: E731
             elif name == "hopper_slots32":  # a deeper score ring
                 fn = lambda: run_fused(inputs, True, out=out, score_slots=32)  # noqa: E731
             elif name == "hopper_no_select":  # a timing probe: outputs undefined
@@ -126,9 +142,10 @@ def main(argv=None):
     p.add_argument("--skip-time", action="store_true")
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--cases", type=int, default=0, help="time only the first N shapes")
+    p.add_argument("--variants", action="store_true", help="also the builds in UNTESTED, at the first shape")
     a = p.parse_args(argv)
     checks = [] if a.skip_check else check(a.quick)
-    times = [] if a.skip_time else timings(a.quick, a.iters, a.cases)
+    times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.variants)
     with open(os.path.join(os.environ.get("OUT", "."), "hopper_probe.json"), "w") as f:
         json.dump(dict(checks=checks, timings=times), f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}")

@@ -55,8 +55,8 @@ from indexer_topk.kernels.score import group_rows, pages_agree
 
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
-# Registers per thread of the worker partitions; the selection gets the rest of the 128 x 16 warps.
-SCORE_REGS = gl.constexpr(168)
+# Registers per thread of the loader; the score warpgroups take ``SCORE_REGS`` (a kernel argument,
+# 168 by default) and the selection the rest of the 128 x 16 warps.
 SCORE_REGS_LOAD = gl.constexpr(40)
 
 
@@ -176,6 +176,21 @@ def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl
     return (gate >> 32).to(gl.int32), ((gate & LOW32) ^ LOW32).to(gl.int32)
 
 
+# The cut as a called function: its registers stay out of the selection's step (an sm_90 compile
+# moves every spill of the step into the cut; untested on a device).
+_cut_call = gluon.jit(noinline=True)(_cut.fn)
+
+
+@gluon.jit
+def _cut_any(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr,
+             CALL: gl.constexpr):
+    if CALL:
+        gk, gp = _cut_call(buf_key, buf_pos, count, TOPK, TILE, L1, HL)
+    else:
+        gk, gp = _cut(buf_key, buf_pos, count, TOPK, TILE, L1, HL)
+    return gk, gp
+
+
 @triton.constexpr_function
 def _vector_layout(n, num_warps):
     return gl.BlockedLayout([max(1, n // (32 * num_warps))], [32], [num_warps], [0])
@@ -191,11 +206,13 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    G: gl.constexpr, NO_SELECT: gl.constexpr,
+    G: gl.constexpr, SPLIT: gl.constexpr, CUT_CALL: gl.constexpr, NO_SELECT: gl.constexpr,
 ):
     NW: gl.constexpr = 4
-    # G visits' scores at once; each row's in one warp (two warps per row): its scans stay in the warp
-    SL: gl.constexpr = gl.BlockedLayout([2 * G, 1], [32, 1], [1, NW], [0, 1])
+    # G visits' keys at once. SPLIT 1: a row's keys in one warp (two warps per row, the same work:
+    # its scans stay in the warp); SPLIT 2: in two warps (no warp repeats another's work, each scan
+    # and sum crosses the pair once)
+    SL: gl.constexpr = gl.BlockedLayout([2 * G // SPLIT, 1], [32, 1], [SPLIT, NW // SPLIT], [0, 1])
     RL: gl.constexpr = gl.SliceLayout(0, SL)
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
@@ -258,7 +275,7 @@ def _select_partition(
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
                         if c + _pick(n_take, r, 0) > CAP:
-                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
+                            gkr, gpr = _cut_any(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT_CALL)
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
                             count = gl.where(rr == r, TOPK, count)
@@ -280,7 +297,7 @@ def _select_partition(
                 c = _pick(count, r, 0)
                 if (row < n_rows) & ((npass == 1) | (p == r)):
                     if c > TOPK:
-                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
+                        _cut_any(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT_CALL)
                         c = TOPK
                     offs = gl.arange(0, TOPK, layout=TL)
                     m = offs < c
@@ -394,6 +411,7 @@ def hopper_stream_kernel(
     group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
+    SCORE_REGS: gl.constexpr = 168, SPLIT: gl.constexpr = 1, CUT_CALL: gl.constexpr = False,
     NO_SELECT: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -427,7 +445,8 @@ def hopper_stream_kernel(
                 _select_partition,
                 (
                     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
-                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, NO_SELECT,
+                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
+                    NO_SELECT,
                 ),
             ),
             (
@@ -551,12 +570,16 @@ HOPPER_SELECT_VISITS = 4
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: int = HOPPER_SCORE_SLOTS):
+                        score_slots: int = HOPPER_SCORE_SLOTS, score_regs: int = 168, select_split: int = 1,
+                        cut_call: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
     ``select_visits`` (a power of two) and ``score_slots`` (a multiple of it) shape the selection's
-    steps and the score ring."""
+    steps and the score ring; ``score_regs`` is the score warpgroups' register count (the
+    selection gets ``512 - 40 - 2 * score_regs``); ``select_split`` 2 spreads each row's keys over
+    two warps instead of repeating them (see ``_select_partition``); ``cut_call`` makes the cut a
+    called function. The defaults are the measured build; the others are untested on a device."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -590,7 +613,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         n_items, span, plan.splits,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
         SLOTS=score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
-        G=min(select_visits, plan.pool // PAGE_SIZE),
+        G=min(select_visits, plan.pool // PAGE_SIZE), SCORE_REGS=score_regs, SPLIT=select_split,
+        CUT_CALL=cut_call,
         NO_SELECT=no_select,
         num_warps=4, maxnreg=128,
     )
