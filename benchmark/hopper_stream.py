@@ -206,8 +206,10 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    G: gl.constexpr, SPLIT: gl.constexpr, CUT_CALL: gl.constexpr, NO_SELECT: gl.constexpr,
+    G: gl.constexpr, SPLIT: gl.constexpr, CUT_CALL: gl.constexpr, NO_SELECT: gl.constexpr, ROW: gl.constexpr,
 ):
+    """The selection: of every row (``ROW`` -1) or of row ``ROW`` of each group only (two
+    selection warpgroups, each owning one row's gates, counts, buffer and cuts)."""
     NW: gl.constexpr = 4
     # G visits' keys at once. SPLIT 1: a row's keys in one warp (two warps per row, the same work:
     # its scans stay in the warp); SPLIT 2: in two warps (no warp repeats another's work, each scan
@@ -244,7 +246,7 @@ def _select_partition(
                 it += 1
             npass = 0
         for p in range(npass):
-            active = (rr == p) | (npass == 1)
+            active = ((rr == p) | (npass == 1)) & ((rr == ROW) | (ROW < 0))
             count = gl.zeros([R], gl.int32, layout=RL)
             gate_key = gl.full([R], KEY_MIN, gl.int32, layout=RL)
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
@@ -295,7 +297,7 @@ def _select_partition(
             for r in range(R):
                 row = r0 + r
                 c = _pick(count, r, 0)
-                if (row < n_rows) & ((npass == 1) | (p == r)):
+                if (row < n_rows) & ((npass == 1) | (p == r)) & ((ROW < 0) | (r == ROW)):
                     if c > TOPK:
                         _cut_any(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT_CALL)
                         c = TOPK
@@ -412,7 +414,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 168, SPLIT: gl.constexpr = 1, CUT_CALL: gl.constexpr = False,
-    NO_SELECT: gl.constexpr = False,
+    SELECTORS: gl.constexpr = 1, SELECT_REGS: gl.constexpr = 104, NO_SELECT: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -437,46 +439,64 @@ def hopper_stream_kernel(
         mbarrier.init(qfree.index(i), count=2)  # both score warpgroups release the queries
     for i in gl.static_range(SLOTS):
         mbarrier.init(sready.index(i), count=1)
-        mbarrier.init(sfree.index(i), count=1)
+        mbarrier.init(sfree.index(i), count=SELECTORS)  # every selection warpgroup releases a slot
 
-    gl.warp_specialize(
-        [
-            (
-                _select_partition,
-                (
-                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
-                    seg_key, seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
-                    NO_SELECT,
-                ),
-            ),
-            (
-                _load_partition,
-                (
-                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
-                    pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span,
-                    splits, R, KSTAGES, KEY_ROWS, SCALE_COL, G,
-                ),
-            ),
-            (
-                _score_partition,
-                (
-                    0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                    w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-                    R, KSTAGES, SLOTS, G,
-                ),
-            ),
-            (
-                _score_partition,
-                (
-                    1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                    w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-                    R, KSTAGES, SLOTS, G,
-                ),
-            ),
-        ],
-        [1, SCORE_WARPS, SCORE_WARPS],
-        [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
-    )
+    # (argument lists written out: a tuple built in a kernel would turn its constexprs into tensors)
+    if SELECTORS == 2:  # a selection warpgroup per row (R == 2)
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
+                    NO_SELECT, 0,
+                )),
+                (_load_partition, (
+                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                    SCALE_COL, G,
+                )),
+                (_score_partition, (
+                    0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                )),
+                (_score_partition, (
+                    1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                )),
+                (_select_partition, (
+                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
+                    NO_SELECT, 1,
+                )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS, 4],
+            [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS, SELECT_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
+                    NO_SELECT, -1,
+                )),
+                (_load_partition, (
+                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                    SCALE_COL, G,
+                )),
+                (_score_partition, (
+                    0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                )),
+                (_score_partition, (
+                    1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS],
+            [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
+        )
 
 
 @triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
@@ -571,7 +591,7 @@ HOPPER_SELECT_VISITS = 4
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: int = HOPPER_SCORE_SLOTS, score_regs: int = 168, select_split: int = 1,
-                        cut_call: bool = False):
+                        cut_call: bool = False, selectors: int = 1, select_regs: int = 104):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
@@ -579,7 +599,9 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     steps and the score ring; ``score_regs`` is the score warpgroups' register count (the
     selection gets ``512 - 40 - 2 * score_regs``); ``select_split`` 2 spreads each row's keys over
     two warps instead of repeating them (see ``_select_partition``); ``cut_call`` makes the cut a
-    called function. The defaults are the measured build; the others are untested on a device."""
+    called function; ``selectors`` 2 gives each row of a group its own selection warpgroup
+    (``select_regs`` registers for the second; the kernel then holds 20 warps at 96 registers).
+    The defaults are the measured build; the others are untested on a device."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -614,9 +636,9 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
         SLOTS=score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
         G=min(select_visits, plan.pool // PAGE_SIZE), SCORE_REGS=score_regs, SPLIT=select_split,
-        CUT_CALL=cut_call,
+        CUT_CALL=cut_call, SELECTORS=selectors, SELECT_REGS=select_regs,
         NO_SELECT=no_select,
-        num_warps=4, maxnreg=128,
+        num_warps=4, maxnreg=128 if selectors == 1 else 96,
     )
     if no_select:
         return out
