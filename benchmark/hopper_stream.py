@@ -49,7 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 
 from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
 from indexer_topk.kernels.common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
-from indexer_topk.kernels.fused import GOLDEN, _finish_row
+from indexer_topk.kernels.fused import _finish_row, visit_step
 from indexer_topk.kernels.geometry import GEOMETRY, NHEADS, PAGE
 from indexer_topk.kernels.score import group_rows, pages_agree
 
@@ -60,19 +60,8 @@ SCORE_WARPS = gl.constexpr(4)
 SCORE_REGS_LOAD = gl.constexpr(40)
 
 
-@gluon.jit
-def _gcd(a, b):
-    while b != 0:
-        a, b = b, a % b
-    return a
-
-
-@gluon.jit
-def _visit_step(n):
-    step = gl.maximum((n.to(gl.int64) * GOLDEN >> 20).to(gl.int32), 1)
-    while _gcd(n, step) != 1:
-        step += 1
-    return step
+# the visit order of the plain-Triton kernel, the same function compiled as Gluon
+_visit_step = gluon.jit(visit_step.fn)
 
 
 @gluon.jit
