@@ -3,7 +3,7 @@
 
     ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        python3 benchmark/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024]
+        python3 benchmark/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024] [--hopper]
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--hopper", action="store_true", help="the warp-specialised experiment (hopper_stream.py)")
     a = p.parse_args(argv)
-    from indexer_topk.backends.fused import fused_indexer_topk
-
     if a.hopper:
-        from hopper_stream import hopper_indexer_topk as fused_indexer_topk
+        from hopper_stream import hopper_indexer_topk as run
+    else:
+        from indexer_topk.backends.fused import fused_indexer_topk as run
     from indexer_topk.workload import make_workload
 
     w = make_workload(a.layout, context_tokens=[a.context], rows_per_request=[a.rows], topk=a.topk, seed=1,
                       device="cuda")
     for _ in range(2):
-        fused_indexer_topk(w.inputs())
+        run(w.inputs())
     torch.cuda.synchronize()
     return 0
 
