@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """The warp-specialised Hopper kernel beside the plain-Triton fused kernel and legacy, one run.
 
-    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check]
+    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select]
 
 First an exactness sweep on small shapes (every adversarial pattern, several requests so that
 groups straddle requests, small pools that force cuts, split rows, topk 512 and 1024): the Hopper
 kernel's outputs against legacy's, bit for bit. Then timings (median of CUDA events) of legacy,
-the package's fused kernel and the Hopper stream (``hopper_stream.py``) on the same inputs, each
-checked against legacy; ``hopper_no_select`` times the Hopper stream with its selection taken
-out (a probe of the loads and MMAs alone; its outputs are undefined), ``hopper_slots32`` with a
-score ring twice as deep. JSON records go to ``$OUT/hopper_probe.json``.
+the package's fused kernel and one build of the Hopper stream (``hopper_stream.py``, ``BUILDS``)
+on the same inputs, each checked against legacy; ``<build>_no_select`` times the build with its
+selection taken out (a probe of the loads and MMAs alone; its outputs are undefined). JSON
+records go to ``$OUT/hopper_probe_<build>.json``. ``hopper_round.sh`` runs several builds, each in
+its own process under a time limit.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def run_fused(inputs, hopper: bool, **kw):
     return hopper_indexer_topk(inputs, **kw) if hopper else fused_indexer_topk(inputs, **kw)
 
 
-def check(quick: bool) -> list:
+def check(quick: bool, build_kw: dict) -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.workload import make_workload
 
@@ -63,7 +64,7 @@ def check(quick: bool) -> list:
             out = allocate_result(w.rows, topk, "cuda")
             for t in (out.values, out.raw_indices, out.physical_indices, out.counts):
                 t.view(torch.int32).fill_(-12345)  # poison: every element must be written
-            run_fused(w.inputs(), True, out=out, **kw)
+            run_fused(w.inputs(), True, out=out, **{**build_kw, **kw})
             torch.cuda.synchronize()
             rec = dict(case=i, tokens=tokens, rows=rows, topk=topk, pattern=pattern, kw=kw,
                        eq_legacy=bitwise_equal(out, ref))
@@ -74,19 +75,20 @@ def check(quick: bool) -> list:
     return records
 
 
-# Builds not yet measured on a device, timed (and checked) beside the kept one at the first shape
-# with --variants: hopper_stream.hopper_indexer_topk keyword arguments.
-UNTESTED = {
-    "hopper_regs120": dict(score_regs=120),  # the selection at 232 registers: no spill in an sm_90 compile
-    "hopper_cut_call": dict(cut_call=True),
-    "hopper_split2": dict(select_split=2),
-    "hopper_g8_regs120": dict(select_visits=8, score_slots=32, score_regs=120),
-    "hopper_g8_split2_regs120": dict(select_visits=8, score_slots=32, select_split=2, score_regs=120),
-    "hopper_selectors2": dict(selectors=2, score_regs=120, select_regs=104, cut_call=True),
+# Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
+# is the kept one; ``--build`` picks the one the sweep checks and the timings run.
+BUILDS = {
+    "hopper": {},
+    "g4_parts2": dict(select_parts=2),  # no warp repeats another's keys
+    "g8_parts2": dict(select_visits=8, select_parts=2),
+    "g8_parts4": dict(select_visits=8, select_parts=4),
+    "g16_parts4": dict(select_visits=16, select_parts=4),
+    "regs168": dict(score_regs=168),  # the score warpgroups' registers of the first builds
 }
 
 
-def timings(quick: bool, iters: int, only: int = 0, variants: bool = False) -> list:
+def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", baselines=("legacy", "fused"),
+            no_select: bool = False) -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
@@ -103,26 +105,23 @@ def timings(quick: bool, iters: int, only: int = 0, variants: bool = False) -> l
     if only:
         cases = cases[:only]
     records = []
-    for k, (layout, tokens, rows, pattern) in enumerate(cases):
+    kw = BUILDS[build]
+    for layout, tokens, rows, pattern in cases:
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                           device="cuda", pattern=pattern)
         inputs = w.inputs()
         ref = legacy_indexer_topk(inputs)
-        names = ["legacy", "fused", "hopper", "hopper_no_select", "hopper_slots32"]
-        if variants and k == 0:
-            names += list(UNTESTED)
+        names = list(baselines) + [build] + ([build + "_no_select"] if no_select else [])
         for name in names:
             out = allocate_result(w.rows, 1024, "cuda")
             if name == "legacy":
                 fn = lambda: legacy_indexer_topk(inputs, out=out)  # noqa: E731
-            elif name in UNTESTED:
-                fn = lambda kw=UNTESTED[name]: run_fused(inputs, True, out=out, **kw)  # noqa: E731
-            elif name == "hopper_slots32":  # a deeper score ring
-                fn = lambda: run_fused(inputs, True, out=out, score_slots=32)  # noqa: E731
-            elif name == "hopper_no_select":  # a timing probe: outputs undefined
-                fn = lambda: run_fused(inputs, True, out=out, no_select=True)  # noqa: E731
+            elif name == "fused":
+                fn = lambda: run_fused(inputs, False, out=out)  # noqa: E731
+            elif name.endswith("_no_select"):  # a timing probe of the loads and MMAs: outputs undefined
+                fn = lambda: run_fused(inputs, True, out=out, no_select=True, **kw)  # noqa: E731
             else:
-                fn = lambda h=(name == "hopper"): run_fused(inputs, h, out=out)  # noqa: E731
+                fn = lambda: run_fused(inputs, True, out=out, **kw)  # noqa: E731
             try:
                 ms = median_ms(fn, warmup=2, iters=iters, device="cuda")
                 rec = dict(layout=layout, tokens=tokens, rows=rows, pattern=pattern, variant=name, ms=ms,
@@ -143,20 +142,23 @@ def main(argv=None):
     p.add_argument("--skip-time", action="store_true")
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--cases", type=int, default=0, help="time only the first N shapes")
-    p.add_argument("--variants", action="store_true", help="also the builds in UNTESTED, at the first shape")
+    p.add_argument("--build", default="hopper", choices=sorted(BUILDS), help="the build checked and timed")
+    p.add_argument("--baselines", default="legacy,fused", help="comma-separated: legacy, fused (or empty)")
+    p.add_argument("--no-select", action="store_true", help="also time the build with its selection taken out")
     a = p.parse_args(argv)
-    checks = [] if a.skip_check else check(a.quick)
-    times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.variants)
-    with open(os.path.join(os.environ.get("OUT", "."), "hopper_probe.json"), "w") as f:
+    checks = [] if a.skip_check else check(a.quick, BUILDS[a.build])
+    times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.build,
+                                          [b for b in a.baselines.split(",") if b], a.no_select)
+    with open(os.path.join(os.environ.get("OUT", "."), f"hopper_probe_{a.build}.json"), "w") as f:
         json.dump(dict(checks=checks, timings=times), f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}")
     bad = [c for c in checks if not c.get("eq_legacy")]
     print(f"exactness: {len(checks) - len(bad)}/{len(checks)} cases bitwise equal to legacy")
     for c in bad:
         print("  FAILED", c)
-    print(f"{'tokens':>7s} {'rows':>5s} {'pattern':10s} {'variant':8s} {'ms':>7s} {'TF/s':>5s} eq")
+    print(f"{'tokens':>7s} {'rows':>5s} {'pattern':10s} {'variant':16s} {'ms':>7s} {'TF/s':>5s} eq")
     for r in times:
-        head = f"{r['tokens'] // 1024:6d}K {r['rows']:5d} {r['pattern']:10s} {r['variant']:8s}"
+        head = f"{r['tokens'] // 1024:6d}K {r['rows']:5d} {r['pattern']:10s} {r['variant']:16s}"
         if "error" in r:
             print(head, "error", r["error"][:80])
         else:

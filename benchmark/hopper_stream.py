@@ -96,9 +96,17 @@ def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr):
 
 
 @gluon.jit
+def _fence_cta():
+    """This thread's memory accesses so far are performed, for the CTA, before its later ones."""
+    gl.inline_asm_elementwise("fence.acq_rel.cta;\nmov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _release(bar):
     """Arrive on ``bar`` for the whole partition: one thread arrives, so every warp must be done
-    with the shared memory the barrier guards first."""
+    with the shared memory the barrier guards first (each thread fences its own accesses, then
+    the partition meets)."""
+    _fence_cta()
     gl.thread_barrier()
     mbarrier.arrive(bar, count=1)
 
@@ -165,21 +173,6 @@ def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl
     return (gate >> 32).to(gl.int32), ((gate & LOW32) ^ LOW32).to(gl.int32)
 
 
-# The cut as a called function: its registers stay out of the selection's step (an sm_90 compile
-# moves every spill of the step, 45 local loads and 9 stores, into the cut; untested on a device).
-_cut_call = gluon.jit(noinline=True)(_cut.fn)
-
-
-@gluon.jit
-def _cut_any(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr,
-             CALL: gl.constexpr):
-    if CALL:
-        gk, gp = _cut_call(buf_key, buf_pos, count, TOPK, TILE, L1, HL)
-    else:
-        gk, gp = _cut(buf_key, buf_pos, count, TOPK, TILE, L1, HL)
-    return gk, gp
-
-
 @triton.constexpr_function
 def _vector_layout(n, num_warps):
     return gl.BlockedLayout([max(1, n // (32 * num_warps))], [32], [num_warps], [0])
@@ -191,20 +184,28 @@ def _pick(vec, r, zero):
 
 
 @gluon.jit
+def _row_vec(t):
+    """``[1, 1, R]`` of an ``[R]`` vector laid out as a row of the selection tile."""
+    return gl.expand_dims(gl.expand_dims(t, 0), 1)
+
+
+@gluon.jit
 def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    G: gl.constexpr, SPLIT: gl.constexpr, CUT_CALL: gl.constexpr, NO_SELECT: gl.constexpr, ROW: gl.constexpr,
+    G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr,
 ):
-    """The selection: of every row (``ROW`` -1) or of row ``ROW`` of each group only (two
-    selection warpgroups, each owning one row's gates, counts, buffer and cuts)."""
+    """The selection of every row of each group."""
     NW: gl.constexpr = 4
-    # G visits' keys at once. SPLIT 1: a row's keys in one warp (two warps per row, the same work:
-    # its scans stay in the warp); SPLIT 2: in two warps (no warp repeats another's work, each scan
-    # and sum crosses the pair once)
-    SL: gl.constexpr = gl.BlockedLayout([2 * G // SPLIT, 1], [32, 1], [SPLIT, NW // SPLIT], [0, 1])
-    RL: gl.constexpr = gl.SliceLayout(0, SL)
+    GP: gl.constexpr = G // PARTS
+    # A step takes G visits' keys as a [PARTS, GP * 64, R] tile: part h holds visits h * GP ..,
+    # one warp per (part, row) where the warps allow, so a row's prefix sums stay inside a warp
+    # (a scan across warps lost exactness in this kernel, not bisected); the parts' counts meet in
+    # one reduction. PARTS 1 repeats each row's work on two warps.
+    SL: gl.constexpr = gl.BlockedLayout([1, 2 * GP, 1], [1, 32, 1], [PARTS, 1, NW // PARTS], [1, 2, 0])
+    HRL: gl.constexpr = gl.SliceLayout(1, SL)  # [PARTS, R]
+    RL: gl.constexpr = gl.SliceLayout(0, HRL)  # [R]
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
     HL: gl.constexpr = _vector_layout(512, NW)
@@ -213,19 +214,22 @@ def _select_partition(
     key_base = buf_key_all + pid.to(gl.int64) * (R * CAP)
     pos_base = buf_pos_all + pid.to(gl.int64) * (R * CAP)
     rr = gl.arange(0, R, layout=RL)
-    e = gl.expand_dims(gl.arange(0, G * PAGE, layout=gl.SliceLayout(1, SL)), 1)
+    hh = gl.expand_dims(gl.arange(0, PARTS, layout=gl.SliceLayout(1, HRL)), 1)  # [PARTS, 1]
+    e = gl.expand_dims(gl.expand_dims(gl.arange(0, GP * PAGE, layout=gl.SliceLayout(0, gl.SliceLayout(2, SL))), 0), 2)
     lane = e % PAGE
-    visit = e // PAGE  # which of the G visits
-    row_off = gl.expand_dims(rr, 0) * CAP
-    # the ring's slots of one selection step are consecutive: G visits' tiles as one [G * 64, R]
-    steps = ring._reinterpret(gl.int32, [SLOTS // G, G * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0]))
+    visit = gl.expand_dims(hh, 1) * GP + e // PAGE  # [PARTS, GP * 64, 1]: which of the G visits
+    row_off = _row_vec(rr) * CAP
+    # the ring's slots of one selection step are consecutive: G visits' tiles as one [PARTS, GP * 64, R]
+    steps = ring._reinterpret(
+        gl.int32, [SLOTS // G, PARTS, GP * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
+    )
     it = 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         n_pad = (n + G - 1) // G * G
         lens = gl.load(seq_lens + r0 + rr, mask=r0 + rr < n_rows, other=0)
         hi = gl.minimum(gl.minimum(lo + split_span, width), gl.max(lens, axis=0))
-        ends = gl.maximum(gl.minimum(lens, hi), lo)
+        ends = _row_vec(gl.maximum(gl.minimum(lens, hi), lo))
         npass = gl.load(group_pass + r0 // R)
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
             for i in range(n_pad * npass):
@@ -235,7 +239,7 @@ def _select_partition(
                 it += 1
             npass = 0
         for p in range(npass):
-            active = ((rr == p) | (npass == 1)) & ((rr == ROW) | (ROW < 0))
+            active = _row_vec((rr == p) | (npass == 1))
             count = gl.zeros([R], gl.int32, layout=RL)
             gate_key = gl.full([R], KEY_MIN, gl.int32, layout=RL)
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
@@ -244,38 +248,40 @@ def _select_partition(
                 for u in gl.static_range(G):
                     mbarrier.wait(sready.index((it + u) % SLOTS), ((it + u) // SLOTS) & 1)
                 key = steps.index((it // G) % (SLOTS // G)).load(SL)
+                _fence_cta()
                 gl.thread_barrier()  # every warp has read the tiles before they are released
                 for u in gl.static_range(G):
                     mbarrier.arrive(sfree.index((it + u) % SLOTS), count=1)
                 it += G
                 # visit i + u scores page (v + u * step) mod n, stepped without a division
-                base = lo + v * PAGE + lane
+                pos = lo + v * PAGE + lane
                 vu = v
                 for u in gl.static_range(1, G):
                     vu += step
                     vu = gl.where(vu >= n, vu - n, vu)
-                    base = gl.where(visit == u, lo + vu * PAGE + lane, base)
-                pos = base
-                gk = gl.expand_dims(gate_key, 0)
-                gp = gl.expand_dims(gate_pos, 0)
-                take = (pos < gl.expand_dims(ends, 0)) & gl.expand_dims(active, 0) & (i + visit < n)
-                take = take & ((key > gk) | ((key == gk) & (pos < gp)))
-                n_take = gl.sum(take.to(gl.int32), axis=0)
+                    pos = gl.where(visit == u, lo + vu * PAGE + lane, pos)
+                take = (pos < ends) & active & (i + visit < n)
+                take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
+                n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
+                n_take = gl.sum(n_part, axis=0)
                 if gl.max(count + n_take, axis=0) > CAP:
                     gl.thread_barrier()  # every earlier entry is in scratch
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
                         if c + _pick(n_take, r, 0) > CAP:
-                            gkr, gpr = _cut_any(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT_CALL)
+                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
                             count = gl.where(rr == r, TOPK, count)
-                    gk = gl.expand_dims(gate_key, 0)
-                    gp = gl.expand_dims(gate_pos, 0)
-                    take = take & ((key > gk) | ((key == gk) & (pos < gp)))
-                    n_take = gl.sum(take.to(gl.int32), axis=0)
+                    take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
+                    n_part = gl.sum(take.to(gl.int32), axis=1)
+                    n_take = gl.sum(n_part, axis=0)
+                # part h's entries follow those of the parts before it
+                first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
+                for h in gl.static_range(PARTS - 1):
+                    first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
                 take_i = take.to(gl.int32)
-                dst = gl.expand_dims(count, 0) + gl.associative_scan(take_i, 0, _add) - take_i
+                dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
                 gl.store(key_base + row_off + dst, key, mask=take)
                 gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
                 count = count + n_take
@@ -286,9 +292,9 @@ def _select_partition(
             for r in range(R):
                 row = r0 + r
                 c = _pick(count, r, 0)
-                if (row < n_rows) & ((npass == 1) | (p == r)) & ((ROW < 0) | (r == ROW)):
+                if (row < n_rows) & ((npass == 1) | (p == r)):
                     if c > TOPK:
-                        _cut_any(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT_CALL)
+                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
                         c = TOPK
                     offs = gl.arange(0, TOPK, layout=TL)
                     m = offs < c
@@ -402,8 +408,7 @@ def hopper_stream_kernel(
     group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
-    SCORE_REGS: gl.constexpr = 168, SPLIT: gl.constexpr = 1, CUT_CALL: gl.constexpr = False,
-    SELECTORS: gl.constexpr = 1, SELECT_REGS: gl.constexpr = 104, NO_SELECT: gl.constexpr = False,
+    SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -428,64 +433,31 @@ def hopper_stream_kernel(
         mbarrier.init(qfree.index(i), count=2)  # both score warpgroups release the queries
     for i in gl.static_range(SLOTS):
         mbarrier.init(sready.index(i), count=1)
-        mbarrier.init(sfree.index(i), count=SELECTORS)  # every selection warpgroup releases a slot
+        mbarrier.init(sfree.index(i), count=1)
 
-    # (argument lists written out: a tuple built in a kernel would turn its constexprs into tensors)
-    if SELECTORS == 2:  # a selection warpgroup per row (R == 2)
-        gl.warp_specialize(
-            [
-                (_select_partition, (
-                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
-                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
-                    NO_SELECT, 0,
-                )),
-                (_load_partition, (
-                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
-                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
-                    SCALE_COL, G,
-                )),
-                (_score_partition, (
-                    0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                )),
-                (_score_partition, (
-                    1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                )),
-                (_select_partition, (
-                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
-                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
-                    NO_SELECT, 1,
-                )),
-            ],
-            [1, SCORE_WARPS, SCORE_WARPS, 4],
-            [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS, SELECT_REGS],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (_select_partition, (
-                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
-                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, SPLIT, CUT_CALL,
-                    NO_SELECT, -1,
-                )),
-                (_load_partition, (
-                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
-                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
-                    SCALE_COL, G,
-                )),
-                (_score_partition, (
-                    0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                )),
-                (_score_partition, (
-                    1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                    seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                )),
-            ],
-            [1, SCORE_WARPS, SCORE_WARPS],
-            [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
-        )
+    gl.warp_specialize(
+        [
+            (_select_partition, (
+                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT,
+            )),
+            (_load_partition, (
+                q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                SCALE_COL, G,
+            )),
+            (_score_partition, (
+                0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+            )),
+            (_score_partition, (
+                1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+            )),
+        ],
+        [1, SCORE_WARPS, SCORE_WARPS],
+        [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
+    )
 
 
 @triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
@@ -579,18 +551,17 @@ HOPPER_SELECT_VISITS = 4
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: int = HOPPER_SCORE_SLOTS, score_regs: int = 168, select_split: int = 1,
-                        cut_call: bool = False, selectors: int = 1, select_regs: int = 104):
+                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = 1,
+                        programs: Optional[int] = None):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
-    ``select_visits`` (a power of two) and ``score_slots`` (a multiple of it) shape the selection's
-    steps and the score ring; ``score_regs`` is the score warpgroups' register count (the
-    selection gets ``512 - 40 - 2 * score_regs``); ``select_split`` 2 spreads each row's keys over
-    two warps instead of repeating them (see ``_select_partition``); ``cut_call`` makes the cut a
-    called function; ``selectors`` 2 gives each row of a group its own selection warpgroup
-    (``select_regs`` registers for the second; the kernel then holds 20 warps at 96 registers).
-    The defaults are the measured build; the others are untested on a device."""
+    ``select_visits`` (a power of two) shapes the selection's steps and ``score_slots`` (a multiple
+    of it, four steps by default) the score ring; ``score_regs`` is the score warpgroups' register
+    count (the selection gets ``512 - 40 - 2 * score_regs``); ``select_parts`` (1, 2 or 4, at most
+    ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
+    row's work on two warps (see ``_select_partition``); ``programs`` caps the persistent grid
+    (one SM per program by default)."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -618,16 +589,15 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     group_pass_kernel[(groups,)](
         ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
     )
-    hopper_stream_kernel[(min(device_sm_count(ka.kc.device), n_items),)](
+    g = min(select_visits, plan.pool // PAGE_SIZE)
+    hopper_stream_kernel[(min(programs or device_sm_count(ka.kc.device), n_items, plan.programs),)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
         n_items, span, plan.splits,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
-        SLOTS=score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
-        G=min(select_visits, plan.pool // PAGE_SIZE), SCORE_REGS=score_regs, SPLIT=select_split,
-        CUT_CALL=cut_call, SELECTORS=selectors, SELECT_REGS=select_regs,
-        NO_SELECT=no_select,
-        num_warps=4, maxnreg=128 if selectors == 1 else 96,
+        SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
+        G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
+        NO_SELECT=no_select, num_warps=4, maxnreg=128,
     )
     if no_select:
         return out
