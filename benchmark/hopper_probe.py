@@ -78,11 +78,12 @@ def check(quick: bool, build_kw: dict) -> list:
 # Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
 # is the kept one; ``--build`` picks the one the sweep checks and the timings run.
 BUILDS = {
-    "hopper": {},
-    "g4_parts2": dict(select_parts=2),  # no warp repeats another's keys
+    "hopper": {},  # 16 visits per selection step, dealt to 4 warps
+    "g4": dict(select_visits=4, select_parts=1),  # each row's work repeated on two warps (fdc6f40's selection)
+    "g4_parts2": dict(select_visits=4, select_parts=2),
     "g8_parts2": dict(select_visits=8, select_parts=2),
     "g8_parts4": dict(select_visits=8, select_parts=4),
-    "g16_parts4": dict(select_visits=16, select_parts=4),
+    "g16_parts4": dict(select_visits=16, select_parts=4),  # the kept build, named
     "regs168": dict(score_regs=168),  # the score warpgroups' registers of the first builds
 }
 

@@ -3,11 +3,11 @@
 
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
-Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
-768K, 6.80 ms against legacy's 7.49 and the package's fused kernel's 7.94; its loads and MMAs
-alone take 4.4-4.6 ms (about 720-800 TFLOP/s): the single selection warpgroup is the limit. Slower
-than legacy at 64K (1.22 vs 0.85 ms), so it stays here, not in the package, until its
-selection keeps up.
+Measured (``results/hopper/``, NOTES.md; one device run beside SGLang's own path): bitwise equal
+to legacy on every case; at 1024 rows x 768K, 5.36 ms against legacy's 7.47, the package's fused
+kernel's 7.83 and SGLang's DeepGEMM logits + top-k 3.97; its loads and MMAs alone take about
+4.3-4.5 ms, so the selection still costs about 1 ms. Slower than legacy at 64K (1.00 vs 0.84 ms),
+so it stays here, not in the package.
 
 
 The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
@@ -21,7 +21,8 @@ talk through shared-memory rings guarded by mbarriers:
   head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
   hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
   ``[64, R]`` tiles of order keys;
-* **select** (the default warpgroup): takes ``G`` visits' score tiles per step, appends the scores that beat their
+* **select** (the default warpgroup): takes ``G`` visits' score tiles per step (dealt to its four
+  warps), appends the scores that beat their
   row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
   that would overflow to its best ``TOPK`` (raising the gate), and at the end of an item cuts
   each row to ``TOPK`` and writes it, unordered, to the row's output slot (one split) or split
@@ -29,7 +30,10 @@ talk through shared-memory rings guarded by mbarriers:
 
 Work items (a group of ``R`` rows and one context split) are dealt round-robin to a persistent
 grid; every partition walks the same items and visits, so ring slots and barrier phases follow
-from a running visit count. Pages are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
+from a running visit count. Every release of a ring slot is a fence by each thread, a partition
+barrier, then one thread's arrive (:func:`_release`): without the fence, runs of one input gave
+different outputs (a slot released before every warp's accesses to it were performed). Pages
+are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
 A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
 each pass with that row's pages, keeping only that row's column: the same bits.
 
@@ -546,12 +550,14 @@ class HopperDescriptors:
 HOPPER_KEY_STAGES = 4
 HOPPER_SCORE_SLOTS = 16
 # visits the selection takes per step (at most the pool's pages: a step's entrants must fit beside a cut buffer)
-HOPPER_SELECT_VISITS = 4
+HOPPER_SELECT_VISITS = 16
+# warps a step's visits are dealt to, per row (see ``_select_partition``)
+HOPPER_SELECT_PARTS = 4
 
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = 1,
+                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS,
                         programs: Optional[int] = None):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
