@@ -85,6 +85,7 @@ BUILDS = {
     "g8_parts4": dict(select_visits=8, select_parts=4),
     "g16_parts4": dict(select_visits=16, select_parts=4),  # the kept build, named
     "regs168": dict(score_regs=168),  # the score warpgroups' registers of the first builds
+    "g16_parts4_stepbar": dict(select_visits=16, select_parts=4, step_barriers=True),  # a barrier pair per step
 }
 
 

@@ -188,6 +188,45 @@ def _pick(vec, r, zero):
 
 
 @gluon.jit
+def _step_barrier(g, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+    """``(barrier index, phase)`` of visit ``g``'s score slot: one barrier pair per selection step
+    (``STEP_BARRIERS``: the step's ``G`` producers arrive on it, the selection waits once) or per
+    slot."""
+    if STEP_BARRIERS:
+        q = g // G
+        b = q % (SLOTS // G)
+        ph = (q // (SLOTS // G)) & 1
+    else:
+        b = g % SLOTS
+        ph = (g // SLOTS) & 1
+    return b, ph
+
+
+@gluon.jit
+def _take_step(sready, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+    """Wait until the ``G`` score tiles of the step starting at visit ``it`` are written."""
+    if STEP_BARRIERS:
+        b, ph = _step_barrier(it, SLOTS, G, STEP_BARRIERS)
+        mbarrier.wait(sready.index(b), ph)
+    else:
+        for u in gl.static_range(G):
+            b, ph = _step_barrier(it + u, SLOTS, G, STEP_BARRIERS)
+            mbarrier.wait(sready.index(b), ph)
+
+
+@gluon.jit
+def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+    """Give the step's slots back to the score warpgroups (after a partition barrier)."""
+    if STEP_BARRIERS:
+        b, ph = _step_barrier(it, SLOTS, G, STEP_BARRIERS)
+        mbarrier.arrive(sfree.index(b), count=1)
+    else:
+        for u in gl.static_range(G):
+            b, ph = _step_barrier(it + u, SLOTS, G, STEP_BARRIERS)
+            mbarrier.arrive(sfree.index(b), count=1)
+
+
+@gluon.jit
 def _row_vec(t):
     """``[1, 1, R]`` of an ``[R]`` vector laid out as a row of the selection tile."""
     return gl.expand_dims(gl.expand_dims(t, 0), 1)
@@ -198,7 +237,7 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr,
+    G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -236,11 +275,12 @@ def _select_partition(
         ends = _row_vec(gl.maximum(gl.minimum(lens, hi), lo))
         npass = gl.load(group_pass + r0 // R)
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
-            for i in range(n_pad * npass):
-                t = it % SLOTS
-                mbarrier.wait(sready.index(t), (it // SLOTS) & 1)
-                _release(sfree.index(t))
-                it += 1
+            for i in range(0, n_pad * npass, G):
+                _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
+                _fence_cta()
+                gl.thread_barrier()
+                _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
+                it += G
             npass = 0
         for p in range(npass):
             active = _row_vec((rr == p) | (npass == 1))
@@ -249,13 +289,11 @@ def _select_partition(
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
             v = 0
             for i in range(0, n_pad, G):
-                for u in gl.static_range(G):
-                    mbarrier.wait(sready.index((it + u) % SLOTS), ((it + u) // SLOTS) & 1)
+                _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
                 key = steps.index((it // G) % (SLOTS // G)).load(SL)
                 _fence_cta()
                 gl.thread_barrier()  # every warp has read the tiles before they are released
-                for u in gl.static_range(G):
-                    mbarrier.arrive(sfree.index((it + u) % SLOTS), count=1)
+                _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
                 it += G
                 # visit i + u scores page (v + u * step) mod n, stepped without a division
                 pos = lo + v * PAGE + lane
@@ -362,7 +400,7 @@ def _load_partition(
 def _score_partition(
     PAR: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr,
+    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
 ):
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
@@ -394,13 +432,15 @@ def _score_partition(
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
                 _release(kfree.index(s))
-                mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
+                b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
+                mbarrier.wait(sfree.index(b), ph ^ 1)
                 ring.index(t).store(_ordered_key(sc))  # the order key here: the selection's chain is the limit
-                _release(sready.index(t))
+                _release(sready.index(b))
             else:  # a padding visit: nothing to score, the selection masks it
                 _release(kfree.index(s))
-                mbarrier.wait(sfree.index(t), ((g // SLOTS) & 1) ^ 1)
-                _release(sready.index(t))
+                b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
+                mbarrier.wait(sfree.index(b), ph ^ 1)
+                _release(sready.index(b))
         it += total
         _release(qfree.index(qs))
         q_i += 1
@@ -413,6 +453,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
+    STEP_BARRIERS: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -436,14 +477,14 @@ def hopper_stream_kernel(
         mbarrier.init(qready.index(i), count=1)
         mbarrier.init(qfree.index(i), count=2)  # both score warpgroups release the queries
     for i in gl.static_range(SLOTS):
-        mbarrier.init(sready.index(i), count=1)
+        mbarrier.init(sready.index(i), count=G if STEP_BARRIERS else 1)  # a step's G visits arrive
         mbarrier.init(sfree.index(i), count=1)
 
     gl.warp_specialize(
         [
             (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
-                seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT,
+                seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
             )),
             (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -452,11 +493,11 @@ def hopper_stream_kernel(
             )),
             (_score_partition, (
                 0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
             )),
             (_score_partition, (
                 1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
             )),
         ],
         [1, SCORE_WARPS, SCORE_WARPS],
@@ -558,7 +599,7 @@ HOPPER_SELECT_PARTS = 4
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS,
-                        programs: Optional[int] = None):
+                        programs: Optional[int] = None, step_barriers: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
@@ -567,7 +608,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     count (the selection gets ``512 - 40 - 2 * score_regs``); ``select_parts`` (1, 2 or 4, at most
     ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
     row's work on two warps (see ``_select_partition``); ``programs`` caps the persistent grid
-    (one SM per program by default)."""
+    (one SM per program by default); ``step_barriers`` guards the score ring with one barrier
+    pair per selection step instead of per slot."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -603,7 +645,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
         SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
-        NO_SELECT=no_select, num_warps=4, maxnreg=128,
+        NO_SELECT=no_select, STEP_BARRIERS=step_barriers, num_warps=4, maxnreg=128,
     )
     if no_select:
         return out
