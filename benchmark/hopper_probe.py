@@ -78,14 +78,14 @@ def check(quick: bool, build_kw: dict) -> list:
 # Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
 # is the kept one; ``--build`` picks the one the sweep checks and the timings run.
 BUILDS = {
-    "hopper": {},  # 16 visits per selection step, dealt to 4 warps
-    "g4": dict(select_visits=4, select_parts=1),  # each row's work repeated on two warps (fdc6f40's selection)
-    "g4_parts2": dict(select_visits=4, select_parts=2),
-    "g8_parts2": dict(select_visits=8, select_parts=2),
-    "g8_parts4": dict(select_visits=8, select_parts=4),
-    "g16_parts4": dict(select_visits=16, select_parts=4),  # the kept build, named
+    "hopper": {},  # 16 visits per selection step, dealt to 4 warps; a barrier pair per step
+    "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
+    "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
+    "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),
+    "g8_parts4": dict(select_visits=8, select_parts=4, step_barriers=False),
+    "g16_parts4": dict(select_visits=16, select_parts=4, step_barriers=False),  # a barrier pair per slot
     "regs168": dict(score_regs=168),  # the score warpgroups' registers of the first builds
-    "g16_parts4_stepbar": dict(select_visits=16, select_parts=4, step_barriers=True),  # a barrier pair per step
+    "g16_parts4_stepbar": dict(select_visits=16, select_parts=4, step_barriers=True),  # the kept build, named
 }
 
 

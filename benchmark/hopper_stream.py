@@ -3,11 +3,11 @@
 
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
-Measured (``results/hopper/``, NOTES.md; one device run beside SGLang's own path): bitwise equal
-to legacy on every case; at 1024 rows x 768K, 5.36 ms against legacy's 7.47, the package's fused
-kernel's 7.83 and SGLang's DeepGEMM logits + top-k 3.97; its loads and MMAs alone take about
-4.3-4.5 ms, so the selection still costs about 1 ms. Slower than legacy at 64K (1.00 vs 0.84 ms),
-so it stays here, not in the package.
+Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
+768K, 5.46 ms against legacy's 7.53 (the build before the last fence: 5.36 ms against legacy's
+7.47, the package's fused kernel's 7.83 and SGLang's DeepGEMM logits + top-k 3.97 in one run); its
+loads and MMAs alone take about 4.3-4.5 ms, so the selection still costs about 1 ms. Slower than
+legacy at 64K (0.96-1.00 vs 0.84 ms), so it stays here, not in the package.
 
 
 The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
@@ -30,9 +30,11 @@ talk through shared-memory rings guarded by mbarriers:
 
 Work items (a group of ``R`` rows and one context split) are dealt round-robin to a persistent
 grid; every partition walks the same items and visits, so ring slots and barrier phases follow
-from a running visit count. Every release of a ring slot is a fence by each thread, a partition
-barrier, then one thread's arrive (:func:`_release`): without the fence, runs of one input gave
-different outputs (a slot released before every warp's accesses to it were performed). Pages
+from a running visit count; the score ring has one barrier pair per selection step. Every release
+of a ring slot is a fence by each thread, a partition barrier, then one thread's arrive
+(:func:`_release`), and a key stage read through the generic proxy is fenced for the async one
+before the loader's next copy may overwrite it: without these fences, runs of one input gave
+different outputs. Pages
 are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
 A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
 each pass with that row's pages, keeping only that row's column: the same bits.
@@ -49,7 +51,9 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+)
 
 from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
 from indexer_topk.kernels.common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
@@ -431,6 +435,7 @@ def _score_partition(
                 acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
+                fence_async_shared()  # the key scales were read through the generic proxy; the next copy writes through the async one
                 _release(kfree.index(s))
                 b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
                 mbarrier.wait(sfree.index(b), ph ^ 1)
@@ -599,7 +604,7 @@ HOPPER_SELECT_PARTS = 4
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS,
-                        programs: Optional[int] = None, step_barriers: bool = False):
+                        programs: Optional[int] = None, step_barriers: bool = True):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
