@@ -34,8 +34,7 @@ from a running visit count; the score ring has one barrier pair per selection st
 of a ring slot is a fence by each thread, a partition barrier, then one thread's arrive
 (:func:`_release`), and a key stage read through the generic proxy is fenced for the async one
 before the loader's next copy may overwrite it: without these fences, runs of one input gave
-different outputs. Pages
-are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
+different outputs. Pages are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
 A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
 each pass with that row's pages, keeping only that row's column: the same bits.
 
