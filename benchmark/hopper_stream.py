@@ -219,7 +219,10 @@ def _take_step(sready, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: 
 
 @gluon.jit
 def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
-    """Give the step's slots back to the score warpgroups (after a partition barrier)."""
+    """Give the step's slots back to the score warpgroups once every warp's reads of them are
+    performed (as :func:`_release`, one arrive per slot or per step)."""
+    _fence_cta()
+    gl.thread_barrier()
     if STEP_BARRIERS:
         b, ph = _step_barrier(it, SLOTS, G, STEP_BARRIERS)
         mbarrier.arrive(sfree.index(b), count=1)
@@ -280,8 +283,6 @@ def _select_partition(
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
             for i in range(0, n_pad * npass, G):
                 _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
-                _fence_cta()
-                gl.thread_barrier()
                 _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
                 it += G
             npass = 0
@@ -294,8 +295,6 @@ def _select_partition(
             for i in range(0, n_pad, G):
                 _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
                 key = steps.index((it // G) % (SLOTS // G)).load(SL)
-                _fence_cta()
-                gl.thread_barrier()  # every warp has read the tiles before they are released
                 _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
                 it += G
                 # visit i + u scores page (v + u * step) mod n, stepped without a division
@@ -602,8 +601,7 @@ HOPPER_SELECT_PARTS = 4
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS,
-                        programs: Optional[int] = None, step_barriers: bool = True):
+                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
@@ -611,9 +609,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     of it, four steps by default) the score ring; ``score_regs`` is the score warpgroups' register
     count (the selection gets ``512 - 40 - 2 * score_regs``); ``select_parts`` (1, 2 or 4, at most
     ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
-    row's work on two warps (see ``_select_partition``); ``programs`` caps the persistent grid
-    (one SM per program by default); ``step_barriers`` guards the score ring with one barrier
-    pair per selection step instead of per slot."""
+    row's work on two warps (see ``_select_partition``); ``step_barriers`` guards the score ring
+    with one barrier pair per selection step instead of per slot."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -642,7 +639,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
-    hopper_stream_kernel[(min(programs or device_sm_count(ka.kc.device), n_items, plan.programs),)](
+    hopper_stream_kernel[(min(device_sm_count(ka.kc.device), n_items),)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
         n_items, span, plan.splits,
