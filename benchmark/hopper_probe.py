@@ -101,6 +101,7 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
         ("sglang_fp8", 65536, 1024, "random"),
         ("sglang_fp8", 262144, 1024, "random"),
         ("sglang_fp8", 786432, 8, "random"),
+        ("sglang_fp8", 786432, 8192, "random"),  # a chunked-prefill step
     ]
     if quick:
         cases = cases[:1]
