@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The warp-specialised Hopper kernel beside the plain-Triton fused kernel and legacy, one run.
 
-    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select]
+    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select] [--profile]
 
 First an exactness sweep on small shapes (every adversarial pattern, several requests so that
 groups straddle requests, small pools that force cuts, split rows, topk 512 and 1024): the Hopper
@@ -79,6 +79,7 @@ def check(quick: bool, build_kw: dict) -> list:
 # is the kept one; ``--build`` picks the one the sweep checks and the timings run.
 BUILDS = {
     "hopper": {},  # 16 visits per selection step, dealt to 4 warps; a barrier pair per step
+    "kst8": dict(key_stages=8),  # the kept build with a key ring twice as deep
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),
@@ -138,6 +139,38 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
     return records
 
 
+def profile(build: str, tokens_list=(786432, 65536)) -> list:
+    """Partition timers of the build (its ``PROF`` compile) at 1024 rows, with and without its
+    selection: where each partition's cycles go (``hopper_stream.profile_table``)."""
+    from hopper_stream import PROFILE_FIELDS, hopper_indexer_topk, profile_table
+    from indexer_topk.kernels.launch import device_sm_count
+    from indexer_topk.workload import make_workload
+
+    records = []
+    for tokens in tokens_list:
+        w = make_workload("sglang_fp8", context_tokens=[tokens], rows_per_request=[1024], topk=1024, seed=1,
+                          device="cuda", pattern="random")
+        inputs = w.inputs()
+        programs = min(device_sm_count("cuda"), (w.rows + 1) // 2)
+        for no_select in (False, True):
+            prof = torch.zeros(programs, 4, 8, dtype=torch.int64, device="cuda")
+            kw = dict(BUILDS[build], no_select=no_select, profile=prof)
+            hopper_indexer_topk(inputs, **kw)  # compile and warm
+            prof.zero_()
+            torch.cuda.synchronize()
+            hopper_indexer_topk(inputs, **kw)
+            torch.cuda.synchronize()
+            print(f"== {build} {tokens // 1024}K 1024 rows{' (selection taken out)' if no_select else ''}")
+            print(profile_table(prof), flush=True)
+            mean = prof.double().mean(0).cpu()
+            records.append(dict(build=build, tokens=tokens, no_select=no_select, **{
+                f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
+                for k, f in enumerate(fields) if f}))
+        w = inputs = None
+        torch.cuda.empty_cache()
+    return records
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
@@ -148,7 +181,13 @@ def main(argv=None):
     p.add_argument("--build", default="hopper", choices=sorted(BUILDS), help="the build checked and timed")
     p.add_argument("--baselines", default="legacy,fused", help="comma-separated: legacy, fused (or empty)")
     p.add_argument("--no-select", action="store_true", help="also time the build with its selection taken out")
+    p.add_argument("--profile", action="store_true", help="only the partition timers of the build (PROF compile)")
     a = p.parse_args(argv)
+    if a.profile:
+        recs = profile(a.build)
+        with open(os.path.join(os.environ.get("OUT", "."), f"hopper_profile_{a.build}.json"), "w") as f:
+            json.dump(recs, f, indent=1)
+        return 0
     checks = [] if a.skip_check else check(a.quick, BUILDS[a.build])
     times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.build,
                                           [b for b in a.baselines.split(",") if b], a.no_select)

@@ -119,6 +119,12 @@ def _release(bar):
 
 
 @gluon.jit
+def _clock():
+    """This SM's cycle counter (the ``PROF`` build's partition timers)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _ordered_key(s):
     bits = s.to(gl.int32, bitcast=True)
     key = gl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
@@ -233,6 +239,17 @@ def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: g
 
 
 @gluon.jit
+def _prof_store(prof, part, a, b, c, d, e):
+    """The ``PROF`` build's five counters of partition ``part`` of this program."""
+    base = prof + (gl.program_id(0) * 4 + part).to(gl.int64) * 8
+    gl.store(base + 0, a)
+    gl.store(base + 1, b)
+    gl.store(base + 2, c)
+    gl.store(base + 3, d)
+    gl.store(base + 4, e)
+
+
+@gluon.jit
 def _row_vec(t):
     """``[1, 1, R]`` of an ``[R]`` vector laid out as a row of the selection tile."""
     return gl.expand_dims(gl.expand_dims(t, 0), 1)
@@ -244,6 +261,7 @@ def _select_partition(
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
     G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
+    prof, PROF: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -273,6 +291,12 @@ def _select_partition(
         gl.int32, [SLOTS // G, PARTS, GP * PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[2, 1, 0])
     )
     it = 0
+    if PROF:  # cycles: all, waiting for score tiles, in step cuts, in the item's final cuts; cuts
+        t_all = _clock()
+        t_take = t_all * 0
+        t_cut = t_all * 0
+        t_end = t_all * 0
+        n_cut = t_all * 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         n_pad = (n + G - 1) // G * G
@@ -293,7 +317,11 @@ def _select_partition(
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
             v = 0
             for i in range(0, n_pad, G):
+                if PROF:
+                    c0 = _clock()
                 _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
+                if PROF:
+                    t_take += _clock() - c0
                 key = steps.index((it // G) % (SLOTS // G)).load(SL)
                 _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
                 it += G
@@ -309,6 +337,9 @@ def _select_partition(
                 n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
                 n_take = gl.sum(n_part, axis=0)
                 if gl.max(count + n_take, axis=0) > CAP:
+                    if PROF:
+                        c0 = _clock()
+                        n_cut += 1
                     gl.thread_barrier()  # every earlier entry is in scratch
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
@@ -320,6 +351,8 @@ def _select_partition(
                     take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                     n_part = gl.sum(take.to(gl.int32), axis=1)
                     n_take = gl.sum(n_part, axis=0)
+                    if PROF:
+                        t_cut += _clock() - c0
                 # part h's entries follow those of the parts before it
                 first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
                 for h in gl.static_range(PARTS - 1):
@@ -332,6 +365,8 @@ def _select_partition(
                 for u in gl.static_range(G):
                     v += step
                     v = gl.where(v >= n, v - n, v)
+            if PROF:
+                c0 = _clock()
             gl.thread_barrier()
             for r in range(R):
                 row = r0 + r
@@ -347,6 +382,10 @@ def _select_partition(
                     gl.store(seg_pos + seg + offs, gl.load(pos_base + r * CAP + offs, mask=m, other=0), mask=m)
                     gl.store(seg_cnt + row.to(gl.int64) * splits + split, c)
             gl.thread_barrier()  # the buffers are read before the next pass refills them
+            if PROF:
+                t_end += _clock() - c0
+    if PROF:
+        _prof_store(prof, 0, _clock() - t_all, t_take, t_cut, t_end, n_cut)
 
 
 @gluon.jit
@@ -354,16 +393,25 @@ def _load_partition(
     q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
     pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
+    prof, PROF: gl.constexpr,
 ):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     it = 0
     q_i = 0
+    if PROF:  # cycles: all, waiting for a free key stage, waiting for a free query buffer
+        t_all = _clock()
+        t_kfree = t_all * 0
+        t_qfree = t_all * 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
         qs = q_i % 2
+        if PROF:
+            c0 = _clock()
         mbarrier.wait(qfree.index(qs), ((q_i // 2) & 1) ^ 1)
+        if PROF:
+            t_qfree += _clock() - c0
         mbarrier.expect(qready.index(qs), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [r0 * NHEADS, 0], qready.index(qs), qbuf.index(qs))
         q_i += 1
@@ -381,7 +429,11 @@ def _load_partition(
                 v2 = gl.where(v2 >= n, v2 - n, v2)
                 ok = (page >= 0) & (page < n_pages)
                 s = it % KSTAGES
+                if PROF:
+                    c0 = _clock()
                 mbarrier.wait(kfree.index(s), ((it // KSTAGES) & 1) ^ 1)
+                if PROF:
+                    t_kfree += _clock() - c0
                 if i < n:
                     mbarrier.expect(kready.index(s), k_desc.block_type.nbytes + s_desc.block_type.nbytes)
                     # a page outside the cache reads as zeros: a negative coordinate is out of bounds
@@ -396,6 +448,8 @@ def _load_partition(
                 it += 1
                 page = page1
                 page1 = page2
+    if PROF:
+        _prof_store(prof, 1, _clock() - t_all, t_kfree, t_qfree, t_all * 0, t_all * 0)
 
 
 @gluon.jit
@@ -403,6 +457,7 @@ def _score_partition(
     PAR: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
+    prof, PROF: gl.constexpr,
 ):
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
@@ -414,6 +469,12 @@ def _score_partition(
     cols = gl.arange(0, R * NHEADS, layout=WL)
     it = 0
     q_i = 0
+    if PROF:  # cycles: all, waiting for keys, in the MMA, waiting for a free score slot, in releases
+        t_all = _clock()
+        t_kready = t_all * 0
+        t_mma = t_all * 0
+        t_sfree = t_all * 0
+        t_rel = t_all * 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
@@ -428,17 +489,35 @@ def _score_partition(
             g = it + j
             s = g % KSTAGES
             t = g % SLOTS
+            if PROF:
+                c0 = _clock()
             mbarrier.wait(kready.index(s), (g // KSTAGES) & 1)
+            if PROF:
+                c1 = _clock()
+                t_kready += c1 - c0
             if j % n_pad < n:
                 acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                if PROF:
+                    c2 = _clock()
+                    t_mma += c2 - c1
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
                 fence_async_shared()  # the key scales were read through the generic proxy; the next copy writes through the async one
+                if PROF:
+                    c3 = _clock()
                 _release(kfree.index(s))
                 b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
+                if PROF:
+                    c4 = _clock()
+                    t_rel += c4 - c3
                 mbarrier.wait(sfree.index(b), ph ^ 1)
+                if PROF:
+                    c5 = _clock()
+                    t_sfree += c5 - c4
                 ring.index(t).store(_ordered_key(sc))  # the order key here: the selection's chain is the limit
                 _release(sready.index(b))
+                if PROF:
+                    t_rel += _clock() - c5
             else:  # a padding visit: nothing to score, the selection masks it
                 _release(kfree.index(s))
                 b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
@@ -447,6 +526,8 @@ def _score_partition(
         it += total
         _release(qfree.index(qs))
         q_i += 1
+    if PROF:
+        _prof_store(prof, 2 + PAR, _clock() - t_all, t_kready, t_mma, t_sfree, t_rel)
 
 
 @gluon.jit
@@ -456,7 +537,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
-    STEP_BARRIERS: gl.constexpr = False,
+    STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -488,19 +569,22 @@ def hopper_stream_kernel(
             (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
                 seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
+                prof, PROF,
             )),
             (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
                 n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
-                SCALE_COL, G,
+                SCALE_COL, G, prof, PROF,
             )),
             (_score_partition, (
                 0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
+                prof, PROF,
             )),
             (_score_partition, (
                 1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
+                prof, PROF,
             )),
         ],
         [1, SCORE_WARPS, SCORE_WARPS],
@@ -601,16 +685,18 @@ HOPPER_SELECT_PARTS = 4
 
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True):
+                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
+                        profile: Optional[torch.Tensor] = None, key_stages: int = HOPPER_KEY_STAGES):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
     ``select_visits`` (a power of two) shapes the selection's steps and ``score_slots`` (a multiple
-    of it, four steps by default) the score ring; ``score_regs`` is the score warpgroups' register
+    of it, four steps by default) the score ring and ``key_stages`` the key ring; ``score_regs`` is the score warpgroups' register
     count (the selection gets ``512 - 40 - 2 * score_regs``); ``select_parts`` (1, 2 or 4, at most
     ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
     row's work on two warps (see ``_select_partition``); ``step_barriers`` guards the score ring
-    with one barrier pair per selection step instead of per slot."""
+    with one barrier pair per selection step instead of per slot. ``profile`` (int64, ``[programs, 4,
+    8]``, zeroed) builds the kernel with partition timers (SM cycles; see :func:`profile_table`)."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
@@ -639,14 +725,18 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
-    hopper_stream_kernel[(min(device_sm_count(ka.kc.device), n_items),)](
+    programs = min(device_sm_count(ka.kc.device), n_items)
+    if profile is not None and profile.shape != (programs, 4, 8):
+        raise ValueError(f"profile: expected int64 [{programs}, 4, 8], got {tuple(profile.shape)}")
+    hopper_stream_kernel[(programs,)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
         n_items, span, plan.splits,
-        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=HOPPER_KEY_STAGES,
+        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=key_stages,
         SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
-        NO_SELECT=no_select, STEP_BARRIERS=step_barriers, num_warps=4, maxnreg=128,
+        NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
+        PROF=profile is not None, num_warps=4, maxnreg=128,
     )
     if no_select:
         return out
@@ -658,3 +748,28 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     if plan.splits > 1:
         merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
     return out
+
+
+PROFILE_FIELDS = (
+    ("select", ("all", "wait tiles", "step cuts", "item ends", "cuts")),
+    ("load", ("all", "wait key stage", "wait queries", "", "")),
+    ("score 0", ("all", "wait keys", "mma", "wait slot", "releases")),
+    ("score 1", ("all", "wait keys", "mma", "wait slot", "releases")),
+)
+
+
+def profile_table(profile: torch.Tensor) -> str:
+    """The ``PROF`` build's counters, averaged over programs: each partition's cycles and the share
+    of them spent in each timed region."""
+    mean = profile.double().mean(0).cpu()
+    lines = []
+    for part, (name, fields) in enumerate(PROFILE_FIELDS):
+        total = mean[part, 0].item()
+        cells = [f"{name:8s} {total / 1e6:8.3f} Mcycles"]
+        for k, f in enumerate(fields[1:], 1):
+            if f == "cuts":
+                cells.append(f"{f} {mean[part, k].item():.1f}")
+            elif f:
+                cells.append(f"{f} {100 * mean[part, k].item() / max(total, 1):5.1f}%")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
