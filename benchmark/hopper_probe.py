@@ -80,6 +80,10 @@ def check(quick: bool, build_kw: dict) -> list:
 BUILDS = {
     "hopper": {},  # 16 visits per selection step, dealt to 4 warps; a barrier pair per step
     "kst8": dict(key_stages=8),  # the kept build with a key ring twice as deep
+    # three score warpgroups (the tensor core idles while two take turns), registers 104 each, 24 for the loader
+    "s3": dict(score_groups=3, score_regs=104, load_regs=24),
+    "s3_g8": dict(score_groups=3, score_regs=104, load_regs=24, select_visits=8),
+    "s3_slots128": dict(score_groups=3, score_regs=104, load_regs=24, score_slots=128),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),
@@ -153,7 +157,7 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
         inputs = w.inputs()
         programs = min(device_sm_count("cuda"), (w.rows + 1) // 2)
         for no_select in (False, True):
-            prof = torch.zeros(programs, 4, 8, dtype=torch.int64, device="cuda")
+            prof = torch.zeros(programs, 5, 8, dtype=torch.int64, device="cuda")
             kw = dict(BUILDS[build], no_select=no_select, profile=prof)
             hopper_indexer_topk(inputs, **kw)  # compile and warm
             prof.zero_()

@@ -241,7 +241,7 @@ def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: g
 @gluon.jit
 def _prof_store(prof, part, a, b, c, d, e):
     """The ``PROF`` build's five counters of partition ``part`` of this program."""
-    base = prof + (gl.program_id(0) * 4 + part).to(gl.int64) * 8
+    base = prof + (gl.program_id(0) * 5 + part).to(gl.int64) * 8
     gl.store(base + 0, a)
     gl.store(base + 1, b)
     gl.store(base + 2, c)
@@ -315,6 +315,11 @@ def _select_partition(
             count = gl.zeros([R], gl.int32, layout=RL)
             gate_key = gl.full([R], KEY_MIN, gl.int32, layout=RL)
             gate_pos = gl.full([R], INT32_MAX, gl.int32, layout=RL)
+            # visit i + u scores page (v + u * step) mod n: this thread's visit u is fixed, so its offset
+            # from the step's first page is reduced once per item, not walked u times per step
+            n1 = gl.maximum(n, 1)
+            off = (visit * step) % n1
+            advance = (G * step) % n1
             v = 0
             for i in range(0, n_pad, G):
                 if PROF:
@@ -325,13 +330,8 @@ def _select_partition(
                 key = steps.index((it // G) % (SLOTS // G)).load(SL)
                 _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
                 it += G
-                # visit i + u scores page (v + u * step) mod n, stepped without a division
-                pos = lo + v * PAGE + lane
-                vu = v
-                for u in gl.static_range(1, G):
-                    vu += step
-                    vu = gl.where(vu >= n, vu - n, vu)
-                    pos = gl.where(visit == u, lo + vu * PAGE + lane, pos)
+                vu = v + off
+                pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
                 take = (pos < ends) & active & (i + visit < n)
                 take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                 n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
@@ -362,9 +362,8 @@ def _select_partition(
                 gl.store(key_base + row_off + dst, key, mask=take)
                 gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
                 count = count + n_take
-                for u in gl.static_range(G):
-                    v += step
-                    v = gl.where(v >= n, v - n, v)
+                v += advance
+                v = gl.where(v >= n, v - n, v)
             if PROF:
                 c0 = _clock()
             gl.thread_barrier()
@@ -454,7 +453,7 @@ def _load_partition(
 
 @gluon.jit
 def _score_partition(
-    PAR: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+    PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
     prof, PROF: gl.constexpr,
@@ -485,7 +484,7 @@ def _score_partition(
         qt = qbuf.index(qs).permute((1, 0))
         n_pad = (n + G - 1) // G * G
         total = n_pad * npass
-        for j in range((PAR + 2 - it % 2) % 2, total, 2):
+        for j in range((PAR + NSCORE - it % NSCORE) % NSCORE, total, NSCORE):  # visits it + j = PAR mod NSCORE
             g = it + j
             s = g % KSTAGES
             t = g % SLOTS
@@ -537,6 +536,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
+    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -559,37 +559,71 @@ def hopper_stream_kernel(
         mbarrier.init(kfree.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(qready.index(i), count=1)
-        mbarrier.init(qfree.index(i), count=2)  # both score warpgroups release the queries
+        mbarrier.init(qfree.index(i), count=NSCORE)  # every score warpgroup releases the queries
     for i in gl.static_range(SLOTS):
         mbarrier.init(sready.index(i), count=G if STEP_BARRIERS else 1)  # a step's G visits arrive
         mbarrier.init(sfree.index(i), count=1)
 
-    gl.warp_specialize(
-        [
-            (_select_partition, (
-                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
-                seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
+    # partition arguments spelled out per call: a tuple of them held in a variable loses its constexprs
+    if NSCORE == 2:
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
+                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
                 prof, PROF,
             )),
-            (_load_partition, (
+                (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
                 n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
                 SCALE_COL, G, prof, PROF,
             )),
-            (_score_partition, (
-                0, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
+                (_score_partition, (
+                0, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                STEP_BARRIERS, prof, PROF,
+            )),
+                (_score_partition, (
+                1, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                STEP_BARRIERS, prof, PROF,
+            )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS],
+            [LOAD_REGS, SCORE_REGS, SCORE_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
+                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
                 prof, PROF,
             )),
-            (_score_partition, (
-                1, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G, STEP_BARRIERS,
-                prof, PROF,
+                (_load_partition, (
+                q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                SCALE_COL, G, prof, PROF,
             )),
-        ],
-        [1, SCORE_WARPS, SCORE_WARPS],
-        [SCORE_REGS_LOAD, SCORE_REGS, SCORE_REGS],
-    )
+                (_score_partition, (
+                0, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                STEP_BARRIERS, prof, PROF,
+            )),
+                (_score_partition, (
+                1, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                STEP_BARRIERS, prof, PROF,
+            )),
+                (_score_partition, (
+                2, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
+                STEP_BARRIERS, prof, PROF,
+            )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
+            [LOAD_REGS, SCORE_REGS, SCORE_REGS, SCORE_REGS],
+        )
 
 
 @triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
@@ -675,6 +709,13 @@ class HopperDescriptors:
     scale_col: int  # fp32 word of a page's first key scale
 
 
+def _launch_regs(score_groups: int) -> int:
+    """Registers per thread at launch: the CTA's whole register file (64K) over its warpgroups
+    (selection, loader, score), in the 8-register steps the hardware allocates; ``setmaxnreg``
+    then moves them between partitions."""
+    return 65536 // (128 * (2 + score_groups)) // 8 * 8
+
+
 HOPPER_KEY_STAGES = 4
 HOPPER_SCORE_SLOTS = 16
 # visits the selection takes per step (at most the pool's pages: a step's entrants must fit beside a cut buffer)
@@ -686,16 +727,17 @@ HOPPER_SELECT_PARTS = 4
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
-                        profile: Optional[torch.Tensor] = None, key_stages: int = HOPPER_KEY_STAGES):
+                        profile: Optional[torch.Tensor] = None, key_stages: int = HOPPER_KEY_STAGES,
+                        score_groups: int = 2, load_regs: int = 40):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
     ``select_visits`` (a power of two) shapes the selection's steps and ``score_slots`` (a multiple
     of it, four steps by default) the score ring and ``key_stages`` the key ring; ``score_regs`` is the score warpgroups' register
-    count (the selection gets ``512 - 40 - 2 * score_regs``); ``select_parts`` (1, 2 or 4, at most
+    count (the selection gets the rest of the register file); ``select_parts`` (1, 2 or 4, at most
     ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
     row's work on two warps (see ``_select_partition``); ``step_barriers`` guards the score ring
-    with one barrier pair per selection step instead of per slot. ``profile`` (int64, ``[programs, 4,
+    with one barrier pair per selection step instead of per slot. ``profile`` (int64, ``[programs, 5,
     8]``, zeroed) builds the kernel with partition timers (SM cycles; see :func:`profile_table`)."""
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
@@ -726,8 +768,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
-    if profile is not None and profile.shape != (programs, 4, 8):
-        raise ValueError(f"profile: expected int64 [{programs}, 4, 8], got {tuple(profile.shape)}")
+    if profile is not None and profile.shape != (programs, 5, 8):
+        raise ValueError(f"profile: expected int64 [{programs}, 5, 8], got {tuple(profile.shape)}")
     hopper_stream_kernel[(programs,)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
@@ -736,7 +778,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
-        PROF=profile is not None, num_warps=4, maxnreg=128,
+        PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs, num_warps=4,
+        maxnreg=_launch_regs(score_groups),
     )
     if no_select:
         return out
@@ -755,6 +798,7 @@ PROFILE_FIELDS = (
     ("load", ("all", "wait key stage", "wait queries", "", "")),
     ("score 0", ("all", "wait keys", "mma", "wait slot", "releases")),
     ("score 1", ("all", "wait keys", "mma", "wait slot", "releases")),
+    ("score 2", ("all", "wait keys", "mma", "wait slot", "releases")),
 )
 
 
@@ -765,6 +809,8 @@ def profile_table(profile: torch.Tensor) -> str:
     lines = []
     for part, (name, fields) in enumerate(PROFILE_FIELDS):
         total = mean[part, 0].item()
+        if total == 0:  # a partition this build does not have
+            continue
         cells = [f"{name:8s} {total / 1e6:8.3f} Mcycles"]
         for k, f in enumerate(fields[1:], 1):
             if f == "cuts":
