@@ -84,6 +84,9 @@ BUILDS = {
     "s3": dict(score_groups=3, score_regs=104, load_regs=24),
     "s3_g8": dict(score_groups=3, score_regs=104, load_regs=24, select_visits=8),
     "s3_slots128": dict(score_groups=3, score_regs=104, load_regs=24, score_slots=128),
+    # the score warpgroups' weights in shared memory (96 registers each), 168 for the selection
+    "s3w96": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True),
+    "s3w96_g8": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True, select_visits=8),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),

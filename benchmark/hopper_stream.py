@@ -453,7 +453,7 @@ def _load_partition(
 
 @gluon.jit
 def _score_partition(
-    PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+    PAR: gl.constexpr, NSCORE: gl.constexpr, W_SMEM: gl.constexpr, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
     prof, PROF: gl.constexpr,
@@ -479,6 +479,10 @@ def _score_partition(
         npass = gl.load(group_pass + r0 // R)
         wrow = r0 + cols // NHEADS
         w = gl.load(w_ptr + wrow.to(gl.int64) * NHEADS + cols % NHEADS, mask=wrow < n_rows, other=0.0)
+        if W_SMEM:  # the weights wait in shared memory, not in 32 registers per thread across the item
+            gl.thread_barrier()  # every warp is done with the last item's weights
+            wbuf.index(PAR).store(w)
+            gl.thread_barrier()
         qs = q_i % 2
         mbarrier.wait(qready.index(qs), (q_i // 2) & 1)
         qt = qbuf.index(qs).permute((1, 0))
@@ -500,6 +504,8 @@ def _score_partition(
                 if PROF:
                     c2 = _clock()
                     t_mma += c2 - c1
+                if W_SMEM:
+                    w = wbuf.index(PAR).load(WL)
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
                 fence_async_shared()  # the key scales were read through the generic proxy; the next copy writes through the async one
                 if PROF:
@@ -536,7 +542,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
-    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40,
+    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, W_SMEM: gl.constexpr = False,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -548,6 +554,7 @@ def hopper_stream_kernel(
     ring = gl.allocate_shared_memory(
         gl.int32, [SLOTS, PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     )
+    wbuf = gl.allocate_shared_memory(gl.float32, [NSCORE, R * NHEADS], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     kready = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     qready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -579,12 +586,12 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                0, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                1, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
@@ -606,17 +613,17 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                0, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                1, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                2, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                2, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
@@ -728,7 +735,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
                         profile: Optional[torch.Tensor] = None, key_stages: int = HOPPER_KEY_STAGES,
-                        score_groups: int = 2, load_regs: int = 40):
+                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
     ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
@@ -778,7 +785,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
-        PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs, num_warps=4,
+        PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
+        W_SMEM=weights_in_smem, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
