@@ -734,7 +734,7 @@ HOPPER_SELECT_PARTS = 4
 def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
-                        profile: Optional[torch.Tensor] = None, key_stages: int = HOPPER_KEY_STAGES,
+                        profile: Optional[torch.Tensor] = None, key_stages: Optional[int] = None,
                         score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
@@ -775,6 +775,13 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
+    if key_stages is None:
+        key_stages = HOPPER_KEY_STAGES // score_groups * score_groups if HOPPER_KEY_STAGES % score_groups == 0 \
+            else 2 * score_groups
+    if key_stages % score_groups:
+        # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
+        # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
+        raise ValueError(f"key_stages ({key_stages}) must be a multiple of score_groups ({score_groups})")
     if profile is not None and profile.shape != (programs, 5, 8):
         raise ValueError(f"profile: expected int64 [{programs}, 5, 8], got {tuple(profile.shape)}")
     hopper_stream_kernel[(programs,)](
