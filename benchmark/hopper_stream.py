@@ -776,8 +776,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     g = min(select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
     if key_stages is None:
-        key_stages = HOPPER_KEY_STAGES // score_groups * score_groups if HOPPER_KEY_STAGES % score_groups == 0 \
-            else 2 * score_groups
+        key_stages = HOPPER_KEY_STAGES if HOPPER_KEY_STAGES % score_groups == 0 else 2 * score_groups
     if key_stages % score_groups:
         # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
         # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
