@@ -4,11 +4,10 @@
     PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
 
 Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
-768K, 5.46 ms against legacy's 7.53 (the build before the last fence: 5.36 ms against legacy's
-7.47, the package's fused kernel's 7.83 and SGLang's DeepGEMM logits + top-k 3.97 in one run); its
-loads and MMAs alone take about 4.3-4.5 ms, so the selection still costs about 1 ms. Slower than
-legacy at 64K (0.96-1.00 vs 0.84 ms), so it stays here, not in the package.
-
+768K, 5.46 ms against legacy's 7.47 and SGLang's DeepGEMM logits + top-k 4.36 in one device session
+(its loads and MMAs alone: 4.75 ms). With three score warpgroups (``score_groups=3``) the loads and
+MMAs alone take 3.77 ms (876 TFLOP/s) and the whole kernel 5.26: the selection is the limit.
+Slower than legacy at 64K (0.98 vs 0.84 ms), so it stays here, not in the package.
 
 The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
 then stops its MMAs to select. Here each program is split into partitions that run at once and
@@ -17,8 +16,8 @@ talk through shared-memory rings guarded by mbarriers:
 * **load** (1 warp): per visit, the page id from the page table, then one bulk copy of the
   page's 64 e4m3 keys and one of its 64 fp32 key scales into a ``KSTAGES``-deep ring; per work
   item, one bulk copy of the group's queries;
-* **score** (two warpgroups, even and odd visits): the MMA ``[64 keys] x [R * 64 heads]`` and the
-  head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
+* **score** (``NSCORE`` warpgroups, two or three, visit ``g`` on warpgroup ``g mod NSCORE``): the
+  MMA ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
   hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
   ``[64, R]`` tiles of order keys;
 * **select** (the default warpgroup): takes ``G`` visits' score tiles per step (dealt to its four
@@ -29,7 +28,9 @@ talk through shared-memory rings guarded by mbarriers:
   list. :func:`finish_rows_kernel` then orders and writes the outputs.
 
 Work items (a group of ``R`` rows and one context split) are dealt round-robin to a persistent
-grid; every partition walks the same items and visits, so ring slots and barrier phases follow
+grid; the key stages are a multiple of ``NSCORE``, so that each stage always returns to the same
+warpgroup (a stage shared by two lets the later one pass its parity wait on the earlier visit's
+phase); every partition walks the same items and visits, so ring slots and barrier phases follow
 from a running visit count; the score ring has one barrier pair per selection step. Every release
 of a ring slot is a fence by each thread, a partition barrier, then one thread's arrive
 (:func:`_release`), and a key stage read through the generic proxy is fenced for the async one
@@ -37,6 +38,9 @@ before the loader's next copy may overwrite it: without these fences, runs of on
 different outputs. Pages are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
 A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
 each pass with that row's pages, keeping only that row's column: the same bits.
+
+A ``PROF`` compile times each partition's waits and regions with the SM's cycle counter
+(:func:`profile_table`, ``hopper_probe.py --profile``).
 
 Only the ``sglang_fp8`` layout and ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's
 configuration) are built here; it needs Gluon and an sm_90 GPU.
@@ -738,18 +742,34 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
                         score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
-    ``no_select`` is a timing probe: the selection does no work and the outputs are undefined.
-    ``select_visits`` (a power of two) shapes the selection's steps and ``score_slots`` (a multiple
-    of it, four steps by default) the score ring and ``key_stages`` the key ring; ``score_regs`` is the score warpgroups' register
-    count (the selection gets the rest of the register file); ``select_parts`` (1, 2 or 4, at most
-    ``select_visits``) deals a step's visits to that many warps per row instead of repeating each
-    row's work on two warps (see ``_select_partition``); ``step_barriers`` guards the score ring
-    with one barrier pair per selection step instead of per slot. ``profile`` (int64, ``[programs, 5,
-    8]``, zeroed) builds the kernel with partition timers (SM cycles; see :func:`profile_table`)."""
+
+    Build knobs (each a separate compile):
+
+    * ``no_select``: a timing probe; the selection does no work and the outputs are undefined;
+    * ``select_visits`` (a power of two): visits per selection step; ``select_parts`` (1, 2 or 4,
+      at most ``select_visits``): warps per row a step's visits are dealt to (see
+      ``_select_partition``); ``step_barriers``: one barrier pair per step on the score ring, not
+      per slot; ``score_slots`` (a multiple of ``select_visits``, four steps by default): its depth;
+    * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
+      for three by default): the key ring's depth;
+    * ``score_regs``, ``load_regs``: registers per thread of each score warpgroup and of the
+      loader; the selection gets the rest of the register file; ``weights_in_smem``: the score
+      warpgroups read the head weights from shared memory per visit instead of holding them;
+    * ``profile`` (int64 ``[programs, 5, 8]``, zeroed): partition timers, in SM cycles
+      (:func:`profile_table`).
+    """
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
 
+    if score_groups not in (2, 3):
+        raise ValueError(f"score_groups: expected 2 or 3, got {score_groups}")
+    if key_stages is None:
+        key_stages = HOPPER_KEY_STAGES if HOPPER_KEY_STAGES % score_groups == 0 else 2 * score_groups
+    if key_stages < 1 or key_stages % score_groups:
+        # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
+        # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
+        raise ValueError(f"key_stages ({key_stages}) must be a positive multiple of score_groups ({score_groups})")
     inputs = as_inputs(inputs)
     ka = pack_args(inputs)
     cfg = tile_config(inputs.layout)
@@ -775,12 +795,6 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
-    if key_stages is None:
-        key_stages = HOPPER_KEY_STAGES if HOPPER_KEY_STAGES % score_groups == 0 else 2 * score_groups
-    if key_stages % score_groups:
-        # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
-        # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
-        raise ValueError(f"key_stages ({key_stages}) must be a multiple of score_groups ({score_groups})")
     if profile is not None and profile.shape != (programs, 5, 8):
         raise ValueError(f"profile: expected int64 [{programs}, 5, 8], got {tuple(profile.shape)}")
     hopper_stream_kernel[(programs,)](
