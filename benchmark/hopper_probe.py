@@ -88,6 +88,12 @@ BUILDS = {
     # the score warpgroups' weights in shared memory (96 registers each), 168 for the selection
     "s3w96": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True),
     "s3w96_g8": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True, select_visits=8),
+    # prepared without a device (sm_90 compiles only; not yet run): the cut from the highest
+    # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2), and a deeper ring
+    "cut1": dict(cut=1),
+    "s3_cut1": dict(score_groups=3, score_regs=104, load_regs=24, cut=1),
+    "s3_cut2": dict(score_groups=3, score_regs=104, load_regs=24, cut=2),
+    "s3_cut1_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, score_slots=128),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),

@@ -169,7 +169,52 @@ def _threshold(b, valid, k, HL: gl.constexpr):
 
 
 @gluon.jit
-def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr):
+def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.constexpr):
+    """:func:`_threshold` by ``BITS``-bit digits (8 or 4) in ``2 ** BITS`` bins, starting at the
+    highest digit in which two valid composites differ (the digits above it are every entry's).
+    A pass counts the entries outside the boundary prefix in bin 0 and takes them out of it again:
+    their count is the last pass's boundary bucket (the valid entries before the first), so it
+    costs no reduction. The same entries are taken as by :func:`_threshold`: a pass whose bucket
+    already holds every needed entry ends both, and a finer one would keep the whole bucket."""
+    NB: gl.constexpr = 1 << BITS
+    TOP: gl.constexpr = 64 - BITS
+    bins = gl.arange(0, NB, layout=HL)
+    hi = gl.max(gl.where(valid, comp, COMP_MIN), axis=0)
+    lo = gl.min(gl.where(valid, comp, INT64_MAX), axis=0)
+    diff = hi ^ lo
+    top = count * 0  # bit offset of the highest differing digit
+    for d in gl.static_range(1, 64 // BITS):
+        if (diff >> (BITS * d)) != 0:
+            top = top * 0 + BITS * d
+    above_top = gl.minimum(top + BITS, 63)  # shifts of 64 are clamped; the value is unused at TOP
+    tb = gl.where(top == TOP, 0, ((hi ^ COMP_MIN) >> above_top) << above_top)
+    need = k
+    shift = top
+    done = k * 0
+    n_match = count
+    for p in range(64 // BITS):  # a loop, not unrolled: the cut is rare and its code large
+        sh = TOP - BITS * p
+        if (done == 0) & (sh <= top):
+            m = valid & ((sh == TOP) | ((b >> (sh + BITS)) == (tb >> (sh + BITS))))
+            hist = gl.histogram(gl.where(m, ((b >> sh) & (NB - 1)).to(gl.int32), 0), NB, layout=HL)
+            ge = gl.sum(hist, axis=0) - gl.associative_scan(hist, 0, _add) + hist
+            # bin 0's extra entries only raise ge[0], which already holds at least `need`
+            digit = gl.max(gl.where(ge >= need, bins, -1), axis=0)
+            above = gl.sum(gl.where(bins > digit, hist, 0), axis=0)
+            bucket = gl.sum(gl.where(bins == digit, hist, 0), axis=0)
+            bucket = gl.where(digit == 0, bucket - (b.shape[0] - n_match), bucket)
+            need = need - above
+            tb = tb | (digit.to(gl.int64) << sh)
+            shift = sh
+            n_match = bucket
+            if bucket == need:
+                done = 1
+    return tb, shift
+
+
+@gluon.jit
+def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr,
+         CUT: gl.constexpr = 0):
     """Cut a buffer of ``TOPK < count <= TILE`` entries to its best ``TOPK`` at the front (as
     :func:`indexer_topk.kernels.candidates.cut`); returns the new gate ``(key, position)``."""
     offs = gl.arange(0, TILE, layout=L1)
@@ -177,7 +222,10 @@ def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl
     key = gl.load(buf_key + offs, mask=valid, other=0)
     pos = gl.load(buf_pos + offs, mask=valid, other=0)
     comp = (key.to(gl.int64) << 32) | (pos.to(gl.int64) ^ LOW32)
-    tb, shift = _threshold(comp ^ COMP_MIN, valid, TOPK + count * 0, HL)
+    if CUT == 0:
+        tb, shift = _threshold(comp ^ COMP_MIN, valid, TOPK + count * 0, HL)
+    else:
+        tb, shift = _threshold_from_top(comp ^ COMP_MIN, comp, valid, TOPK + count * 0, count, HL, 8 // CUT)
     t = tb ^ COMP_MIN
     take = valid & ((comp >> shift) >= (t >> shift))
     gate = gl.min(gl.where(take, comp, INT64_MAX), axis=0)
@@ -265,7 +313,7 @@ def _select_partition(
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
     G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr,
+    prof, PROF: gl.constexpr, CUT: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -279,7 +327,7 @@ def _select_partition(
     RL: gl.constexpr = gl.SliceLayout(0, HRL)  # [R]
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
-    HL: gl.constexpr = _vector_layout(512, NW)
+    HL: gl.constexpr = _vector_layout(512 if CUT == 0 else 1 << (8 // CUT), NW)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     key_base = buf_key_all + pid.to(gl.int64) * (R * CAP)
@@ -348,7 +396,7 @@ def _select_partition(
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
                         if c + _pick(n_take, r, 0) > CAP:
-                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
+                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT)
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
                             count = gl.where(rr == r, TOPK, count)
@@ -376,7 +424,7 @@ def _select_partition(
                 c = _pick(count, r, 0)
                 if (row < n_rows) & ((npass == 1) | (p == r)):
                     if c > TOPK:
-                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
+                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT)
                         c = TOPK
                     offs = gl.arange(0, TOPK, layout=TL)
                     m = offs < c
@@ -546,7 +594,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
-    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, W_SMEM: gl.constexpr = False,
+    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, W_SMEM: gl.constexpr = False, CUT: gl.constexpr = 0,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -582,7 +630,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF,
+                prof, PROF, CUT,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -609,7 +657,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF,
+                prof, PROF, CUT,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -739,7 +787,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
                         profile: Optional[torch.Tensor] = None, key_stages: Optional[int] = None,
-                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False):
+                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False, cut: int = 0):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
 
@@ -755,6 +803,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     * ``score_regs``, ``load_regs``: registers per thread of each score warpgroup and of the
       loader; the selection gets the rest of the register file; ``weights_in_smem``: the score
       warpgroups read the head weights from shared memory per visit instead of holding them;
+    * ``cut``: 0 for the 512-bin radix from the top byte, 1 or 2 for :func:`_threshold_from_top`
+      by 8- or 4-bit digits;
     * ``profile`` (int64 ``[programs, 5, 8]``, zeroed): partition timers, in SM cycles
       (:func:`profile_table`).
     """
@@ -762,6 +812,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     from indexer_topk.contract import allocate_result, as_inputs
     from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
 
+    if cut not in (0, 1, 2):
+        raise ValueError(f"cut: expected 0, 1 or 2, got {cut}")
     if score_groups not in (2, 3):
         raise ValueError(f"score_groups: expected 2 or 3, got {score_groups}")
     if key_stages is None:
@@ -806,7 +858,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
         PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        W_SMEM=weights_in_smem, num_warps=4,
+        W_SMEM=weights_in_smem, CUT=cut, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
