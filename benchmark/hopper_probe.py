@@ -94,6 +94,12 @@ BUILDS = {
     "s3_cut1": dict(score_groups=3, score_regs=104, load_regs=24, cut=1),
     "s3_cut2": dict(score_groups=3, score_regs=104, load_regs=24, cut=2),
     "s3_cut1_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, score_slots=128),
+    # ... and the parts' counts met in one exchange per step
+    "xchg": dict(one_exchange=True),
+    "s3_xchg": dict(score_groups=3, score_regs=104, load_regs=24, one_exchange=True),
+    "s3_cut1_xchg": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True),
+    "s3_cut1_xchg_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
+                                  score_slots=128),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),

@@ -302,6 +302,17 @@ def _prof_store(prof, part, a, b, c, d, e):
 
 
 @gluon.jit
+def _part_counts(n_part, count, PRL: gl.constexpr, HRL: gl.constexpr, RL: gl.constexpr):
+    """``(n_take [R], first [PARTS, R])`` from the parts' entrant counts: each row's total, and
+    where each part's entries start in the row's buffer (``count`` plus the parts before it). One
+    exchange across warps (every thread gets every part's count), then sums in registers."""
+    parts = gl.convert_layout(n_part, PRL)
+    excl = gl.associative_scan(parts, 0, _add) - parts
+    first = gl.convert_layout(excl, HRL) + gl.expand_dims(count, 0)
+    return gl.convert_layout(gl.sum(parts, axis=0), RL), first
+
+
+@gluon.jit
 def _row_vec(t):
     """``[1, 1, R]`` of an ``[R]`` vector laid out as a row of the selection tile."""
     return gl.expand_dims(gl.expand_dims(t, 0), 1)
@@ -313,7 +324,7 @@ def _select_partition(
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
     G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr, CUT: gl.constexpr,
+    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -325,6 +336,7 @@ def _select_partition(
     SL: gl.constexpr = gl.BlockedLayout([1, 2 * GP, 1], [1, 32, 1], [PARTS, 1, NW // PARTS], [1, 2, 0])
     HRL: gl.constexpr = gl.SliceLayout(1, SL)  # [PARTS, R]
     RL: gl.constexpr = gl.SliceLayout(0, HRL)  # [R]
+    PRL: gl.constexpr = gl.BlockedLayout([PARTS, R], [32, 1], [NW, 1], [1, 0])  # [PARTS, R] in every thread
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
     HL: gl.constexpr = _vector_layout(512 if CUT == 0 else 1 << (8 // CUT), NW)
@@ -387,7 +399,10 @@ def _select_partition(
                 take = (pos < ends) & active & (i + visit < n)
                 take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                 n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
-                n_take = gl.sum(n_part, axis=0)
+                if XCHG:
+                    n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
+                else:
+                    n_take = gl.sum(n_part, axis=0)
                 if gl.max(count + n_take, axis=0) > CAP:
                     if PROF:
                         c0 = _clock()
@@ -402,13 +417,16 @@ def _select_partition(
                             count = gl.where(rr == r, TOPK, count)
                     take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                     n_part = gl.sum(take.to(gl.int32), axis=1)
-                    n_take = gl.sum(n_part, axis=0)
+                    if XCHG:
+                        n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
+                    else:
+                        n_take = gl.sum(n_part, axis=0)
                     if PROF:
                         t_cut += _clock() - c0
-                # part h's entries follow those of the parts before it
-                first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
-                for h in gl.static_range(PARTS - 1):
-                    first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
+                if not XCHG:  # part h's entries follow those of the parts before it
+                    first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
+                    for h in gl.static_range(PARTS - 1):
+                        first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
                 take_i = take.to(gl.int32)
                 dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
                 gl.store(key_base + row_off + dst, key, mask=take)
@@ -595,6 +613,7 @@ def hopper_stream_kernel(
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
     NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, W_SMEM: gl.constexpr = False, CUT: gl.constexpr = 0,
+    XCHG: gl.constexpr = False,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -630,7 +649,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT,
+                prof, PROF, CUT, XCHG,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -657,7 +676,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT,
+                prof, PROF, CUT, XCHG,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -787,7 +806,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
                         no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
                         score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
                         profile: Optional[torch.Tensor] = None, key_stages: Optional[int] = None,
-                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False, cut: int = 0):
+                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False, cut: int = 0,
+                        one_exchange: bool = False):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
 
@@ -796,7 +816,8 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     * ``no_select``: a timing probe; the selection does no work and the outputs are undefined;
     * ``select_visits`` (a power of two): visits per selection step; ``select_parts`` (1, 2 or 4,
       at most ``select_visits``): warps per row a step's visits are dealt to (see
-      ``_select_partition``); ``step_barriers``: one barrier pair per step on the score ring, not
+      ``_select_partition``); ``one_exchange``: the parts' counts meet in one exchange across warps
+      per step (:func:`_part_counts`) instead of one reduction per part; ``step_barriers``: one barrier pair per step on the score ring, not
       per slot; ``score_slots`` (a multiple of ``select_visits``, four steps by default): its depth;
     * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
       for three by default): the key ring's depth;
@@ -858,7 +879,7 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
         PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        W_SMEM=weights_in_smem, CUT=cut, num_warps=4,
+        W_SMEM=weights_in_smem, CUT=cut, XCHG=one_exchange, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
