@@ -17,9 +17,10 @@ talk through shared-memory rings guarded by mbarriers:
   page's 64 e4m3 keys and one of its 64 fp32 key scales into a ``KSTAGES``-deep ring; per work
   item, one bulk copy of the group's queries;
 * **score** (``NSCORE`` warpgroups, two or three, visit ``g`` on warpgroup ``g mod NSCORE``): the
-  MMA ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile (:func:`tile_scores`, the same operations, layouts and
-  hence bits as :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS``
-  ``[64, R]`` tiles of order keys;
+  MMA ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile
+  (:func:`tile_scores`, the same operations, layouts and hence bits as
+  :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS`` ``[64, R]`` tiles of
+  order keys;
 * **select** (the default warpgroup): takes ``G`` visits' score tiles per step (dealt to its four
   warps), appends the scores that beat their
   row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
@@ -523,7 +524,8 @@ def _load_partition(
 
 @gluon.jit
 def _score_partition(
-    PAR: gl.constexpr, NSCORE: gl.constexpr, W_SMEM: gl.constexpr, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+    PAR: gl.constexpr, NSCORE: gl.constexpr, W_SMEM: gl.constexpr, wbuf, kbuf, sbuf, qbuf, ring,
+    kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
     prof, PROF: gl.constexpr,
@@ -577,7 +579,8 @@ def _score_partition(
                 if W_SMEM:
                     w = wbuf.index(PAR).load(WL)
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
-                fence_async_shared()  # the key scales were read through the generic proxy; the next copy writes through the async one
+                # the key scales were read through the generic proxy; the next copy writes through the async one
+                fence_async_shared()
                 if PROF:
                     c3 = _clock()
                 _release(kfree.index(s))
@@ -657,12 +660,14 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                0, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                1, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
@@ -684,17 +689,20 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                0, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                1, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                2, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr, weight_scale,
+                2, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
@@ -802,12 +810,13 @@ HOPPER_SELECT_VISITS = 16
 HOPPER_SELECT_PARTS = 4
 
 
-def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-                        no_select: bool = False, select_visits: int = HOPPER_SELECT_VISITS,
-                        score_slots: Optional[int] = None, score_regs: int = 120, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
-                        profile: Optional[torch.Tensor] = None, key_stages: Optional[int] = None,
-                        score_groups: int = 2, load_regs: int = 40, weights_in_smem: bool = False, cut: int = 0,
-                        one_exchange: bool = False):
+def hopper_indexer_topk(
+    inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None, no_select: bool = False,
+    select_visits: int = HOPPER_SELECT_VISITS, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
+    score_slots: Optional[int] = None, one_exchange: bool = False, cut: int = 0, score_groups: int = 2,
+    key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40, weights_in_smem: bool = False,
+    profile: Optional[torch.Tensor] = None,
+):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
     through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
 
@@ -817,8 +826,9 @@ def hopper_indexer_topk(inputs, *, out=None, num_splits: Optional[int] = None, p
     * ``select_visits`` (a power of two): visits per selection step; ``select_parts`` (1, 2 or 4,
       at most ``select_visits``): warps per row a step's visits are dealt to (see
       ``_select_partition``); ``one_exchange``: the parts' counts meet in one exchange across warps
-      per step (:func:`_part_counts`) instead of one reduction per part; ``step_barriers``: one barrier pair per step on the score ring, not
-      per slot; ``score_slots`` (a multiple of ``select_visits``, four steps by default): its depth;
+      per step (:func:`_part_counts`) instead of one reduction per part; ``step_barriers``: one
+      barrier pair per step on the score ring, not per slot; ``score_slots`` (a multiple of
+      ``select_visits``, four steps by default): its depth;
     * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
       for three by default): the key ring's depth;
     * ``score_regs``, ``load_regs``: registers per thread of each score warpgroup and of the
