@@ -85,9 +85,7 @@ BUILDS = {
     "s3_g8": dict(score_groups=3, score_regs=104, load_regs=24, select_visits=8),
     "s3_slots128": dict(score_groups=3, score_regs=104, load_regs=24, score_slots=128),
     # (the three builds above ran with 4 key stages, which three warpgroups cannot share: see hopper_stream)
-    # the score warpgroups' weights in shared memory (96 registers each), 168 for the selection
-    "s3w96": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True),
-    "s3w96_g8": dict(score_groups=3, score_regs=96, load_regs=24, weights_in_smem=True, select_visits=8),
+    # (weights in shared memory for 96-register score threads, "s3w96", lost: 5.42 ms; gone, see NOTES)
     # prepared without a device (sm_90 compiles only; not yet run): the cut from the highest
     # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2), and a deeper ring
     "cut1": dict(cut=1),

@@ -524,7 +524,7 @@ def _load_partition(
 
 @gluon.jit
 def _score_partition(
-    PAR: gl.constexpr, NSCORE: gl.constexpr, W_SMEM: gl.constexpr, wbuf, kbuf, sbuf, qbuf, ring,
+    PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, ring,
     kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
@@ -551,10 +551,6 @@ def _score_partition(
         npass = gl.load(group_pass + r0 // R)
         wrow = r0 + cols // NHEADS
         w = gl.load(w_ptr + wrow.to(gl.int64) * NHEADS + cols % NHEADS, mask=wrow < n_rows, other=0.0)
-        if W_SMEM:  # the weights wait in shared memory, not in 32 registers per thread across the item
-            gl.thread_barrier()  # every warp is done with the last item's weights
-            wbuf.index(PAR).store(w)
-            gl.thread_barrier()
         qs = q_i % 2
         mbarrier.wait(qready.index(qs), (q_i // 2) & 1)
         qt = qbuf.index(qs).permute((1, 0))
@@ -576,8 +572,6 @@ def _score_partition(
                 if PROF:
                     c2 = _clock()
                     t_mma += c2 - c1
-                if W_SMEM:
-                    w = wbuf.index(PAR).load(WL)
                 sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
                 # the key scales were read through the generic proxy; the next copy writes through the async one
                 fence_async_shared()
@@ -615,7 +609,7 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
-    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, W_SMEM: gl.constexpr = False, CUT: gl.constexpr = 0,
+    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, CUT: gl.constexpr = 0,
     XCHG: gl.constexpr = False,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
@@ -628,7 +622,6 @@ def hopper_stream_kernel(
     ring = gl.allocate_shared_memory(
         gl.int32, [SLOTS, PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     )
-    wbuf = gl.allocate_shared_memory(gl.float32, [NSCORE, R * NHEADS], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
     kready = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     kfree = gl.allocate_shared_memory(gl.int64, [KSTAGES, 1], mbarrier.MBarrierLayout())
     qready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -660,13 +653,13 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                0, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                 w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 2, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                1, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                 w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
@@ -689,19 +682,19 @@ def hopper_stream_kernel(
                 SCALE_COL, G, prof, PROF,
             )),
                 (_score_partition, (
-                0, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                0, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                 w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                1, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                1, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                 w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
             )),
                 (_score_partition, (
-                2, 3, W_SMEM, wbuf, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
+                2, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
                 w_ptr, weight_scale,
                 seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
                 STEP_BARRIERS, prof, PROF,
@@ -814,7 +807,7 @@ def hopper_indexer_topk(
     inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None, no_select: bool = False,
     select_visits: int = HOPPER_SELECT_VISITS, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
     score_slots: Optional[int] = None, one_exchange: bool = False, cut: int = 0, score_groups: int = 2,
-    key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40, weights_in_smem: bool = False,
+    key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40,
     profile: Optional[torch.Tensor] = None,
 ):
     """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
@@ -832,8 +825,7 @@ def hopper_indexer_topk(
     * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
       for three by default): the key ring's depth;
     * ``score_regs``, ``load_regs``: registers per thread of each score warpgroup and of the
-      loader; the selection gets the rest of the register file; ``weights_in_smem``: the score
-      warpgroups read the head weights from shared memory per visit instead of holding them;
+      loader; the selection gets the rest of the register file;
     * ``cut``: 0 for the 512-bin radix from the top byte, 1 or 2 for :func:`_threshold_from_top`
       by 8- or 4-bit digits;
     * ``profile`` (int64 ``[programs, 5, 8]``, zeroed): partition timers, in SM cycles
@@ -889,7 +881,7 @@ def hopper_indexer_topk(
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
         PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        W_SMEM=weights_in_smem, CUT=cut, XCHG=one_exchange, num_warps=4,
+        CUT=cut, XCHG=one_exchange, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
