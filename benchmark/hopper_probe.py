@@ -98,6 +98,11 @@ BUILDS = {
     "s3_cut1_xchg": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True),
     "s3_cut1_xchg_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
                                   score_slots=128),
+    # ... and a cut that reloads its step's keys from the ring (half the selection's spills at 144 registers)
+    "s3_cut1_xchg_reload": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
+                                reload_after_cut=True),
+    "s3_cut1_xchg_reload_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
+                                         reload_after_cut=True, score_slots=128),
     # 8 visits per step: half the step's registers (the 144-register selection spills in its step at 16)
     "s3_cut1_xchg_g8": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True, select_visits=8),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)

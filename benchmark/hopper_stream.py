@@ -325,7 +325,7 @@ def _select_partition(
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
     G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr,
+    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr, RELOAD: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -392,9 +392,11 @@ def _select_partition(
                 _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
                 if PROF:
                     t_take += _clock() - c0
-                key = steps.index((it // G) % (SLOTS // G)).load(SL)
-                _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
+                cur = it
                 it += G
+                key = steps.index((cur // G) % (SLOTS // G)).load(SL)
+                if not RELOAD:
+                    _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
                 vu = v + off
                 pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
                 take = (pos < ends) & active & (i + visit < n)
@@ -416,6 +418,11 @@ def _select_partition(
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
                             count = gl.where(rr == r, TOPK, count)
+                    if RELOAD:  # the ring still holds the step: none of its tiles lives in registers across the cut
+                        key = steps.index((cur // G) % (SLOTS // G)).load(SL)
+                        vu = v + off
+                        pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
+                        take = (pos < ends) & active & (i + visit < n)
                     take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                     n_part = gl.sum(take.to(gl.int32), axis=1)
                     if XCHG:
@@ -424,6 +431,8 @@ def _select_partition(
                         n_take = gl.sum(n_part, axis=0)
                     if PROF:
                         t_cut += _clock() - c0
+                if RELOAD:
+                    _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
                 if not XCHG:  # part h's entries follow those of the parts before it
                     first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
                     for h in gl.static_range(PARTS - 1):
@@ -610,7 +619,7 @@ def hopper_stream_kernel(
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
     NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, CUT: gl.constexpr = 0,
-    XCHG: gl.constexpr = False,
+    XCHG: gl.constexpr = False, RELOAD: gl.constexpr = False,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -645,7 +654,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG,
+                prof, PROF, CUT, XCHG, RELOAD,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -674,7 +683,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG,
+                prof, PROF, CUT, XCHG, RELOAD,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -806,7 +815,8 @@ HOPPER_SELECT_PARTS = 4
 def hopper_indexer_topk(
     inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None, no_select: bool = False,
     select_visits: int = HOPPER_SELECT_VISITS, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
-    score_slots: Optional[int] = None, one_exchange: bool = False, cut: int = 0, score_groups: int = 2,
+    score_slots: Optional[int] = None, one_exchange: bool = False, reload_after_cut: bool = False, cut: int = 0,
+    score_groups: int = 2,
     key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40,
     profile: Optional[torch.Tensor] = None,
 ):
@@ -819,7 +829,9 @@ def hopper_indexer_topk(
     * ``select_visits`` (a power of two): visits per selection step; ``select_parts`` (1, 2 or 4,
       at most ``select_visits``): warps per row a step's visits are dealt to (see
       ``_select_partition``); ``one_exchange``: the parts' counts meet in one exchange across warps
-      per step (:func:`_part_counts`) instead of one reduction per part; ``step_barriers``: one
+      per step (:func:`_part_counts`) instead of one reduction per part; ``reload_after_cut``: a
+      step's slots are given back after its cut test, so that a cut reloads the step's keys from
+      the ring instead of holding them in registers across it; ``step_barriers``: one
       barrier pair per step on the score ring, not per slot; ``score_slots`` (a multiple of
       ``select_visits``, four steps by default): its depth;
     * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
@@ -881,7 +893,7 @@ def hopper_indexer_topk(
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
         PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        CUT=cut, XCHG=one_exchange, num_warps=4,
+        CUT=cut, XCHG=one_exchange, RELOAD=reload_after_cut, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
