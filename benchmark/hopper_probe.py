@@ -87,17 +87,12 @@ BUILDS = {
     # (the three builds above ran with 4 key stages, which three warpgroups cannot share: see hopper_stream)
     # (weights in shared memory for 96-register score threads, "s3w96", lost: 5.42 ms; gone, see NOTES)
     # prepared without a device (sm_90 compiles only; not yet run): the cut from the highest
-    # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2), and a deeper ring
-    "cut1": dict(cut=1),
+    # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2)
     "s3_cut1": dict(score_groups=3, score_regs=104, load_regs=24, cut=1),
     "s3_cut2": dict(score_groups=3, score_regs=104, load_regs=24, cut=2),
-    "s3_cut1_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, score_slots=128),
-    # ... and the parts' counts met in one exchange per step
-    "xchg": dict(one_exchange=True),
+    # ... the parts' counts met in one exchange per step
     "s3_xchg": dict(score_groups=3, score_regs=104, load_regs=24, one_exchange=True),
     "s3_cut1_xchg": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True),
-    "s3_cut1_xchg_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
-                                  score_slots=128),
     # ... and a cut that reloads its step's keys from the ring (half the selection's spills at 144 registers)
     "s3_cut1_xchg_reload": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
                                 reload_after_cut=True),
