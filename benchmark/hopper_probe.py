@@ -75,31 +75,30 @@ def check(quick: bool, build_kw: dict) -> list:
     return records
 
 
+# Three score warpgroups (the tensor core idles while two take turns): 104 registers each, 24 for the loader.
+S3 = dict(score_groups=3, score_regs=104, load_regs=24)
 # Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
 # is the kept one; ``--build`` picks the one the sweep checks and the timings run.
 BUILDS = {
     "hopper": {},  # 16 visits per selection step, dealt to 4 warps; a barrier pair per step
     "kst8": dict(key_stages=8),  # the kept build with a key ring twice as deep
-    # three score warpgroups (the tensor core idles while two take turns), registers 104 each, 24 for the loader
-    "s3": dict(score_groups=3, score_regs=104, load_regs=24),
-    "s3_g8": dict(score_groups=3, score_regs=104, load_regs=24, select_visits=8),
-    "s3_slots128": dict(score_groups=3, score_regs=104, load_regs=24, score_slots=128),
+    "s3": S3,
+    "s3_g8": dict(S3, select_visits=8),
+    "s3_slots128": dict(S3, score_slots=128),
     # (the three builds above ran with 4 key stages, which three warpgroups cannot share: see hopper_stream)
     # (weights in shared memory for 96-register score threads, "s3w96", lost: 5.42 ms; gone, see NOTES)
     # prepared without a device (sm_90 compiles only; not yet run): the cut from the highest
     # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2)
-    "s3_cut1": dict(score_groups=3, score_regs=104, load_regs=24, cut=1),
-    "s3_cut2": dict(score_groups=3, score_regs=104, load_regs=24, cut=2),
+    "s3_cut1": dict(S3, cut=1),
+    "s3_cut2": dict(S3, cut=2),
     # ... the parts' counts met in one exchange per step
-    "s3_xchg": dict(score_groups=3, score_regs=104, load_regs=24, one_exchange=True),
-    "s3_cut1_xchg": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True),
+    "s3_xchg": dict(S3, one_exchange=True),
+    "s3_cut1_xchg": dict(S3, cut=1, one_exchange=True),
     # ... and a cut that reloads its step's keys from the ring (half the selection's spills at 144 registers)
-    "s3_cut1_xchg_reload": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
-                                reload_after_cut=True),
-    "s3_cut1_xchg_reload_slots128": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True,
-                                         reload_after_cut=True, score_slots=128),
+    "s3_cut1_xchg_reload": dict(S3, cut=1, one_exchange=True, reload_after_cut=True),
+    "s3_cut1_xchg_reload_slots128": dict(S3, cut=1, one_exchange=True, reload_after_cut=True, score_slots=128),
     # 8 visits per step: half the step's registers (the 144-register selection spills in its step at 16)
-    "s3_cut1_xchg_g8": dict(score_groups=3, score_regs=104, load_regs=24, cut=1, one_exchange=True, select_visits=8),
+    "s3_cut1_xchg_g8": dict(S3, cut=1, one_exchange=True, select_visits=8),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
     "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
     "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),
@@ -162,7 +161,7 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
 def profile(build: str, tokens_list=(786432, 65536)) -> list:
     """Partition timers of the build (its ``PROF`` compile) at 1024 rows, with and without its
     selection: where each partition's cycles go (``hopper_stream.profile_table``)."""
-    from hopper_stream import PROFILE_FIELDS, hopper_indexer_topk, profile_table
+    from hopper_stream import PROFILE_FIELDS, hopper_indexer_topk, profile_means, profile_table
     from indexer_topk.kernels.launch import device_sm_count
     from indexer_topk.workload import make_workload
 
@@ -171,9 +170,8 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
         w = make_workload("sglang_fp8", context_tokens=[tokens], rows_per_request=[1024], topk=1024, seed=1,
                           device="cuda", pattern="random")
         inputs = w.inputs()
-        programs = min(device_sm_count("cuda"), (w.rows + 1) // 2)
         for no_select in (False, True):
-            prof = torch.zeros(programs, 5, 8, dtype=torch.int64, device="cuda")
+            prof = torch.zeros(device_sm_count("cuda"), 5, 8, dtype=torch.int64, device="cuda")
             kw = dict(BUILDS[build], no_select=no_select, profile=prof)
             hopper_indexer_topk(inputs, **kw)  # compile and warm
             prof.zero_()
@@ -182,7 +180,7 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
             torch.cuda.synchronize()
             print(f"== {build} {tokens // 1024}K 1024 rows{' (selection taken out)' if no_select else ''}")
             print(profile_table(prof), flush=True)
-            mean = prof.double().mean(0).cpu()
+            mean = profile_means(prof)
             records.append(dict(build=build, tokens=tokens, no_select=no_select, **{
                 f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
                 for k, f in enumerate(fields) if f}))

@@ -314,6 +314,15 @@ def _part_counts(n_part, count, PRL: gl.constexpr, HRL: gl.constexpr, RL: gl.con
 
 
 @gluon.jit
+def _step_entries(v, off, n, lo, lane, ends, active, i, visit):
+    """Positions of a step's keys (visit ``u`` of the step scores page ``(v + off_u) mod n``) and
+    which of them lie in their row's range: ``(pos, mask)``."""
+    vu = v + off
+    pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
+    return pos, (pos < ends) & active & (i + visit < n)
+
+
+@gluon.jit
 def _row_vec(t):
     """``[1, 1, R]`` of an ``[R]`` vector laid out as a row of the selection tile."""
     return gl.expand_dims(gl.expand_dims(t, 0), 1)
@@ -397,9 +406,7 @@ def _select_partition(
                 key = steps.index((cur // G) % (SLOTS // G)).load(SL)
                 if not RELOAD:
                     _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
-                vu = v + off
-                pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
-                take = (pos < ends) & active & (i + visit < n)
+                pos, take = _step_entries(v, off, n, lo, lane, ends, active, i, visit)
                 take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                 n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
                 if XCHG:
@@ -420,9 +427,7 @@ def _select_partition(
                             count = gl.where(rr == r, TOPK, count)
                     if RELOAD:  # the ring still holds the step: none of its tiles lives in registers across the cut
                         key = steps.index((cur // G) % (SLOTS // G)).load(SL)
-                        vu = v + off
-                        pos = lo + gl.where(vu >= n, vu - n, vu) * PAGE + lane
-                        take = (pos < ends) & active & (i + visit < n)
+                        pos, take = _step_entries(v, off, n, lo, lane, ends, active, i, visit)
                     take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                     n_part = gl.sum(take.to(gl.int32), axis=1)
                     if XCHG:
@@ -840,8 +845,8 @@ def hopper_indexer_topk(
       loader; the selection gets the rest of the register file;
     * ``cut``: 0 for the 512-bin radix from the top byte, 1 or 2 for :func:`_threshold_from_top`
       by 8- or 4-bit digits;
-    * ``profile`` (int64 ``[programs, 5, 8]``, zeroed): partition timers, in SM cycles
-      (:func:`profile_table`).
+    * ``profile`` (int64 ``[P, 5, 8]``, zeroed, ``P`` at least the programs launched, e.g. the SM
+      count): partition timers, in SM cycles (:func:`profile_table`).
     """
     from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
     from indexer_topk.contract import allocate_result, as_inputs
@@ -882,8 +887,8 @@ def hopper_indexer_topk(
     )
     g = min(select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
-    if profile is not None and profile.shape != (programs, 5, 8):
-        raise ValueError(f"profile: expected int64 [{programs}, 5, 8], got {tuple(profile.shape)}")
+    if profile is not None and (profile.shape[0] < programs or profile.shape[1:] != (5, 8)):
+        raise ValueError(f"profile: expected int64 [at least {programs}, 5, 8], got {tuple(profile.shape)}")
     hopper_stream_kernel[(programs,)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
@@ -917,10 +922,17 @@ PROFILE_FIELDS = (
 )
 
 
+def profile_means(profile: torch.Tensor) -> torch.Tensor:
+    """``[5, 8]``: the ``PROF`` build's counters averaged over the programs that ran (rows of
+    ``profile`` beyond the grid stay zero and are left out)."""
+    ran = profile[:, :, 0].sum(1) > 0
+    return profile[ran].double().mean(0).cpu()
+
+
 def profile_table(profile: torch.Tensor) -> str:
     """The ``PROF`` build's counters, averaged over programs: each partition's cycles and the share
     of them spent in each timed region."""
-    mean = profile.double().mean(0).cpu()
+    mean = profile_means(profile)
     lines = []
     for part, (name, fields) in enumerate(PROFILE_FIELDS):
         total = mean[part, 0].item()

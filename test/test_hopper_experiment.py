@@ -43,9 +43,10 @@ def test_score_groups_outside_the_built_kernels_are_refused():
 
 
 def test_profile_table_reports_shares_and_skips_absent_partitions():
-    prof = torch.zeros(2, 5, 8, dtype=torch.int64)
-    prof[:, 0, :5] = torch.tensor([1000, 400, 200, 100, 3])  # selection: all, waits, cuts, ends, cuts
-    prof[:, 2, :5] = torch.tensor([1000, 50, 500, 100, 100])  # score 0
+    # a third row, as for an SM the grid did not use, must not dilute the means
+    prof = torch.zeros(3, 5, 8, dtype=torch.int64)
+    prof[:2, 0, :5] = torch.tensor([1000, 400, 200, 100, 3])  # selection: all, waits, cuts, ends, cuts
+    prof[:2, 2, :5] = torch.tensor([1000, 50, 500, 100, 100])  # score 0
     prof[0, 2, 2] = 300  # programs are averaged: (300 + 500) / 2 = 400 cycles in the MMA
     table = hopper_stream.profile_table(prof).splitlines()
     assert len(table) == 2  # the loader and the other score groups recorded nothing
