@@ -77,10 +77,16 @@ def check(quick: bool, build_kw: dict) -> list:
 
 # Three score warpgroups (the tensor core idles while two take turns): 104 registers each, 24 for the loader.
 S3 = dict(score_groups=3, score_regs=104, load_regs=24)
+# The best of the first three-warpgroup round (4.74 ms at 768K): the cut from the highest differing
+# byte, one exchange of the parts' counts, keys reloaded after a cut, a 128-slot score ring.
+S3R = dict(S3, cut=1, one_exchange=True, reload_after_cut=True, score_slots=128)
+# The best of the next two (4.46 ms): 4-bit digits in the cut, a 256-slot ring, 8 visits per step.
+S3B = dict(S3R, cut=2, score_slots=256, select_visits=8)
 # Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
 # is the kept one; ``--build`` picks the one the sweep checks and the timings run.
 BUILDS = {
-    "hopper": {},  # 16 visits per selection step, dealt to 4 warps; a barrier pair per step
+    "hopper": S3B,  # the kept build
+    "hopper_2wg": {},  # the kept build until S3B: two MMA warpgroups, 16 visits per step dealt to 4 warps
     "kst8": dict(key_stages=8),  # the kept build with a key ring twice as deep
     "s3": S3,
     "s3_g8": dict(S3, select_visits=8),
@@ -96,7 +102,19 @@ BUILDS = {
     "s3_cut1_xchg": dict(S3, cut=1, one_exchange=True),
     # ... and a cut that reloads its step's keys from the ring (half the selection's spills at 144 registers)
     "s3_cut1_xchg_reload": dict(S3, cut=1, one_exchange=True, reload_after_cut=True),
-    "s3_cut1_xchg_reload_slots128": dict(S3, cut=1, one_exchange=True, reload_after_cut=True, score_slots=128),
+    "s3_cut1_xchg_reload_slots128": S3R,
+    # around it: 4-bit digits, a score ring twice as deep (220 KB of shared memory), 8 visits per step
+    "s3_cut2_xchg_reload_slots128": dict(S3R, cut=2),
+    "s3_cut1_xchg_reload_slots256": dict(S3R, score_slots=256),
+    "s3_cut1_xchg_reload_slots128_g8": dict(S3R, select_visits=8),
+    # 4-bit digits won the round above (4.57 ms): with the deeper ring and the shorter step
+    "s3_cut2_xchg_reload_slots128_g8": dict(S3R, cut=2, select_visits=8),
+    "s3_cut2_xchg_reload_slots256": dict(S3R, cut=2, score_slots=256),
+    "s3_cut2_xchg_reload_slots256_g8": S3B,
+    # ... a step with nothing past the gate skips its scan and stores; twice the pool (half the cuts,
+    # but a 4096-entry cut tile: 185 local loads in the sm_90 compile)
+    "s3_cut2_xchg_reload_slots256_g8_skip": dict(S3B, skip_empty=True),
+    "s3_cut2_xchg_reload_slots256_g8_pool2048": dict(S3B, pool=2048),
     # 8 visits per step: half the step's registers (the 144-register selection spills in its step at 16)
     "s3_cut1_xchg_g8": dict(S3, cut=1, one_exchange=True, select_visits=8),
     "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)

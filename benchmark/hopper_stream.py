@@ -334,7 +334,7 @@ def _select_partition(
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
     G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr, RELOAD: gl.constexpr,
+    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr, RELOAD: gl.constexpr, SKIP: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -438,14 +438,17 @@ def _select_partition(
                         t_cut += _clock() - c0
                 if RELOAD:
                     _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
-                if not XCHG:  # part h's entries follow those of the parts before it
-                    first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
-                    for h in gl.static_range(PARTS - 1):
-                        first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
-                take_i = take.to(gl.int32)
-                dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
-                gl.store(key_base + row_off + dst, key, mask=take)
-                gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
+                # SKIP: a step none of whose entries passes the gate (most steps, once the gate has
+                # risen) skips the scan and the stores
+                if (gl.max(n_take, axis=0) > 0) | (not SKIP):
+                    if not XCHG:  # part h's entries follow those of the parts before it
+                        first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
+                        for h in gl.static_range(PARTS - 1):
+                            first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
+                    take_i = take.to(gl.int32)
+                    dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
+                    gl.store(key_base + row_off + dst, key, mask=take)
+                    gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
                 count = count + n_take
                 v += advance
                 v = gl.where(v >= n, v - n, v)
@@ -624,7 +627,7 @@ def hopper_stream_kernel(
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
     NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, CUT: gl.constexpr = 0,
-    XCHG: gl.constexpr = False, RELOAD: gl.constexpr = False,
+    XCHG: gl.constexpr = False, RELOAD: gl.constexpr = False, SKIP: gl.constexpr = False,
     STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
@@ -659,7 +662,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG, RELOAD,
+                prof, PROF, CUT, XCHG, RELOAD, SKIP,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -688,7 +691,7 @@ def hopper_stream_kernel(
                 (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
                 seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG, RELOAD,
+                prof, PROF, CUT, XCHG, RELOAD, SKIP,
             )),
                 (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
@@ -821,7 +824,7 @@ def hopper_indexer_topk(
     inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None, no_select: bool = False,
     select_visits: int = HOPPER_SELECT_VISITS, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
     score_slots: Optional[int] = None, one_exchange: bool = False, reload_after_cut: bool = False, cut: int = 0,
-    score_groups: int = 2,
+    skip_empty: bool = False, score_groups: int = 2,
     key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40,
     profile: Optional[torch.Tensor] = None,
 ):
@@ -836,7 +839,8 @@ def hopper_indexer_topk(
       ``_select_partition``); ``one_exchange``: the parts' counts meet in one exchange across warps
       per step (:func:`_part_counts`) instead of one reduction per part; ``reload_after_cut``: a
       step's slots are given back after its cut test, so that a cut reloads the step's keys from
-      the ring instead of holding them in registers across it; ``step_barriers``: one
+      the ring instead of holding them in registers across it; ``skip_empty``: a step with no
+      entry past the gate skips its scan and stores; ``step_barriers``: one
       barrier pair per step on the score ring, not per slot; ``score_slots`` (a multiple of
       ``select_visits``, four steps by default): its depth;
     * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
@@ -898,7 +902,7 @@ def hopper_indexer_topk(
         G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
         NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
         PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        CUT=cut, XCHG=one_exchange, RELOAD=reload_after_cut, num_warps=4,
+        CUT=cut, XCHG=one_exchange, RELOAD=reload_after_cut, SKIP=skip_empty, num_warps=4,
         maxnreg=_launch_regs(score_groups),
     )
     if no_select:
