@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""The warp-specialised Hopper kernel beside the plain-Triton fused kernel and legacy, one run.
+"""The fused backend's Hopper stream beside its plain-Triton kernel and legacy, one run (an sm_90 GPU).
 
-    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select] [--profile]
+    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select]
+                                                        [--profile] [--rows-sweep]
 
 First an exactness sweep on small shapes (every adversarial pattern, several requests so that
 groups straddle requests, small pools that force cuts, split rows, topk 512 and 1024): the Hopper
-kernel's outputs against legacy's, bit for bit. Then timings (median of CUDA events) of legacy,
-the package's fused kernel and one build of the Hopper stream (``hopper_stream.py``, ``BUILDS``)
-on the same inputs, each checked against legacy; ``<build>_no_select`` times the build with its
-selection taken out (a probe of the loads and MMAs alone; its outputs are undefined). JSON
-records go to ``$OUT/hopper_probe_<build>.json``. ``hopper_round.sh`` runs several builds, each in
-its own process under a time limit.
+stream's outputs against legacy's, bit for bit, into poisoned outputs. Then timings (median of
+CUDA events) of legacy, the plain-Triton fused kernel (``fused``: ``INDEXER_TOPK_HOPPER_STREAM``
+off) and one configuration of the stream (``BUILDS``: :class:`indexer_topk.kernels.hopper.HopperConfig`
+fields) on the same inputs, each checked against legacy; ``<build>_no_select`` times it with its
+selection taken out (a probe of the loads and MMAs alone; its outputs are undefined).
+``--rows-sweep`` times legacy and the stream from 8 to 1024 rows at 64K and 768K tokens (where
+the policy's row threshold comes from). JSON records go to ``$OUT/hopper_probe_<build>.json``.
+``hopper_round.sh`` runs several builds, each in its own process under a time limit.
 """
 
 from __future__ import annotations
@@ -26,15 +29,20 @@ from indexer_topk.bench.timing import effective_tflops, median_ms
 from indexer_topk.compare import bitwise_equal
 
 
-def run_fused(inputs, hopper: bool, **kw):
+def run_fused(inputs, hopper: bool, build: str = "hopper", **kw):
+    """The stream in configuration ``BUILDS[build]``, or (``hopper`` False) the plain-Triton kernel."""
     from indexer_topk.backends.fused import fused_indexer_topk
+    from indexer_topk.backends.hopper import hopper_indexer_topk
+    from indexer_topk.envs import envs
+    from indexer_topk.kernels.hopper import HopperConfig
 
-    from hopper_stream import hopper_indexer_topk
+    if hopper:
+        return hopper_indexer_topk(inputs, config=HopperConfig(**BUILDS[build]), **kw)
+    with envs.INDEXER_TOPK_HOPPER_STREAM.override(False):
+        return fused_indexer_topk(inputs, **kw)
 
-    return hopper_indexer_topk(inputs, **kw) if hopper else fused_indexer_topk(inputs, **kw)
 
-
-def check(quick: bool, build_kw: dict) -> list:
+def check(quick: bool, build: str) -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.workload import make_workload
 
@@ -64,7 +72,7 @@ def check(quick: bool, build_kw: dict) -> list:
             out = allocate_result(w.rows, topk, "cuda")
             for t in (out.values, out.raw_indices, out.physical_indices, out.counts):
                 t.view(torch.int32).fill_(-12345)  # poison: every element must be written
-            run_fused(w.inputs(), True, out=out, **{**build_kw, **kw})
+            run_fused(w.inputs(), True, build, out=out, **kw)
             torch.cuda.synchronize()
             rec = dict(case=i, tokens=tokens, rows=rows, topk=topk, pattern=pattern, kw=kw,
                        eq_legacy=bitwise_equal(out, ref))
@@ -75,55 +83,14 @@ def check(quick: bool, build_kw: dict) -> list:
     return records
 
 
-# Three score warpgroups (the tensor core idles while two take turns): 104 registers each, 24 for the loader.
-S3 = dict(score_groups=3, score_regs=104, load_regs=24)
-# The best of the first three-warpgroup round (4.74 ms at 768K): the cut from the highest differing
-# byte, one exchange of the parts' counts, keys reloaded after a cut, a 128-slot score ring.
-S3R = dict(S3, cut=1, one_exchange=True, reload_after_cut=True, score_slots=128)
-# The best of the next two (4.46 ms): 4-bit digits in the cut, a 256-slot ring, 8 visits per step.
-S3B = dict(S3R, cut=2, score_slots=256, select_visits=8)
-# Builds of the Hopper stream by name: hopper_stream.hopper_indexer_topk keyword arguments. ``hopper``
-# is the kept one; ``--build`` picks the one the sweep checks and the timings run.
+# Configurations of the stream by name: HopperConfig fields. ``hopper`` is the default (the
+# fastest measured); the builds of the rounds that found it (two MMA warpgroups, 8-bit and
+# 512-bin cuts, per-slot barriers, ...) are in git history and results/NOTES.md.
 BUILDS = {
-    "hopper": S3B,  # the kept build
-    "hopper_2wg": {},  # the kept build until S3B: two MMA warpgroups, 16 visits per step dealt to 4 warps
-    "kst8": dict(key_stages=8),  # the kept build with a key ring twice as deep
-    "s3": S3,
-    "s3_g8": dict(S3, select_visits=8),
-    "s3_slots128": dict(S3, score_slots=128),
-    # (the three builds above ran with 4 key stages, which three warpgroups cannot share: see hopper_stream)
-    # (weights in shared memory for 96-register score threads, "s3w96", lost: 5.42 ms; gone, see NOTES)
-    # prepared without a device (sm_90 compiles only; not yet run): the cut from the highest
-    # differing digit, 8-bit digits in 256 bins (cut=1) or 4-bit in 16 (cut=2)
-    "s3_cut1": dict(S3, cut=1),
-    "s3_cut2": dict(S3, cut=2),
-    # ... the parts' counts met in one exchange per step
-    "s3_xchg": dict(S3, one_exchange=True),
-    "s3_cut1_xchg": dict(S3, cut=1, one_exchange=True),
-    # ... and a cut that reloads its step's keys from the ring (half the selection's spills at 144 registers)
-    "s3_cut1_xchg_reload": dict(S3, cut=1, one_exchange=True, reload_after_cut=True),
-    "s3_cut1_xchg_reload_slots128": S3R,
-    # around it: 4-bit digits, a score ring twice as deep (220 KB of shared memory), 8 visits per step
-    "s3_cut2_xchg_reload_slots128": dict(S3R, cut=2),
-    "s3_cut1_xchg_reload_slots256": dict(S3R, score_slots=256),
-    "s3_cut1_xchg_reload_slots128_g8": dict(S3R, select_visits=8),
-    # 4-bit digits won the round above (4.57 ms): with the deeper ring and the shorter step
-    "s3_cut2_xchg_reload_slots128_g8": dict(S3R, cut=2, select_visits=8),
-    "s3_cut2_xchg_reload_slots256": dict(S3R, cut=2, score_slots=256),
-    "s3_cut2_xchg_reload_slots256_g8": S3B,
-    # ... a step with nothing past the gate skips its scan and stores; twice the pool (half the cuts,
-    # but a 4096-entry cut tile: 185 local loads in the sm_90 compile)
-    "s3_cut2_xchg_reload_slots256_g8_skip": dict(S3B, skip_empty=True),
-    "s3_cut2_xchg_reload_slots256_g8_pool2048": dict(S3B, pool=2048),
-    # 8 visits per step: half the step's registers (the 144-register selection spills in its step at 16)
-    "s3_cut1_xchg_g8": dict(S3, cut=1, one_exchange=True, select_visits=8),
-    "g4": dict(select_visits=4, select_parts=1, step_barriers=False),  # each row's work repeated on two warps (fdc6f40's selection)
-    "g4_parts2": dict(select_visits=4, select_parts=2, step_barriers=False),
-    "g8_parts2": dict(select_visits=8, select_parts=2, step_barriers=False),
-    "g8_parts4": dict(select_visits=8, select_parts=4, step_barriers=False),
-    "g16_parts4": dict(select_visits=16, select_parts=4, step_barriers=False),  # a barrier pair per slot
-    "regs168": dict(score_regs=168),  # the score warpgroups' registers of the first builds
-    "g16_parts4_stepbar": dict(select_visits=16, select_parts=4, step_barriers=True),  # the kept build, named
+    "hopper": {},
+    "slots128": dict(score_slots=128),  # half the score ring
+    "g16": dict(select_visits=16),  # 16 visits per selection step
+    "kst12": dict(key_stages=12),  # a key ring twice as deep
 }
 
 
@@ -146,7 +113,6 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
     if only:
         cases = cases[:only]
     records = []
-    kw = BUILDS[build]
     for layout, tokens, rows, pattern in cases:
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                           device="cuda", pattern=pattern)
@@ -160,9 +126,9 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
             elif name == "fused":
                 fn = lambda: run_fused(inputs, False, out=out)  # noqa: E731
             elif name.endswith("_no_select"):  # a timing probe of the loads and MMAs: outputs undefined
-                fn = lambda: run_fused(inputs, True, out=out, no_select=True, **kw)  # noqa: E731
+                fn = lambda: run_fused(inputs, True, build, out=out, no_select=True)  # noqa: E731
             else:
-                fn = lambda: run_fused(inputs, True, out=out, **kw)  # noqa: E731
+                fn = lambda: run_fused(inputs, True, build, out=out)  # noqa: E731
             try:
                 ms = median_ms(fn, warmup=2, iters=iters, device="cuda")
                 rec = dict(layout=layout, tokens=tokens, rows=rows, pattern=pattern, variant=name, ms=ms,
@@ -178,8 +144,7 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
 
 def profile(build: str, tokens_list=(786432, 65536)) -> list:
     """Partition timers of the build (its ``PROF`` compile) at 1024 rows, with and without its
-    selection: where each partition's cycles go (``hopper_stream.profile_table``)."""
-    from hopper_stream import PROFILE_FIELDS, hopper_indexer_topk, profile_means, profile_table
+    selection: where each partition's cycles go (:func:`profile_table`)."""
     from indexer_topk.kernels.launch import device_sm_count
     from indexer_topk.workload import make_workload
 
@@ -190,11 +155,10 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
         inputs = w.inputs()
         for no_select in (False, True):
             prof = torch.zeros(device_sm_count("cuda"), 5, 8, dtype=torch.int64, device="cuda")
-            kw = dict(BUILDS[build], no_select=no_select, profile=prof)
-            hopper_indexer_topk(inputs, **kw)  # compile and warm
+            run_fused(inputs, True, build, no_select=no_select, profile=prof)  # compile and warm
             prof.zero_()
             torch.cuda.synchronize()
-            hopper_indexer_topk(inputs, **kw)
+            run_fused(inputs, True, build, no_select=no_select, profile=prof)
             torch.cuda.synchronize()
             print(f"== {build} {tokens // 1024}K 1024 rows{' (selection taken out)' if no_select else ''}")
             print(profile_table(prof), flush=True)
@@ -204,6 +168,70 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
                 for k, f in enumerate(fields) if f}))
         w = inputs = None
         torch.cuda.empty_cache()
+    return records
+
+
+PROFILE_FIELDS = (
+    ("select", ("all", "wait tiles", "step cuts", "item ends", "cuts")),
+    ("load", ("all", "wait key stage", "wait queries", "", "")),
+    ("score 0", ("all", "wait keys", "mma", "wait slot", "releases")),
+    ("score 1", ("all", "wait keys", "mma", "wait slot", "releases")),
+    ("score 2", ("all", "wait keys", "mma", "wait slot", "releases")),
+)
+
+
+def profile_means(profile: torch.Tensor) -> torch.Tensor:
+    """``[5, 8]``: the ``PROF`` build's counters averaged over the programs that ran (rows of
+    ``profile`` beyond the grid stay zero and are left out)."""
+    ran = profile[:, :, 0].sum(1) > 0
+    return profile[ran].double().mean(0).cpu()
+
+
+def profile_table(profile: torch.Tensor) -> str:
+    """The ``PROF`` build's counters, averaged over programs: each partition's cycles and the share
+    of them spent in each timed region."""
+    mean = profile_means(profile)
+    lines = []
+    for part, (name, fields) in enumerate(PROFILE_FIELDS):
+        total = mean[part, 0].item()
+        if total == 0:  # a partition that recorded nothing
+            continue
+        cells = [f"{name:8s} {total / 1e6:8.3f} Mcycles"]
+        for k, f in enumerate(fields[1:], 1):
+            if f == "cuts":
+                cells.append(f"{f} {mean[part, k].item():.1f}")
+            elif f:
+                cells.append(f"{f} {100 * mean[part, k].item() / max(total, 1):5.1f}%")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def rows_sweep(iters: int) -> list:
+    """Legacy and the stream (``fused``, as the package routes it) at 8 to 1024 rows, 64K and
+    768K tokens, topk 1024, random scores: where the stream starts to win."""
+    from indexer_topk.backends.fused import fused_indexer_topk
+    from indexer_topk.backends.legacy import legacy_indexer_topk
+    from indexer_topk.contract import allocate_result
+    from indexer_topk.workload import make_workload
+
+    records = []
+    print(f"{'tokens':>7s} {'rows':>5s} {'legacy':>8s} {'stream':>8s} {'ratio':>6s} eq")
+    for tokens in (65536, 786432):
+        for rows in (8, 32, 64, 128, 256, 512, 1024):
+            w = make_workload("sglang_fp8", context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
+                              device="cuda")
+            inputs = w.inputs()
+            ref = legacy_indexer_topk(inputs)
+            out_l, out_f = allocate_result(rows, 1024, "cuda"), allocate_result(rows, 1024, "cuda")
+            ms_l = median_ms(lambda: legacy_indexer_topk(inputs, out=out_l), warmup=2, iters=iters, device="cuda")
+            ms_f = median_ms(lambda: fused_indexer_topk(inputs, out=out_f), warmup=2, iters=iters, device="cuda")
+            eq = bitwise_equal(out_f, ref)
+            records.append(dict(layout="sglang_fp8", tokens=tokens, rows=rows, legacy_ms=ms_l, fused_ms=ms_f,
+                                eq_legacy=eq))
+            print(f"{tokens // 1024:6d}K {rows:5d} {ms_l:8.3f} {ms_f:8.3f} {ms_f / ms_l:6.2f} {'Y' if eq else 'N'}",
+                  flush=True)
+            w = inputs = ref = out_l = out_f = None
+            torch.cuda.empty_cache()
     return records
 
 
@@ -218,13 +246,19 @@ def main(argv=None):
     p.add_argument("--baselines", default="legacy,fused", help="comma-separated: legacy, fused (or empty)")
     p.add_argument("--no-select", action="store_true", help="also time the build with its selection taken out")
     p.add_argument("--profile", action="store_true", help="only the partition timers of the build (PROF compile)")
+    p.add_argument("--rows-sweep", action="store_true", help="only legacy and the stream from 8 to 1024 rows")
     a = p.parse_args(argv)
     if a.profile:
         recs = profile(a.build)
         with open(os.path.join(os.environ.get("OUT", "."), f"hopper_profile_{a.build}.json"), "w") as f:
             json.dump(recs, f, indent=1)
         return 0
-    checks = [] if a.skip_check else check(a.quick, BUILDS[a.build])
+    if a.rows_sweep:
+        recs = rows_sweep(a.iters)
+        with open(os.path.join(os.environ.get("OUT", "."), "hopper_rows_sweep.json"), "w") as f:
+            json.dump(recs, f, indent=1)
+        return 0
+    checks = [] if a.skip_check else check(a.quick, a.build)
     times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.build,
                                           [b for b in a.baselines.split(",") if b], a.no_select)
     with open(os.path.join(os.environ.get("OUT", "."), f"hopper_probe_{a.build}.json"), "w") as f:

@@ -1,9 +1,14 @@
 #!/usr/bin/env python3
 """One fused call at the reference shape, for Nsight Compute (the second call is the one to profile).
 
-    ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 --launch-count 1 \
+    ncu --clock-control none -k regex:'fused_topk_kernel|hopper_stream_kernel' --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        python3 benchmark/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024] [--hopper [--build NAME]]
+        python3 benchmark/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024] \
+        [--plain | --build NAME]
+
+The fused backend as routed (on an sm_90 GPU the FP8 cache takes the Hopper stream,
+``hopper_stream_kernel``); ``--plain`` the plain-Triton kernel; ``--build`` a configuration of the
+stream from ``hopper_probe.BUILDS``.
 """
 
 from __future__ import annotations
@@ -20,16 +25,17 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=786432)
     p.add_argument("--rows", type=int, default=1024)
     p.add_argument("--topk", type=int, default=1024)
-    p.add_argument("--hopper", action="store_true", help="the warp-specialised experiment (hopper_stream.py)")
-    p.add_argument("--build", default="hopper", help="with --hopper: a build of hopper_probe.BUILDS")
+    p.add_argument("--plain", action="store_true", help="the plain-Triton fused kernel, not the Hopper stream")
+    p.add_argument("--build", help="a configuration of the Hopper stream (hopper_probe.BUILDS)")
     a = p.parse_args(argv)
-    if a.hopper:
-        from functools import partial
+    from functools import partial
 
-        from hopper_probe import BUILDS
-        from hopper_stream import hopper_indexer_topk
+    from hopper_probe import run_fused
 
-        run = partial(hopper_indexer_topk, **BUILDS[a.build])
+    if a.build:
+        run = partial(run_fused, hopper=True, build=a.build)
+    elif a.plain:
+        run = partial(run_fused, hopper=False)
     else:
         from indexer_topk.backends.fused import fused_indexer_topk as run
     from indexer_topk.workload import make_workload

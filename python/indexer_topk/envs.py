@@ -212,6 +212,14 @@ class Envs:
     INDEXER_TOPK_FUSED_PREFILL = EnvBool(False)
 
     # ============================================================
+    # Fused path
+    # ============================================================
+    # The warp-specialised Hopper stream for the FP8 cache on sm_90 GPUs (off: the plain-Triton
+    # fused kernel serves it, as every other layout and GPU). Read at each fused call; it fails
+    # safe to the plain kernel.
+    INDEXER_TOPK_HOPPER_STREAM = EnvBool(True, invalid=False, invalid_means="the plain-Triton fused kernel serves")
+
+    # ============================================================
     # Legacy path
     # ============================================================
     # MiB of FP32 logits the legacy path materialises at once; larger batches run in row chunks.

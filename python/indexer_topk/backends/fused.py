@@ -2,7 +2,9 @@
 
 See :mod:`indexer_topk.kernels.fused` for the algorithm. This module plans the launch
 (programs, context splits, candidate room), lays out the caller-owned workspace and launches the
-fused kernel and, for split rows, the exact merge.
+fused kernel and, for split rows, the exact merge. On an sm_90 GPU the FP8 cache takes the
+warp-specialised Hopper stream instead (:mod:`indexer_topk.backends.hopper`): same plan, same
+workspace, same bits.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
 )
 from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
+from .hopper import launch_stream, why_not_stream
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
 MAX_SPLITS = 64
@@ -208,6 +211,11 @@ def fused_indexer_topk(
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
     queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    if why_not_stream(inputs, ka, cfg) is None:  # the FP8 cache on sm_90: the warp-specialised stream
+        launch_stream(inputs, ka, cfg, plan, out, (buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt))
+        if plan.splits > 1:
+            merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
+        return out
     queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE

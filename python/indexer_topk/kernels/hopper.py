@@ -1,50 +1,46 @@
-#!/usr/bin/env python3
-"""An experiment: a warp-specialised Gluon fused stream for Hopper (exact; beats legacy at long contexts only).
+"""The fused stream for Hopper (sm_90): a warp-specialised Gluon kernel for the FP8 cache.
 
-    PYTHONPATH=python python3 benchmark/hopper_probe.py   # exactness sweep and timings on an H200
-
-Measured (``results/hopper/``, NOTES.md): bitwise equal to legacy on every case; at 1024 rows x
-768K, 5.46 ms against legacy's 7.47 and SGLang's DeepGEMM logits + top-k 4.36 in one device session
-(its loads and MMAs alone: 4.75 ms). With three score warpgroups (``score_groups=3``) the loads and
-MMAs alone take 3.77 ms (876 TFLOP/s) and the whole kernel 5.26: the selection is the limit.
-Slower than legacy at 64K (0.98 vs 0.84 ms), so it stays here, not in the package.
-
-The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a strip of pages,
-then stops its MMAs to select. Here each program is split into partitions that run at once and
-talk through shared-memory rings guarded by mbarriers:
+The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a
+strip of pages, then stops its MMAs to select. Here each persistent program is split into
+partitions that run at once and talk through shared-memory rings guarded by mbarriers:
 
 * **load** (1 warp): per visit, the page id from the page table, then one bulk copy of the
   page's 64 e4m3 keys and one of its 64 fp32 key scales into a ``KSTAGES``-deep ring; per work
   item, one bulk copy of the group's queries;
-* **score** (``NSCORE`` warpgroups, two or three, visit ``g`` on warpgroup ``g mod NSCORE``): the
-  MMA ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile
+* **score** (three warpgroups, visit ``g`` on warpgroup ``g mod 3``): the MMA
+  ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile
   (:func:`tile_scores`, the same operations, layouts and hence bits as
   :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS`` ``[64, R]`` tiles of
   order keys;
 * **select** (the default warpgroup): takes ``G`` visits' score tiles per step (dealt to its four
-  warps), appends the scores that beat their
-  row's gate to the row's candidate buffer (global scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer
-  that would overflow to its best ``TOPK`` (raising the gate), and at the end of an item cuts
-  each row to ``TOPK`` and writes it, unordered, to the row's output slot (one split) or split
-  list. :func:`finish_rows_kernel` then orders and writes the outputs.
+  warps), appends the scores that beat their row's gate to the row's candidate buffer (global
+  scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer that would overflow to its
+  best ``TOPK`` (raising the gate; a radix select by 4-bit digits from the highest digit in which
+  the buffer's entries differ), and at the end of an item cuts each row to ``TOPK`` and writes it,
+  unordered, to the row's output slot (one split) or split list. :func:`finish_rows_kernel` then
+  orders and writes the outputs, and split rows meet in the fused backend's exact merge.
 
-Work items (a group of ``R`` rows and one context split) are dealt round-robin to a persistent
-grid; the key stages are a multiple of ``NSCORE``, so that each stage always returns to the same
-warpgroup (a stage shared by two lets the later one pass its parity wait on the earlier visit's
-phase); every partition walks the same items and visits, so ring slots and barrier phases follow
-from a running visit count; the score ring has one barrier pair per selection step. Every release
-of a ring slot is a fence by each thread, a partition barrier, then one thread's arrive
-(:func:`_release`), and a key stage read through the generic proxy is fenced for the async one
-before the loader's next copy may overwrite it: without these fences, runs of one input gave
-different outputs. Pages are visited in the golden-ratio order of :mod:`indexer_topk.kernels.fused`.
-A group whose rows do not share their pages (``group_pass[g] == R``) is scored once per row,
-each pass with that row's pages, keeping only that row's column: the same bits.
+Work items (a group of ``R`` rows and one context split) are dealt round-robin to a grid of one
+program per SM; the key stages are a multiple of the three score warpgroups, so that each stage
+always returns to the same warpgroup (a stage shared by two lets the later one pass its parity
+wait on the earlier visit's phase: stale keys or a deadlock); every partition walks the same items
+and visits, so ring slots and barrier phases follow from a running visit count; the score ring
+has one barrier pair per selection step. Every release of a ring slot is a fence by each thread,
+a partition barrier, then one thread's arrive (:func:`_release`), and a key stage read through
+the generic proxy is fenced for the async one before the loader's next copy may overwrite it:
+without these fences, runs of one input gave different outputs. Pages are visited in the
+golden-ratio order of :mod:`indexer_topk.kernels.fused`. A group whose rows do not share their
+pages (``group_pass[g] == R``) is scored once per row, each pass with that row's pages, keeping
+only that row's column: the same bits.
 
-A ``PROF`` compile times each partition's waits and regions with the SM's cycle counter
-(:func:`profile_table`, ``hopper_probe.py --profile``).
+Two measurement hooks compile away when off: ``NO_SELECT`` (the selection does no work, outputs
+undefined: the loads and MMAs alone) and ``PROF`` (each partition's waits and regions in SM
+cycles, ``benchmark/hopper_probe.py --profile``). How the configuration was found, build by
+build, is in ``benchmark/results/NOTES.md``.
 
 Only the ``sglang_fp8`` layout and ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's
-configuration) are built here; it needs Gluon and an sm_90 GPU.
+configuration) are built; it needs Triton's Gluon dialect and an sm_90 GPU, and it cannot run
+under the interpreter (the plain-Triton kernel, with the same score tile, is what a CPU tests).
 """
 
 from dataclasses import dataclass
@@ -58,18 +54,20 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
-from indexer_topk.contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
-from indexer_topk.kernels.common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
-from indexer_topk.kernels.fused import _finish_row, visit_step
-from indexer_topk.kernels.geometry import GEOMETRY, NHEADS, PAGE
-from indexer_topk.kernels.score import group_rows, pages_agree
+from ..contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
+from .common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
+from .fused import _finish_row, visit_step
+from .geometry import GEOMETRY, NHEADS, PAGE
+from .score import group_rows, pages_agree
 
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
-# Registers per thread of the loader; the score warpgroups take ``SCORE_REGS`` (a kernel argument,
-# 168 by default) and the selection the rest of the 128 x 16 warps.
-SCORE_REGS_LOAD = gl.constexpr(40)
+# MMA warpgroups: two taking turns left the tensor core idle a third of the time
+SCORE_GROUPS = gl.constexpr(3)
+# The cut's radix digits: 4-bit digits in 16 bins took less time than 8-bit ones in 256
+CUT_BITS = gl.constexpr(4)
 
 
 # the visit order of the plain-Triton kernel, the same function compiled as Gluon
@@ -142,41 +140,15 @@ def _add(a, b):
 
 
 @gluon.jit
-def _threshold(b, valid, k, HL: gl.constexpr):
-    """k-th largest of the valid biased composites ``b`` (int64, sign bit flipped), by 8-bit
-    radix steps from the top until the boundary bucket is taken whole (as
-    :func:`indexer_topk.kernels.select.tile_threshold`). Returns ``(tb, shift)``."""
-    bins = gl.arange(0, 512, layout=HL)
-    tb = (k * 0).to(gl.int64)
-    need = k
-    shift = k * 0
-    done = k * 0
-    for p in range(8):  # a loop, not unrolled: the cut is rare and its code large
-        sh = 56 - 8 * p
-        if done == 0:
-            m = valid & ((sh == 56) | ((b >> (sh + 8)) == (tb >> (sh + 8))))
-            hist = gl.histogram(gl.where(m, ((b >> sh) & 0xFF).to(gl.int32), 256), 512, layout=HL)
-            hist = gl.where(bins < 256, hist, 0)
-            ge = gl.sum(hist, axis=0) - gl.associative_scan(hist, 0, _add) + hist
-            digit = gl.max(gl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
-            above = gl.sum(gl.where(bins > digit, hist, 0), axis=0)
-            bucket = gl.sum(gl.where(bins == digit, hist, 0), axis=0)
-            need = need - above
-            tb = tb | (digit.to(gl.int64) << sh)
-            shift = sh
-            if bucket == need:
-                done = 1
-    return tb, shift
-
-
-@gluon.jit
 def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.constexpr):
-    """:func:`_threshold` by ``BITS``-bit digits (8 or 4) in ``2 ** BITS`` bins, starting at the
-    highest digit in which two valid composites differ (the digits above it are every entry's).
-    A pass counts the entries outside the boundary prefix in bin 0 and takes them out of it again:
-    their count is the last pass's boundary bucket (the valid entries before the first), so it
-    costs no reduction. The same entries are taken as by :func:`_threshold`: a pass whose bucket
-    already holds every needed entry ends both, and a finer one would keep the whole bucket."""
+    """``(tb, shift)``: the ``k``-th largest of the valid biased composites ``b`` (int64, sign bit
+    flipped), to the digit at ``shift``, by ``BITS``-bit radix digits in ``2 ** BITS`` bins from the
+    highest digit in which two valid composites differ (the digits above it are every entry's),
+    until the boundary bucket is taken whole. It takes the same entries as the 8-bit radix from
+    the top byte of :func:`indexer_topk.kernels.select.tile_threshold`: a pass whose bucket already
+    holds every needed entry ends both, and a finer one would keep the whole bucket. A pass counts
+    the entries outside the boundary prefix in bin 0 and takes them out of it again: their count is
+    the last pass's boundary bucket (the valid entries before the first), so it costs no reduction."""
     NB: gl.constexpr = 1 << BITS
     TOP: gl.constexpr = 64 - BITS
     bins = gl.arange(0, NB, layout=HL)
@@ -214,8 +186,7 @@ def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.con
 
 
 @gluon.jit
-def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr,
-         CUT: gl.constexpr = 0):
+def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr):
     """Cut a buffer of ``TOPK < count <= TILE`` entries to its best ``TOPK`` at the front (as
     :func:`indexer_topk.kernels.candidates.cut`); returns the new gate ``(key, position)``."""
     offs = gl.arange(0, TILE, layout=L1)
@@ -223,10 +194,7 @@ def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl
     key = gl.load(buf_key + offs, mask=valid, other=0)
     pos = gl.load(buf_pos + offs, mask=valid, other=0)
     comp = (key.to(gl.int64) << 32) | (pos.to(gl.int64) ^ LOW32)
-    if CUT == 0:
-        tb, shift = _threshold(comp ^ COMP_MIN, valid, TOPK + count * 0, HL)
-    else:
-        tb, shift = _threshold_from_top(comp ^ COMP_MIN, comp, valid, TOPK + count * 0, count, HL, 8 // CUT)
+    tb, shift = _threshold_from_top(comp ^ COMP_MIN, comp, valid, TOPK + count * 0, count, HL, CUT_BITS)
     t = tb ^ COMP_MIN
     take = valid & ((comp >> shift) >= (t >> shift))
     gate = gl.min(gl.where(take, comp, INT64_MAX), axis=0)
@@ -250,45 +218,28 @@ def _pick(vec, r, zero):
 
 
 @gluon.jit
-def _step_barrier(g, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+def _step_barrier(g, SLOTS: gl.constexpr, G: gl.constexpr):
     """``(barrier index, phase)`` of visit ``g``'s score slot: one barrier pair per selection step
-    (``STEP_BARRIERS``: the step's ``G`` producers arrive on it, the selection waits once) or per
-    slot."""
-    if STEP_BARRIERS:
-        q = g // G
-        b = q % (SLOTS // G)
-        ph = (q // (SLOTS // G)) & 1
-    else:
-        b = g % SLOTS
-        ph = (g // SLOTS) & 1
-    return b, ph
+    (the step's ``G`` producers arrive on it, the selection waits once)."""
+    q = g // G
+    return q % (SLOTS // G), (q // (SLOTS // G)) & 1
 
 
 @gluon.jit
-def _take_step(sready, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+def _take_step(sready, it, SLOTS: gl.constexpr, G: gl.constexpr):
     """Wait until the ``G`` score tiles of the step starting at visit ``it`` are written."""
-    if STEP_BARRIERS:
-        b, ph = _step_barrier(it, SLOTS, G, STEP_BARRIERS)
-        mbarrier.wait(sready.index(b), ph)
-    else:
-        for u in gl.static_range(G):
-            b, ph = _step_barrier(it + u, SLOTS, G, STEP_BARRIERS)
-            mbarrier.wait(sready.index(b), ph)
+    b, ph = _step_barrier(it, SLOTS, G)
+    mbarrier.wait(sready.index(b), ph)
 
 
 @gluon.jit
-def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr):
+def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr):
     """Give the step's slots back to the score warpgroups once every warp's reads of them are
-    performed (as :func:`_release`, one arrive per slot or per step)."""
+    performed (as :func:`_release`)."""
     _fence_cta()
     gl.thread_barrier()
-    if STEP_BARRIERS:
-        b, ph = _step_barrier(it, SLOTS, G, STEP_BARRIERS)
-        mbarrier.arrive(sfree.index(b), count=1)
-    else:
-        for u in gl.static_range(G):
-            b, ph = _step_barrier(it + u, SLOTS, G, STEP_BARRIERS)
-            mbarrier.arrive(sfree.index(b), count=1)
+    b, ph = _step_barrier(it, SLOTS, G)
+    mbarrier.arrive(sfree.index(b), count=1)
 
 
 @gluon.jit
@@ -333,8 +284,7 @@ def _select_partition(
     ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all,
     seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, SLOTS: gl.constexpr,
-    G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr, CUT: gl.constexpr, XCHG: gl.constexpr, RELOAD: gl.constexpr, SKIP: gl.constexpr,
+    G: gl.constexpr, PARTS: gl.constexpr, NO_SELECT: gl.constexpr, prof, PROF: gl.constexpr,
 ):
     """The selection of every row of each group."""
     NW: gl.constexpr = 4
@@ -342,14 +292,14 @@ def _select_partition(
     # A step takes G visits' keys as a [PARTS, GP * 64, R] tile: part h holds visits h * GP ..,
     # one warp per (part, row) where the warps allow, so a row's prefix sums stay inside a warp
     # (a scan across warps lost exactness in this kernel, not bisected); the parts' counts meet in
-    # one reduction. PARTS 1 repeats each row's work on two warps.
+    # one exchange (:func:`_part_counts`). PARTS 1 repeats each row's work on two warps.
     SL: gl.constexpr = gl.BlockedLayout([1, 2 * GP, 1], [1, 32, 1], [PARTS, 1, NW // PARTS], [1, 2, 0])
     HRL: gl.constexpr = gl.SliceLayout(1, SL)  # [PARTS, R]
     RL: gl.constexpr = gl.SliceLayout(0, HRL)  # [R]
     PRL: gl.constexpr = gl.BlockedLayout([PARTS, R], [32, 1], [NW, 1], [1, 0])  # [PARTS, R] in every thread
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
-    HL: gl.constexpr = _vector_layout(512 if CUT == 0 else 1 << (8 // CUT), NW)
+    HL: gl.constexpr = _vector_layout(1 << CUT_BITS, NW)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
     key_base = buf_key_all + pid.to(gl.int64) * (R * CAP)
@@ -380,8 +330,8 @@ def _select_partition(
         npass = gl.load(group_pass + r0 // R)
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
             for i in range(0, n_pad * npass, G):
-                _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
-                _free_step(sfree, it, SLOTS, G, STEP_BARRIERS)
+                _take_step(sready, it, SLOTS, G)
+                _free_step(sfree, it, SLOTS, G)
                 it += G
             npass = 0
         for p in range(npass):
@@ -398,21 +348,16 @@ def _select_partition(
             for i in range(0, n_pad, G):
                 if PROF:
                     c0 = _clock()
-                _take_step(sready, it, SLOTS, G, STEP_BARRIERS)
+                _take_step(sready, it, SLOTS, G)
                 if PROF:
                     t_take += _clock() - c0
                 cur = it
                 it += G
                 key = steps.index((cur // G) % (SLOTS // G)).load(SL)
-                if not RELOAD:
-                    _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
                 pos, take = _step_entries(v, off, n, lo, lane, ends, active, i, visit)
                 take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                 n_part = gl.sum(take.to(gl.int32), axis=1)  # [PARTS, R], in-warp
-                if XCHG:
-                    n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
-                else:
-                    n_take = gl.sum(n_part, axis=0)
+                n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
                 if gl.max(count + n_take, axis=0) > CAP:
                     if PROF:
                         c0 = _clock()
@@ -421,34 +366,24 @@ def _select_partition(
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
                         if c + _pick(n_take, r, 0) > CAP:
-                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT)
+                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
                             count = gl.where(rr == r, TOPK, count)
-                    if RELOAD:  # the ring still holds the step: none of its tiles lives in registers across the cut
-                        key = steps.index((cur // G) % (SLOTS // G)).load(SL)
-                        pos, take = _step_entries(v, off, n, lo, lane, ends, active, i, visit)
+                    # the ring still holds the step (its slots are given back below): reloading it
+                    # keeps the step's tiles out of registers across the cut
+                    key = steps.index((cur // G) % (SLOTS // G)).load(SL)
+                    pos, take = _step_entries(v, off, n, lo, lane, ends, active, i, visit)
                     take = take & ((key > _row_vec(gate_key)) | ((key == _row_vec(gate_key)) & (pos < _row_vec(gate_pos))))
                     n_part = gl.sum(take.to(gl.int32), axis=1)
-                    if XCHG:
-                        n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
-                    else:
-                        n_take = gl.sum(n_part, axis=0)
+                    n_take, first = _part_counts(n_part, count, PRL, HRL, RL)
                     if PROF:
                         t_cut += _clock() - c0
-                if RELOAD:
-                    _free_step(sfree, cur, SLOTS, G, STEP_BARRIERS)
-                # SKIP: a step none of whose entries passes the gate (most steps, once the gate has
-                # risen) skips the scan and the stores
-                if (gl.max(n_take, axis=0) > 0) | (not SKIP):
-                    if not XCHG:  # part h's entries follow those of the parts before it
-                        first = gl.expand_dims(count, 0) + gl.zeros([PARTS, R], gl.int32, layout=HRL)
-                        for h in gl.static_range(PARTS - 1):
-                            first += gl.where(hh > h, gl.expand_dims(gl.sum(gl.where(hh == h, n_part, 0), axis=0), 0), 0)
-                    take_i = take.to(gl.int32)
-                    dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
-                    gl.store(key_base + row_off + dst, key, mask=take)
-                    gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
+                _free_step(sfree, cur, SLOTS, G)
+                take_i = take.to(gl.int32)
+                dst = gl.expand_dims(first, 1) + gl.associative_scan(take_i, 1, _add) - take_i
+                gl.store(key_base + row_off + dst, key, mask=take)
+                gl.store(pos_base + row_off + dst, pos + row_off * 0, mask=take)
                 count = count + n_take
                 v += advance
                 v = gl.where(v >= n, v - n, v)
@@ -460,7 +395,7 @@ def _select_partition(
                 c = _pick(count, r, 0)
                 if (row < n_rows) & ((npass == 1) | (p == r)):
                     if c > TOPK:
-                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, CUT)
+                        _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
                         c = TOPK
                     offs = gl.arange(0, TOPK, layout=TL)
                     m = offs < c
@@ -544,8 +479,7 @@ def _score_partition(
     PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, ring,
     kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, STEP_BARRIERS: gl.constexpr,
-    prof, PROF: gl.constexpr,
+    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, prof, PROF: gl.constexpr,
 ):
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
@@ -595,7 +529,7 @@ def _score_partition(
                 if PROF:
                     c3 = _clock()
                 _release(kfree.index(s))
-                b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
+                b, ph = _step_barrier(g, SLOTS, G)
                 if PROF:
                     c4 = _clock()
                     t_rel += c4 - c3
@@ -609,7 +543,7 @@ def _score_partition(
                     t_rel += _clock() - c5
             else:  # a padding visit: nothing to score, the selection masks it
                 _release(kfree.index(s))
-                b, ph = _step_barrier(g, SLOTS, G, STEP_BARRIERS)
+                b, ph = _step_barrier(g, SLOTS, G)
                 mbarrier.wait(sfree.index(b), ph ^ 1)
                 _release(sready.index(b))
         it += total
@@ -625,10 +559,8 @@ def hopper_stream_kernel(
     group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
-    SCORE_REGS: gl.constexpr = 120, PARTS: gl.constexpr = 1, NO_SELECT: gl.constexpr = False,
-    NSCORE: gl.constexpr = 2, LOAD_REGS: gl.constexpr = 40, CUT: gl.constexpr = 0,
-    XCHG: gl.constexpr = False, RELOAD: gl.constexpr = False, SKIP: gl.constexpr = False,
-    STEP_BARRIERS: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
+    PARTS: gl.constexpr, SCORE_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
+    NO_SELECT: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
@@ -650,76 +582,42 @@ def hopper_stream_kernel(
         mbarrier.init(kfree.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(qready.index(i), count=1)
-        mbarrier.init(qfree.index(i), count=NSCORE)  # every score warpgroup releases the queries
+        mbarrier.init(qfree.index(i), count=SCORE_GROUPS)  # every score warpgroup releases the queries
     for i in gl.static_range(SLOTS):
-        mbarrier.init(sready.index(i), count=G if STEP_BARRIERS else 1)  # a step's G visits arrive
+        mbarrier.init(sready.index(i), count=G)  # a step's G visits arrive
         mbarrier.init(sfree.index(i), count=1)
 
-    # partition arguments spelled out per call: a tuple of them held in a variable loses its constexprs
-    if NSCORE == 2:
-        gl.warp_specialize(
-            [
-                (_select_partition, (
+    # partition arguments spelled out per partition: a tuple of them held in a variable loses its constexprs
+    gl.warp_specialize(
+        [
+            (_select_partition, (
                 ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
-                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG, RELOAD, SKIP,
+                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, prof, PROF,
             )),
-                (_load_partition, (
+            (_load_partition, (
                 q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
                 n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
                 SCALE_COL, G, prof, PROF,
             )),
-                (_score_partition, (
-                0, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                STEP_BARRIERS, prof, PROF,
+            (_score_partition, (
+                0, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
+                G, prof, PROF,
             )),
-                (_score_partition, (
-                1, 2, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                STEP_BARRIERS, prof, PROF,
+            (_score_partition, (
+                1, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
+                G, prof, PROF,
             )),
-            ],
-            [1, SCORE_WARPS, SCORE_WARPS],
-            [LOAD_REGS, SCORE_REGS, SCORE_REGS],
-        )
-    else:
-        gl.warp_specialize(
-            [
-                (_select_partition, (
-                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
-                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, STEP_BARRIERS,
-                prof, PROF, CUT, XCHG, RELOAD, SKIP,
+            (_score_partition, (
+                2, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
+                G, prof, PROF,
             )),
-                (_load_partition, (
-                q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
-                n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
-                SCALE_COL, G, prof, PROF,
-            )),
-                (_score_partition, (
-                0, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                STEP_BARRIERS, prof, PROF,
-            )),
-                (_score_partition, (
-                1, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                STEP_BARRIERS, prof, PROF,
-            )),
-                (_score_partition, (
-                2, 3, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree,
-                w_ptr, weight_scale,
-                seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS, G,
-                STEP_BARRIERS, prof, PROF,
-            )),
-            ],
-            [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
-            [LOAD_REGS, SCORE_REGS, SCORE_REGS, SCORE_REGS],
-        )
+        ],
+        [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
+        [LOAD_REGS, SCORE_REGS, SCORE_REGS, SCORE_REGS],
+    )
 
 
 @triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
@@ -763,18 +661,10 @@ def finish_rows_kernel(
 # ---- host side ----
 
 
-def hopper_descriptors(inputs, ka, cfg):
-    """Bulk-copy descriptors of :func:`hopper_stream_kernel` for these inputs; ValueError where it
-    does not apply (it serves the FP8 cache on an sm_90 GPU, the legacy tile's configuration,
-    contiguous 16-byte aligned queries and cache)."""
-    if inputs.layout is not Layout.SGLANG_FP8 or ka.interpret or not ka.tma or (cfg.rows, cfg.num_warps) != (2, 4):
-        raise ValueError("the Hopper stream serves the sglang_fp8 layout on a GPU, with the 2-row tile")
-    if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
-        raise ValueError("the Hopper stream needs an sm_90 GPU")
+def hopper_descriptors(inputs, cfg) -> "HopperDescriptors":
+    """Bulk-copy descriptors of :func:`hopper_stream_kernel` for these inputs (where
+    :func:`stream_unfit` found nothing against them)."""
     q, kc = inputs.q, inputs.k_cache
-    if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
-        raise ValueError("the Hopper stream needs contiguous, 16-byte aligned queries and a non-empty cache")
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
     page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
     pages, rows = kc.shape[0], q.shape[0]
@@ -805,148 +695,73 @@ class HopperDescriptors:
     scale_col: int  # fp32 word of a page's first key scale
 
 
-def _launch_regs(score_groups: int) -> int:
-    """Registers per thread at launch: the CTA's whole register file (64K) over its warpgroups
-    (selection, loader, score), in the 8-register steps the hardware allocates; ``setmaxnreg``
-    then moves them between partitions."""
-    return 65536 // (128 * (2 + score_groups)) // 8 * 8
+def stream_unfit(inputs, ka, cfg) -> Optional[str]:
+    """Why :func:`hopper_stream_kernel` cannot serve these ``sglang_fp8`` inputs on a GPU, or
+    ``None``: it needs an sm_90 GPU, the legacy tile's configuration, 16-byte aligned contiguous
+    queries and a non-empty 16-byte aligned cache."""
+    if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
+        return "it needs an sm_90 GPU"
+    if (cfg.rows, cfg.num_warps) != (2, 4):
+        return "it is built for the 2-row tile on four warps"
+    q, kc = inputs.q, inputs.k_cache
+    if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
+        return "it needs contiguous, 16-byte aligned queries and a non-empty, 16-byte aligned cache"
+    return None
 
 
-HOPPER_KEY_STAGES = 4
-HOPPER_SCORE_SLOTS = 16
-# visits the selection takes per step (at most the pool's pages: a step's entrants must fit beside a cut buffer)
-HOPPER_SELECT_VISITS = 16
-# warps a step's visits are dealt to, per row (see ``_select_partition``)
-HOPPER_SELECT_PARTS = 4
+@dataclass(frozen=True)
+class HopperConfig:
+    """The tunables of :func:`hopper_stream_kernel` (each value a separate compile); the defaults
+    are the configuration measured fastest on an H200.
 
-
-def hopper_indexer_topk(
-    inputs, *, out=None, num_splits: Optional[int] = None, pool: Optional[int] = None, no_select: bool = False,
-    select_visits: int = HOPPER_SELECT_VISITS, select_parts: int = HOPPER_SELECT_PARTS, step_barriers: bool = True,
-    score_slots: Optional[int] = None, one_exchange: bool = False, reload_after_cut: bool = False, cut: int = 0,
-    skip_empty: bool = False, score_groups: int = 2,
-    key_stages: Optional[int] = None, score_regs: int = 120, load_regs: int = 40,
-    profile: Optional[torch.Tensor] = None,
-):
-    """The contract of :func:`indexer_topk.indexer_topk` for ``sglang_fp8`` inputs on an sm_90 GPU,
-    through :func:`hopper_stream_kernel`; plans and scratch as the package's fused backend.
-
-    Build knobs (each a separate compile):
-
-    * ``no_select``: a timing probe; the selection does no work and the outputs are undefined;
-    * ``select_visits`` (a power of two): visits per selection step; ``select_parts`` (1, 2 or 4,
-      at most ``select_visits``): warps per row a step's visits are dealt to (see
-      ``_select_partition``); ``one_exchange``: the parts' counts meet in one exchange across warps
-      per step (:func:`_part_counts`) instead of one reduction per part; ``reload_after_cut``: a
-      step's slots are given back after its cut test, so that a cut reloads the step's keys from
-      the ring instead of holding them in registers across it; ``skip_empty``: a step with no
-      entry past the gate skips its scan and stores; ``step_barriers``: one
-      barrier pair per step on the score ring, not per slot; ``score_slots`` (a multiple of
-      ``select_visits``, four steps by default): its depth;
-    * ``score_groups`` (2 or 3): MMA warpgroups; ``key_stages`` (a multiple of it; 4 for two, 6
-      for three by default): the key ring's depth;
-    * ``score_regs``, ``load_regs``: registers per thread of each score warpgroup and of the
-      loader; the selection gets the rest of the register file;
-    * ``cut``: 0 for the 512-bin radix from the top byte, 1 or 2 for :func:`_threshold_from_top`
-      by 8- or 4-bit digits;
-    * ``profile`` (int64 ``[P, 5, 8]``, zeroed, ``P`` at least the programs launched, e.g. the SM
-      count): partition timers, in SM cycles (:func:`profile_table`).
+    * ``select_visits`` (a power of two): visits per selection step, at most the pool's pages;
+    * ``select_parts`` (1, 2 or 4, at most ``select_visits``): warps per row a step is dealt to;
+    * ``score_slots`` (a multiple of ``select_visits``): the score ring's depth in ``[64, R]`` tiles;
+    * ``key_stages`` (a multiple of the three score warpgroups): the key ring's depth;
+    * ``score_regs``, ``load_regs`` (multiples of 8): registers per thread of each score warpgroup
+      and of the loader; the selection warpgroup gets the rest of the register file.
     """
-    from indexer_topk.backends.fused import _carve, merge_split_lists, plan_fused
-    from indexer_topk.contract import allocate_result, as_inputs
-    from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
 
-    if cut not in (0, 1, 2):
-        raise ValueError(f"cut: expected 0, 1 or 2, got {cut}")
-    if score_groups not in (2, 3):
-        raise ValueError(f"score_groups: expected 2 or 3, got {score_groups}")
-    if key_stages is None:
-        key_stages = HOPPER_KEY_STAGES if HOPPER_KEY_STAGES % score_groups == 0 else 2 * score_groups
-    if key_stages < 1 or key_stages % score_groups:
-        # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
-        # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
-        raise ValueError(f"key_stages ({key_stages}) must be a positive multiple of score_groups ({score_groups})")
-    inputs = as_inputs(inputs)
-    ka = pack_args(inputs)
-    cfg = tile_config(inputs.layout)
-    descs = hopper_descriptors(inputs, ka, cfg)
-    rows, topk = ka.q.shape[0], inputs.topk
-    if out is None:
-        out = allocate_result(rows, topk, ka.kc.device)
-    if rows == 0:
-        return out
-    plan = plan_fused(rows, topk, ka.kc.device, num_splits, pool, cfg.rows)
-    workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=ka.kc.device)
-    _, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
-    width = ka.page_table.shape[1] * PAGE_SIZE
-    span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
-    n_items = triton.cdiv(rows, cfg.rows) * plan.splits
-    groups = triton.cdiv(rows, plan.group_rows)
-    group_pass = strip[:groups]  # the strips are the plain-Triton kernel's; this kernel has none
-    out_bits = out.values.view(torch.int32)
-    if plan.splits == 1:  # each row's entries go straight to its output slots
-        seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
-    group_pass_kernel[(groups,)](
-        ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
-    )
-    g = min(select_visits, plan.pool // PAGE_SIZE)
-    programs = min(device_sm_count(ka.kc.device), n_items)
-    if profile is not None and (profile.shape[0] < programs or profile.shape[1:] != (5, 8)):
-        raise ValueError(f"profile: expected int64 [at least {programs}, 5, 8], got {tuple(profile.shape)}")
-    hopper_stream_kernel[(programs,)](
-        descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
-        ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
-        n_items, span, plan.splits,
-        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=key_stages,
-        SLOTS=score_slots or max(HOPPER_SCORE_SLOTS, 4 * g), KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col,
-        G=g, SCORE_REGS=score_regs, PARTS=min(select_parts, g),
-        NO_SELECT=no_select, STEP_BARRIERS=step_barriers, prof=seg_cnt if profile is None else profile,
-        PROF=profile is not None, NSCORE=score_groups, LOAD_REGS=load_regs,
-        CUT=cut, XCHG=one_exchange, RELOAD=reload_after_cut, SKIP=skip_empty, num_warps=4,
-        maxnreg=_launch_regs(score_groups),
-    )
-    if no_select:
-        return out
-    finish_rows_kernel[(rows * plan.splits,)](
-        ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
-        out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
-        num_warps=4,
-    )
-    if plan.splits > 1:
-        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
-    return out
+    select_visits: int = 8
+    select_parts: int = 4
+    score_slots: int = 256
+    key_stages: int = 6
+    score_regs: int = 104
+    load_regs: int = 24
+
+    def __post_init__(self):
+        groups = SCORE_GROUPS.value
+        v = self.select_visits
+        if v < 1 or v & (v - 1):
+            raise ValueError(f"select_visits: expected a power of two, got {v}")
+        if self.select_parts not in (1, 2, 4) or self.select_parts > v:
+            raise ValueError(f"select_parts: expected 1, 2 or 4 and at most select_visits ({v}), got {self.select_parts}")
+        if self.score_slots < v or self.score_slots % v:
+            raise ValueError(f"score_slots ({self.score_slots}) must be a positive multiple of select_visits ({v})")
+        if self.key_stages < 1 or self.key_stages % groups:
+            # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
+            # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
+            raise ValueError(f"key_stages ({self.key_stages}) must be a positive multiple of the {groups} score warpgroups")
+        for name in ("score_regs", "load_regs"):
+            regs = getattr(self, name)
+            if regs < 24 or regs > 256 or regs % 8:
+                raise ValueError(f"{name}: expected a multiple of 8 from 24 to 256, got {regs}")
+        if self.select_regs < 24:
+            raise ValueError(f"score_regs {self.score_regs} and load_regs {self.load_regs} leave the selection no registers")
+
+    @staticmethod
+    def launch_regs() -> int:
+        """Registers per thread at launch: the CTA's whole register file (64K) over its
+        warpgroups (selection, loader padded to a warpgroup, score), in the 8-register steps the
+        hardware allocates; ``setmaxnreg`` then moves them between partitions."""
+        return REGISTER_FILE // (128 * (2 + SCORE_GROUPS.value)) // 8 * 8
+
+    @property
+    def select_regs(self) -> int:
+        """Registers per thread left to the selection warpgroup (the loader counts as a warpgroup)."""
+        launched = self.launch_regs() * 128 * (2 + SCORE_GROUPS.value)
+        free = launched - 128 * (self.load_regs + SCORE_GROUPS.value * self.score_regs)
+        return min(free // 128 // 8 * 8, 256)
 
 
-PROFILE_FIELDS = (
-    ("select", ("all", "wait tiles", "step cuts", "item ends", "cuts")),
-    ("load", ("all", "wait key stage", "wait queries", "", "")),
-    ("score 0", ("all", "wait keys", "mma", "wait slot", "releases")),
-    ("score 1", ("all", "wait keys", "mma", "wait slot", "releases")),
-    ("score 2", ("all", "wait keys", "mma", "wait slot", "releases")),
-)
-
-
-def profile_means(profile: torch.Tensor) -> torch.Tensor:
-    """``[5, 8]``: the ``PROF`` build's counters averaged over the programs that ran (rows of
-    ``profile`` beyond the grid stay zero and are left out)."""
-    ran = profile[:, :, 0].sum(1) > 0
-    return profile[ran].double().mean(0).cpu()
-
-
-def profile_table(profile: torch.Tensor) -> str:
-    """The ``PROF`` build's counters, averaged over programs: each partition's cycles and the share
-    of them spent in each timed region."""
-    mean = profile_means(profile)
-    lines = []
-    for part, (name, fields) in enumerate(PROFILE_FIELDS):
-        total = mean[part, 0].item()
-        if total == 0:  # a partition this build does not have
-            continue
-        cells = [f"{name:8s} {total / 1e6:8.3f} Mcycles"]
-        for k, f in enumerate(fields[1:], 1):
-            if f == "cuts":
-                cells.append(f"{f} {mean[part, k].item():.1f}")
-            elif f:
-                cells.append(f"{f} {100 * mean[part, k].item() / max(total, 1):5.1f}%")
-        lines.append("  ".join(cells))
-    return "\n".join(lines)
+REGISTER_FILE = 65536  # 32-bit registers per SM, all of them one CTA's

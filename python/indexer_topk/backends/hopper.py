@@ -1,0 +1,133 @@
+"""The fused backend's Hopper stream: where it applies and how it is launched.
+
+:func:`~indexer_topk.backends.fused.fused_indexer_topk` serves the ``sglang_fp8`` layout on an
+sm_90 GPU with :func:`indexer_topk.kernels.hopper.hopper_stream_kernel` (same plan, same workspace,
+same bits as the plain-Triton kernel) unless ``INDEXER_TOPK_HOPPER_STREAM`` is off; everything
+else takes the plain-Triton kernel. :func:`hopper_indexer_topk` runs the stream alone, with its
+tunables and measurement hooks, for the benchmarks.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from types import ModuleType
+from typing import Optional
+
+import torch
+import triton
+
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..envs import envs
+from ..kernels.launch import device_sm_count, launches_kernels, pack_args, tile_config
+
+logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=None)
+def hopper_kernels() -> Optional[ModuleType]:
+    """:mod:`indexer_topk.kernels.hopper`, or ``None`` where this Triton has no Gluon dialect with
+    the Hopper operations it uses (imported once, on first use)."""
+    try:
+        from ..kernels import hopper
+    except (ImportError, AttributeError) as exc:  # an older Triton: the plain-Triton kernel serves
+        logger.info("the Hopper stream is unavailable with this Triton (%s: %s)", type(exc).__name__, exc)
+        return None
+    return hopper
+
+
+def why_not_stream(inputs, ka, cfg) -> Optional[str]:
+    """Why the Hopper stream does not serve these inputs (packed as ``ka``, tile ``cfg``), or
+    ``None`` when it does. Host-side checks only: no device sync."""
+    if inputs.layout is not Layout.SGLANG_FP8:
+        return f"it serves the sglang_fp8 layout, not {inputs.layout.value}"
+    if ka.interpret or not ka.tma:
+        return "it runs only on a GPU with bulk tensor copies"
+    if not envs.INDEXER_TOPK_HOPPER_STREAM.get():
+        return "INDEXER_TOPK_HOPPER_STREAM is off"
+    kernels = hopper_kernels()
+    if kernels is None:
+        return "this Triton has no Gluon dialect for Hopper"
+    return kernels.stream_unfit(inputs, ka, cfg)
+
+
+def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, *, config=None, no_select: bool = False,
+                  profile: Optional[torch.Tensor] = None) -> None:
+    """Launch the Hopper stream and its row finish for a call the fused backend planned.
+
+    ``buffers``: ``(buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt)`` carved from the fused
+    workspace (the stream keeps its group passes in the strip area, which it does not otherwise
+    use). Split rows are left in their split lists for the fused backend's merge.
+    """
+    kernels = hopper_kernels()
+    config = config or kernels.HopperConfig()
+    descs = kernels.hopper_descriptors(inputs, cfg)
+    buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = buffers
+    rows = ka.q.shape[0]
+    width = ka.page_table.shape[1] * PAGE_SIZE
+    span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
+    n_items = triton.cdiv(rows, cfg.rows) * plan.splits
+    groups = triton.cdiv(rows, plan.group_rows)
+    group_pass = strip[:groups]
+    out_bits = out.values.view(torch.int32)
+    if plan.splits == 1:  # each row's entries go straight to its output slots
+        seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
+    kernels.group_pass_kernel[(groups,)](
+        ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
+    )
+    g = min(config.select_visits, plan.pool // PAGE_SIZE)
+    programs = min(device_sm_count(ka.kc.device), n_items)
+    if profile is not None and (profile.shape[0] < programs or tuple(profile.shape[1:]) != (5, 8)):
+        raise ValueError(f"profile: expected int64 [at least {programs}, 5, 8], got {tuple(profile.shape)}")
+    kernels.hopper_stream_kernel[(programs,)](
+        descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
+        ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
+        n_items, span, plan.splits,
+        R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=config.key_stages,
+        SLOTS=config.score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col, G=g,
+        PARTS=min(config.select_parts, g), SCORE_REGS=config.score_regs, LOAD_REGS=config.load_regs,
+        NO_SELECT=no_select, prof=seg_cnt if profile is None else profile, PROF=profile is not None,
+        num_warps=4, maxnreg=config.launch_regs(),
+    )
+    if no_select:
+        return
+    kernels.finish_rows_kernel[(rows * plan.splits,)](
+        ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
+        out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
+        num_warps=4,
+    )
+
+
+@launches_kernels
+def hopper_indexer_topk(
+    inputs, *, out: Optional[IndexerTopKResult] = None, workspace: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None, pool: Optional[int] = None, config=None, no_select: bool = False,
+    profile: Optional[torch.Tensor] = None,
+) -> IndexerTopKResult:
+    """The fused backend's contract through the Hopper stream alone (ValueError where it does not
+    apply), for benchmarks: ``config`` a :class:`indexer_topk.kernels.hopper.HopperConfig`;
+    ``no_select`` a timing probe (the loads and MMAs alone; outputs undefined); ``profile`` int64
+    ``[P, 5, 8]``, zeroed, ``P`` at least the SM count: each partition's cycle counters (a
+    separate ``PROF`` compile)."""
+    from .fused import _carve, merge_split_lists, plan_fused
+
+    inputs = as_inputs(inputs)
+    ka = pack_args(inputs)
+    cfg = tile_config(inputs.layout)
+    why = why_not_stream(inputs, ka, cfg)
+    if why is not None:
+        raise ValueError(f"the Hopper stream does not apply: {why}")
+    rows, device = ka.q.shape[0], ka.kc.device
+    if out is None:
+        out = allocate_result(rows, inputs.topk, device)
+    if rows == 0:
+        return out
+    plan = plan_fused(rows, inputs.topk, device, num_splits, pool, cfg.rows)
+    check_workspace(workspace, plan.nbytes, device)
+    if workspace is None:
+        workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
+    buffers = _carve(workspace, plan)[1:]
+    launch_stream(inputs, ka, cfg, plan, out, buffers, config=config, no_select=no_select, profile=profile)
+    if plan.splits > 1 and not no_select:
+        merge_split_lists(ka, plan, out, *buffers[3:])
+    return out

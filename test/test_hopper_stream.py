@@ -1,0 +1,159 @@
+"""The fused backend's Hopper stream (:mod:`indexer_topk.backends.hopper`).
+
+Its kernel is Gluon for sm_90 and runs only there (the ``gpu`` tests below and the GPU tests of
+``test_fused.py``, whose FP8 calls it serves on an H200); a CPU checks where it applies, its
+configuration's rules and that the fused backend falls back to the plain-Triton kernel.
+"""
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from indexer_topk.backends.fused import fused_indexer_topk
+from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels, why_not_stream
+from indexer_topk.backends.legacy import legacy_indexer_topk
+from indexer_topk.contract import allocate_result, as_inputs
+from indexer_topk.kernels.launch import pack_args, tile_config
+from indexer_topk.workload import make_workload
+
+from kernel_cases import assert_bitwise
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+import hopper_probe  # noqa: E402
+
+ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+def kernels():
+    k = hopper_kernels()
+    if k is None:
+        pytest.skip("this Triton has no Gluon dialect for Hopper")
+    return k
+
+
+def small_inputs(layout="sglang_fp8", device="cpu", rows=4, tokens=3000, topk=64, **kw):
+    w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=topk, seed=3, device=device, **kw)
+    return w.inputs()
+
+
+def why(inputs):
+    inputs = as_inputs(inputs)
+    return why_not_stream(inputs, pack_args(inputs), tile_config(inputs.layout))
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: configuration and where the stream applies
+# ---------------------------------------------------------------------------------------------
+
+def test_default_config_is_the_measured_one():
+    cfg = kernels().HopperConfig()
+    assert (cfg.select_visits, cfg.select_parts, cfg.score_slots, cfg.key_stages) == (8, 4, 256, 6)
+    # three score warpgroups at 104 registers and a 24-register loader leave the selection 144
+    assert (cfg.score_regs, cfg.load_regs, cfg.select_regs) == (104, 24, 144)
+
+
+def test_launch_registers_fill_the_register_file():
+    regs = kernels().HopperConfig.launch_regs()
+    threads = 128 * 5  # selection, loader (a warpgroup's share), three score warpgroups
+    assert regs == 96 and regs % 8 == 0 and regs * threads <= 65536 < (regs + 8) * threads
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(key_stages=4), "key_stages"),  # a stage shared by two warpgroups: parity aliasing
+    (dict(key_stages=5), "key_stages"),
+    (dict(key_stages=0), "key_stages"),
+    (dict(select_visits=6), "select_visits"),
+    (dict(select_visits=0), "select_visits"),
+    (dict(select_parts=3), "select_parts"),
+    (dict(select_visits=2, select_parts=4, score_slots=8), "select_parts"),
+    (dict(score_slots=100), "score_slots"),
+    (dict(score_slots=4), "score_slots"),
+    (dict(score_regs=100), "score_regs"),
+    (dict(load_regs=16), "load_regs"),
+    (dict(score_regs=160), "leave the selection"),
+])
+def test_config_refuses_what_the_kernel_cannot_run(bad, match):
+    with pytest.raises(ValueError, match=match):
+        kernels().HopperConfig(**bad)
+
+
+def test_every_probe_build_is_a_valid_config():
+    for name, kw in hopper_probe.BUILDS.items():
+        kernels().HopperConfig(**kw)  # a misspelt field raises TypeError here, not minutes into a device run
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's answer")
+def test_stream_does_not_apply_without_a_gpu():
+    assert "GPU" in why(small_inputs())
+    assert "sglang_fp8" in why(small_inputs("sglang_mxfp4"))
+    with pytest.raises(ValueError, match="does not apply"):
+        hopper_indexer_topk(small_inputs())
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's answer")
+def test_fused_backend_falls_back_to_the_plain_kernel():
+    # where the stream does not apply, the plain-Triton kernel serves the FP8 layout with legacy's bits
+    inputs = small_inputs(pattern="equal")
+    assert why(inputs) is not None
+    assert_bitwise(fused_indexer_topk(inputs), legacy_indexer_topk(inputs), "plain fused vs legacy")
+
+
+@pytest.mark.parametrize("raw", ["0", "off", "not-a-bool"])
+def test_switch_off_or_unreadable_sends_fp8_to_the_plain_kernel(raw, monkeypatch):
+    # a GPU with bulk copies, as far as the checks before the switch can tell
+    inputs = as_inputs(small_inputs())
+    gpu_like = SimpleNamespace(interpret=False, tma=True)
+    monkeypatch.setenv("INDEXER_TOPK_HOPPER_STREAM", raw)
+    assert why_not_stream(inputs, gpu_like, tile_config(inputs.layout)) == "INDEXER_TOPK_HOPPER_STREAM is off"
+
+
+def test_profile_table_reports_shares_and_skips_absent_partitions():
+    # a third row, as for an SM the grid did not use, must not dilute the means
+    prof = torch.zeros(3, 5, 8, dtype=torch.int64)
+    prof[:2, 0, :5] = torch.tensor([1000, 400, 200, 100, 3])  # selection: all, waits, cuts, ends, cuts
+    prof[:2, 2, :5] = torch.tensor([1000, 50, 500, 100, 100])  # score 0
+    prof[0, 2, 2] = 300  # programs are averaged: (300 + 500) / 2 = 400 cycles in the MMA
+    table = hopper_probe.profile_table(prof).splitlines()
+    assert len(table) == 2  # the loader and the other score groups recorded nothing
+    assert table[0].startswith("select") and "wait tiles  40.0%" in table[0] and "cuts 3.0" in table[0]
+    assert table[1].startswith("score 0") and "mma  40.0%" in table[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU (sm_90): the stream serves the FP8 cache, with legacy's bits
+# ---------------------------------------------------------------------------------------------
+
+hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="the Hopper stream needs an sm_90 GPU")
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_gpu_stream_serves_fp8_and_the_switch_turns_it_off(monkeypatch):
+    inputs = small_inputs(device="cuda", rows=64, tokens=200000, topk=1024)
+    assert why(inputs) is None
+    assert why(small_inputs("sglang_mxfp4", device="cuda")) is not None
+    monkeypatch.setenv("INDEXER_TOPK_HOPPER_STREAM", "0")
+    assert why(inputs) == "INDEXER_TOPK_HOPPER_STREAM is off"
+    plain = fused_indexer_topk(inputs)
+    monkeypatch.delenv("INDEXER_TOPK_HOPPER_STREAM")
+    assert_bitwise(fused_indexer_topk(inputs), plain, "stream vs plain fused kernel")
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "equal", "zero_plateau", "nan_rows"])
+@pytest.mark.parametrize("topk, pool, splits", [(1024, None, None), (512, 64, None), (1024, 128, 4), (2048, None, 2)])
+def test_gpu_stream_equals_legacy_into_poisoned_outputs(pattern, topk, pool, splits):
+    """Several requests (groups straddle them), adversarial scores, small pools that cut every
+    page or two, split rows: every output element written, bit for bit legacy's."""
+    w = make_workload("sglang_fp8", context_tokens=[9000, 70000, 4100], rows_per_request=[5, 7, 3], topk=topk,
+                      seed=11, device="cuda", pattern=pattern)
+    inputs = w.inputs()
+    out = allocate_result(w.rows, topk, "cuda")
+    for t in out:
+        t.view(torch.int32).fill_(-12345)
+    hopper_indexer_topk(inputs, out=out, pool=pool, num_splits=splits)
+    assert_bitwise(out, legacy_indexer_topk(inputs), f"stream {pattern} topk {topk} pool {pool} splits {splits}")
