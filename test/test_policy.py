@@ -17,7 +17,7 @@ import torch
 import fake_aiter
 import indexer_topk
 from indexer_topk import api, policy
-from indexer_topk.policy import PathPolicy, Probe, is_capturing, probe_environment
+from indexer_topk.policy import STREAM_MIN_C4, STREAM_MIN_ROWS, PathPolicy, Probe, is_capturing, probe_environment
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
 from kernel_cases import assert_bitwise
@@ -318,7 +318,58 @@ def test_probe_nvidia(monkeypatch):
     assert p.triton_version is not None and p.fused_enabled and not p.triton_interpret
     assert (p.aiter_symbol, p.aiter_error, p.device_error, p.torch_error) == (False, None, None, None)
     assert PathPolicy(p).fused_backend == "fused"
-    assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"  # the faster one, as measured
+    # an H200 with a Triton that has Gluon: the Hopper stream serves the FP8 cache's large calls
+    assert p.hopper_stream
+    assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "fused"
+
+
+def test_probe_nvidia_stream_switched_off_or_not_hopper(monkeypatch):
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    for raw in ("0", "false", "unreadable"):  # off, and fail-safe off
+        p = probe_environment({"INDEXER_TOPK_HOPPER_STREAM": raw})
+        assert not p.hopper_stream
+        assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"  # the faster one, as measured
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA B200", major=10, minor=0))
+    p = probe_environment({})
+    assert not p.hopper_stream and PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"
+
+
+STREAM = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0",
+               hopper_stream=True)
+
+
+@pytest.mark.parametrize("rows, c4_len, want", [
+    (None, None, "fused"),  # shape unknown: the layout's path
+    (1024, 196608, "fused"),
+    (STREAM_MIN_ROWS, STREAM_MIN_C4, "fused"),  # the smallest measured win (a tie at 64K tokens)
+    (STREAM_MIN_ROWS - 1, 196608, "legacy"),  # 8 rows x 768K: 0.81 vs 0.49 ms
+    (8, None, "legacy"),
+    (1024, STREAM_MIN_C4 - 1, "legacy"),  # shorter contexts were not measured
+    (None, 4096, "legacy"),
+])
+def test_stream_takes_fp8_calls_where_it_measured_faster(rows, c4_len, want):
+    policy = PathPolicy(STREAM)
+    assert policy.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
+    # the shape rule is the FP8 stream's: MXFP4 layouts keep the fused path, decode and capture legacy
+    assert policy.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
+    assert policy.route(layout="sglang_fp8", is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
+    assert policy.route(layout="sglang_fp8", capturing=True, rows=rows, c4_len=c4_len) == "legacy"
+
+
+def test_stream_shape_rule_yields_to_the_memory_opt_in_and_the_kill_switch():
+    opted = PathPolicy(dataclasses.replace(STREAM, fused_prefill=True))
+    assert opted.route(layout="sglang_fp8", capturing=False, rows=8, c4_len=64) == "fused"
+    killed = PathPolicy(dataclasses.replace(STREAM, fused_enabled=False))
+    assert killed.route(layout="sglang_fp8", capturing=False, rows=1024, c4_len=196608) == "legacy"
+
+
+def test_stream_routes_and_reason_are_reported():
+    policy = PathPolicy(STREAM)
+    routes = policy.describe()["routes"]
+    assert routes["prefill/sglang_fp8"] == "fused"
+    assert routes[f"prefill/sglang_fp8 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] == "legacy"
+    assert routes["sglang prefill/sglang_fp8"] == "sglang"  # SGLang's own CUDA path measured faster still
+    assert "Hopper stream" in policy.reason and "Hopper stream" in policy.log_line()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 
 from .backends import require_runnable
-from .contract import IndexerInputs, IndexerTopKResult, allocate_result, validate_inputs
+from .contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, validate_inputs
 
 BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
 
@@ -42,11 +42,13 @@ def _backend_fn(name: str):
     raise ValueError(f"backend: unknown backend {name!r}; expected one of {BACKENDS}")
 
 
-def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = False) -> str:
+def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = False, rows=None,
+                    c4_len=None) -> str:
     """The concrete backend ``auto`` stands for in this call (see :mod:`indexer_topk.policy`).
 
     ``auto`` asks the process's frozen policy, which also keeps graph capture and decode on the
-    legacy path.
+    legacy path; ``rows`` and ``c4_len`` (the call's query rows and its page table's C4
+    positions) let it keep small FP8 calls on the legacy path where that measured faster.
     """
     if backend != "auto":
         if backend not in BACKENDS:
@@ -54,7 +56,7 @@ def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = F
         return backend
     from .policy import default_policy
 
-    return default_policy().route(layout=layout, topk=topk, is_decode=is_decode)
+    return default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
 
 
 def indexer_topk(
@@ -142,7 +144,8 @@ def indexer_topk(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
-    name = resolve_backend(backend, layout=inputs.layout, topk=topk)
+    name = resolve_backend(backend, layout=inputs.layout, topk=topk, rows=inputs.q.shape[0],
+                           c4_len=inputs.page_table.shape[1] * PAGE_SIZE)
     require_runnable(name, inputs.device)
     if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
         workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there

@@ -11,9 +11,11 @@ The rules
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
   GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
   NVIDIA -> the faster exact path as measured: ``"fused"`` for the MXFP4 layouts
-  (:data:`MEASURED_MXFP4`), ``"legacy"`` for the FP8 layout (:data:`MEASURED_FP8`), or
-  ``"fused"`` for every layout with ``INDEXER_TOPK_FUSED_PREFILL=1``, for its memory
-  (``"legacy"`` if Triton cannot be imported).
+  (:data:`MEASURED_MXFP4`); for the FP8 layout ``"fused"`` where the fused backend's Hopper
+  stream serves it (an sm_90 GPU) and the call has at least :data:`STREAM_MIN_ROWS` rows and
+  :data:`STREAM_MIN_C4` C4 positions (:data:`MEASURED_FP8_STREAM`), else ``"legacy"``
+  (:data:`MEASURED_FP8`); or ``"fused"`` for every call with ``INDEXER_TOPK_FUSED_PREFILL=1``,
+  for its memory (``"legacy"`` if Triton cannot be imported).
 * Inside a serving engine (:meth:`PathPolicy.engine_route`), a layout the engine serves with
   its own path stays there unless the fused path is opted in: SGLang's CUDA path for the FP8
   cache (DeepGEMM's logits and SGLang's radix top-k) is measured faster than ours.
@@ -63,6 +65,17 @@ MEASURED_FP8 = (
     "for the FP8 cache the legacy path measured faster than the fused kernel on an H200 (7.5 vs 7.9 ms "
     "at 1024 rows x 768K tokens), and SGLang's own CUDA path faster than both (4.1 ms)"
 )
+MEASURED_FP8_STREAM = (
+    "for the FP8 cache on sm_90 the fused backend's Hopper stream measured faster than the legacy path on an "
+    "H200 (4.45 vs 7.46 ms at 1024 rows x 768K tokens, 1.87 vs 2.70 at 256K, 0.84 vs 0.84 at 64K) from 128 rows "
+    "and 64K tokens up, and slower below (0.81 vs 0.49 ms at 8 rows x 768K, 0.38 vs 0.33 at 64 rows x 64K); "
+    "SGLang's own CUDA path measured faster than both (4.30 ms)"
+)
+# The FP8 calls the Hopper stream takes (benchmark/results/hopper/rows_sweep_nvidia-h200.log): at
+# 64K tokens it ties legacy from 128 rows (0.99x at 128 and 1024, 0.88x at 256) and loses at 64
+# (1.14x); at 768K it wins from 32 rows. Shorter contexts were not measured, so they stay legacy's.
+STREAM_MIN_ROWS = 128
+STREAM_MIN_C4 = 16384  # 64K tokens
 MEASURED_MXFP4 = (
     "for the MXFP4 caches the fused kernel measured faster than the legacy path on an H200 (sglang_mxfp4 "
     "12.8 vs 13.7 ms, aiter_mxfp4 13.0 vs 14.4 ms at 1024 rows x 768K tokens; slower at 64K: 1.58 vs 1.39 ms)"
@@ -101,6 +114,9 @@ class Probe:
     fused_prefill : bool
         ``INDEXER_TOPK_FUSED_PREFILL``: our fused path is opted in for eager prefill on NVIDIA
         (and, inside a serving engine, instead of the engine's own path), for its memory.
+    hopper_stream : bool
+        The fused backend's Hopper stream serves the FP8 cache: an sm_90 GPU, a Triton with
+        Gluon's Hopper operations, ``INDEXER_TOPK_HOPPER_STREAM`` on.
     kill_switch_raw : str, optional
         The kill switch's raw value, for the log line (``None``: unset).
     """
@@ -119,6 +135,7 @@ class Probe:
     triton_error: Optional[str] = None
     triton_rocm: bool = False
     fused_prefill: bool = False
+    hopper_stream: bool = False
     kill_switch_raw: Optional[str] = None
 
     def __post_init__(self):
@@ -171,6 +188,16 @@ def _probe_triton() -> dict:
         return {"triton_error": repr(exc)}
 
 
+def _probe_hopper_stream(env: Mapping[str, str]) -> bool:
+    """Whether the fused backend's Hopper stream can serve the FP8 cache here (an sm_90 GPU is
+    already known): its switch is on and this Triton has the Gluon operations it uses."""
+    if not envs.INDEXER_TOPK_HOPPER_STREAM.get(env):
+        return False
+    from .backends.hopper import hopper_kernels
+
+    return hopper_kernels() is not None
+
+
 def _probe_aiter() -> dict:
     fn, error = lookup_aiter_symbol()  # never raises
     return {"aiter_symbol": fn is not None, "aiter_error": error}
@@ -197,6 +224,8 @@ def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
     }
     fields.update(_probe_device())
     fields.update(_probe_triton())
+    if fields["device"] == "cuda" and fields.get("compute_capability") == (9, 0) and "triton_version" in fields:
+        fields["hopper_stream"] = _probe_hopper_stream(env)
     if fields["device"] == "hip":
         fields.update(_probe_aiter())
     return Probe(**fields)
@@ -359,10 +388,20 @@ def _decide(p: Probe) -> Tuple[str, str, dict]:
         return "fused", (
             "our Triton fused kernel on NVIDIA for every layout, opted in for its memory (INDEXER_TOPK_FUSED_PREFILL=1)"
         ), every("fused")
+    if p.hopper_stream:
+        return "fused", (
+            f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it; {MEASURED_FP8_STREAM}, "
+            f"so it takes the fused path from {STREAM_MIN_ROWS} rows and {STREAM_MIN_C4} C4 positions and the legacy "
+            "path below (INDEXER_TOPK_FUSED_PREFILL=1 puts every call on the fused path, for its memory)"
+        ), every("fused")
     return "fused", (
         f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it; {MEASURED_FP8}, so it "
         "takes the legacy path (INDEXER_TOPK_FUSED_PREFILL=1 puts it on the fused kernel too, for its memory)"
     ), {**every("fused"), Layout.SGLANG_FP8: "legacy"}
+
+
+def _below_stream_shape(rows: Optional[int], c4_len: Optional[int]) -> bool:
+    return (rows is not None and rows < STREAM_MIN_ROWS) or (c4_len is not None and c4_len < STREAM_MIN_C4)
 
 
 def sglang_has_path(layout, probe: Probe) -> bool:
@@ -463,6 +502,8 @@ class PathPolicy:
         capturing: Optional[bool] = None,
         forward_mode: Any = None,
         topk: Optional[int] = None,
+        rows: Optional[int] = None,
+        c4_len: Optional[int] = None,
     ) -> str:
         """The backend name for one call: ``"fused"``, ``"aiter"``, ``"legacy"`` or ``"reference"``.
 
@@ -479,10 +520,15 @@ class PathPolicy:
             ``"idle"``, ... or an object with ``is_decode()``; decode and idle count as decode.
         topk : int, optional
             The call's ``topk``; AITER's kernel takes only 512 and 1024.
+        rows, c4_len : int, optional
+            The call's query rows and C4 positions per row it may score (its page table's
+            columns x 64): an FP8 call below :data:`STREAM_MIN_ROWS` or :data:`STREAM_MIN_C4`
+            takes the legacy path, where the Hopper stream measured slower. Unknown (``None``)
+            counts as large.
         """
-        return self._route(layout, is_decode, capturing, forward_mode, topk)[1]
+        return self._route(layout, is_decode, capturing, forward_mode, topk, rows, c4_len)[1]
 
-    def _route(self, layout, is_decode, capturing, forward_mode, topk) -> Tuple[bool, str]:
+    def _route(self, layout, is_decode, capturing, forward_mode, topk, rows=None, c4_len=None) -> Tuple[bool, str]:
         """``(on the prefill route, backend)``: the first is False for the calls the proven path
         takes whatever was chosen (decode, capture)."""
         layout = None if layout is None else parse_layout(layout)
@@ -497,6 +543,9 @@ class PathPolicy:
         backend = self.fused_backend if layout is None else self._layout_backends[layout]
         if backend == "aiter" and topk is not None and topk not in AITER_TOPK:
             return True, self._layout_backends[Layout.SGLANG_MXFP4]  # AITER's kernel takes 512 and 1024 only
+        if (layout is Layout.SGLANG_FP8 and backend == "fused" and self.probe.hopper_stream
+                and not self.probe.fused_prefill and _below_stream_shape(rows, c4_len)):
+            return True, "legacy"
         return True, backend
 
     def engine_route(
@@ -566,6 +615,9 @@ class PathPolicy:
         routes = {
             f"prefill/{layout.value}": self.route(layout=layout, capturing=False) for layout in Layout
         }
+        if self.probe.hopper_stream and not self.probe.fused_prefill:
+            small = self.route(layout=Layout.SGLANG_FP8, capturing=False, rows=1, c4_len=1)
+            routes[f"prefill/sglang_fp8 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] = small
         routes["decode"] = self.route(is_decode=True, capturing=False)
         routes["capture"] = self.route(capturing=True)
         # inside SGLang: its own path serves the FP8 cache (and the FP4 one from SM100 on)
