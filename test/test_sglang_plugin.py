@@ -511,7 +511,7 @@ def test_doc_log_lines_are_the_ones_the_code_logs():
     text = DOC.read_text()
     h200 = dict(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0")
     mi355 = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.6.0")
-    for probe in (Probe(**h200), Probe(**mi355, aiter_symbol=True), Probe(**mi355),
+    for probe in (Probe(**h200, hopper_stream=True), Probe(**mi355, aiter_symbol=True), Probe(**mi355),
                   Probe(**h200, fused_enabled=False, kill_switch_raw="false")):
         assert PathPolicy(probe).log_line() in text
     assert sglang_plugin.SERVING_LOG % ("fused", "sglang_fp8", 512, 8192) in text

@@ -25,6 +25,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
+from .contract import PAGE_SIZE
 from .errors import describe_exception, failure_reason, failure_status
 from .options import LAYOUTS, one_of, parse_list, parse_tokens
 
@@ -75,15 +76,16 @@ def _resolve_device(name: str):
         raise CliError(f"--device: unknown device {name!r}; expected auto, cpu or cuda") from None
 
 
-def _policy_summary(layout=None, topk=None) -> dict:
-    """The frozen policy's decision, or why it cannot be read (never raises)."""
+def _policy_summary(layout=None, topk=None, rows=None, c4_len=None) -> dict:
+    """The frozen policy's decision, or why it cannot be read (never raises); with ``layout``,
+    the route of a prefill call of that layout, ``topk``, ``rows`` and C4 positions."""
     try:
         from .policy import default_policy
 
         pol = default_policy()
         out = {"available": True, "fused_backend": getattr(pol, "fused_backend", None), "reason": getattr(pol, "reason", None)}
         if layout is not None:
-            out["route"] = pol.route(layout=layout, is_decode=False, topk=topk)
+            out["route"] = pol.route(layout=layout, is_decode=False, topk=topk, rows=rows, c4_len=c4_len)
         try:
             out["describe"] = pol.describe()
         except Exception as exc:  # describe() is informational only
@@ -301,7 +303,7 @@ def cmd_demo(a, device) -> int:
             ref.record["matches_legacy"] = runs["legacy"].record.get("matches_reference") if baseline is not None else None
             ref.record["matches_reference"] = True
 
-    pol = _policy_summary(w.layout.value, w.topk)
+    pol = _policy_summary(w.layout.value, w.topk, w.rows, w.page_table.shape[1] * PAGE_SIZE)
     mem = _memory_statement(runs, w, device)
     rule = comparison_rule(device=device)
     failures = []
