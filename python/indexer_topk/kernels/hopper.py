@@ -243,6 +243,13 @@ def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr):
 
 
 @gluon.jit
+def _prof_start():
+    """The ``PROF`` build's start time and four zeroed counters of a partition."""
+    t = _clock()
+    return t, t * 0, t * 0, t * 0, t * 0
+
+
+@gluon.jit
 def _prof_store(prof, part, a, b, c, d, e):
     """The ``PROF`` build's five counters of partition ``part`` of this program."""
     base = prof + (gl.program_id(0) * 5 + part).to(gl.int64) * 8
@@ -316,11 +323,7 @@ def _select_partition(
     )
     it = 0
     if PROF:  # cycles: all, waiting for score tiles, in step cuts, in the item's final cuts; cuts
-        t_all = _clock()
-        t_take = t_all * 0
-        t_cut = t_all * 0
-        t_end = t_all * 0
-        n_cut = t_all * 0
+        t_all, t_take, t_cut, t_end, n_cut = _prof_start()
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         n_pad = (n + G - 1) // G * G
@@ -422,9 +425,7 @@ def _load_partition(
     it = 0
     q_i = 0
     if PROF:  # cycles: all, waiting for a free key stage, waiting for a free query buffer
-        t_all = _clock()
-        t_kfree = t_all * 0
-        t_qfree = t_all * 0
+        t_all, t_kfree, t_qfree, _, _ = _prof_start()
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
@@ -492,11 +493,7 @@ def _score_partition(
     it = 0
     q_i = 0
     if PROF:  # cycles: all, waiting for keys, in the MMA, waiting for a free score slot, in releases
-        t_all = _clock()
-        t_kready = t_all * 0
-        t_mma = t_all * 0
-        t_sfree = t_all * 0
-        t_rel = t_all * 0
+        t_all, t_kready, t_mma, t_sfree, t_rel = _prof_start()
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
