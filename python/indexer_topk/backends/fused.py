@@ -197,37 +197,49 @@ def fused_indexer_topk(
     multiple of 64 (small pools force frequent cuts, which tests use). All give the same bits.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
-    topk, layout, weight_scale = inputs.topk, inputs.layout, inputs.weight_scale
+    return fused_call(inputs, out, workspace, num_splits, pool)
+
+
+def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] = None) -> IndexerTopKResult:
+    """One fused call of :class:`~indexer_topk.contract.IndexerInputs`: the Hopper stream where it
+    applies (:func:`~indexer_topk.backends.hopper.why_not_stream`), else the plain-Triton kernel,
+    then the merge of split rows. ``stream``: keyword arguments of
+    :func:`~indexer_topk.backends.hopper.launch_stream`; with them the stream is required
+    (ValueError where it does not apply, before anything is allocated)."""
     ka = pack_args(inputs)
-    rows = ka.q.shape[0]
-    device = ka.kc.device
+    cfg = tile_config(inputs.layout)
+    why = why_not_stream(inputs, ka, cfg)
+    if stream is not None and why is not None:
+        raise ValueError(f"the Hopper stream does not apply: {why}")
+    rows, topk, device = ka.q.shape[0], inputs.topk, ka.kc.device
     if out is None:
         out = allocate_result(rows, topk, device)
     if rows == 0:
         return out
-    cfg = tile_config(layout)
     plan = plan_fused(rows, topk, device, num_splits, pool, cfg.rows)
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
     queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
-    if why_not_stream(inputs, ka, cfg) is None:  # the FP8 cache on sm_90: the warp-specialised stream
-        launch_stream(inputs, ka, cfg, plan, out, (buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt))
-        if plan.splits > 1:
-            merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
-        return out
-    queue.zero_()
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
     n_items = triton.cdiv(rows, cfg.rows) * plan.splits
-    out_bits = out.values.view(torch.int32)
-    fused_topk_kernel[(plan.programs,)](
-        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0), width,
-        ka.seq_lens, rows, float(weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
-        out_bits, out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits,
-        **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
-        num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
-    )
+    if why is None:  # the FP8 cache on sm_90: the warp-specialised stream
+        stream = stream or {}
+        launch_stream(inputs, ka, cfg, plan, out, (buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt),
+                      width, span, n_items, **stream)
+        if stream.get("no_select"):  # a timing probe: nothing to merge
+            return out
+    else:
+        queue.zero_()
+        fused_topk_kernel[(plan.programs,)](
+            ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
+            width, ka.seq_lens, rows, float(inputs.weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
+            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos,
+            seg_cnt, plan.splits,
+            **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
+            num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
+        )
     if plan.splits > 1:
         merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
     return out

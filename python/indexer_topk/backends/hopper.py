@@ -17,9 +17,9 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, as_inputs
 from ..envs import envs
-from ..kernels.launch import device_sm_count, launches_kernels, pack_args, tile_config
+from ..kernels.launch import device_sm_count, launches_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +51,11 @@ def why_not_stream(inputs, ka, cfg) -> Optional[str]:
     return kernels.stream_unfit(inputs, ka, cfg)
 
 
-def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, *, config=None, no_select: bool = False,
-                  profile: Optional[torch.Tensor] = None) -> None:
-    """Launch the Hopper stream and its row finish for a call the fused backend planned.
+def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width: int, span: int, n_items: int, *,
+                  config=None, no_select: bool = False, profile: Optional[torch.Tensor] = None) -> None:
+    """Launch the Hopper stream and its row finish for a call the fused backend planned
+    (:func:`~indexer_topk.backends.fused.fused_call`: ``width`` C4 positions per page-table row,
+    ``span`` per context split, ``n_items`` work items).
 
     ``buffers``: ``(buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt)`` carved from the fused
     workspace (the stream keeps its group passes in the strip area, which it does not otherwise
@@ -64,9 +66,6 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, *, con
     descs = kernels.hopper_descriptors(inputs, cfg)
     buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = buffers
     rows = ka.q.shape[0]
-    width = ka.page_table.shape[1] * PAGE_SIZE
-    span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
-    n_items = triton.cdiv(rows, cfg.rows) * plan.splits
     groups = triton.cdiv(rows, plan.group_rows)
     group_pass = strip[:groups]
     out_bits = out.values.view(torch.int32)
@@ -109,25 +108,7 @@ def hopper_indexer_topk(
     ``no_select`` a timing probe (the loads and MMAs alone; outputs undefined); ``profile`` int64
     ``[P, 5, 8]``, zeroed, ``P`` at least the SM count: each partition's cycle counters (a
     separate ``PROF`` compile)."""
-    from .fused import _carve, merge_split_lists, plan_fused
+    from .fused import fused_call
 
-    inputs = as_inputs(inputs)
-    ka = pack_args(inputs)
-    cfg = tile_config(inputs.layout)
-    why = why_not_stream(inputs, ka, cfg)
-    if why is not None:
-        raise ValueError(f"the Hopper stream does not apply: {why}")
-    rows, device = ka.q.shape[0], ka.kc.device
-    if out is None:
-        out = allocate_result(rows, inputs.topk, device)
-    if rows == 0:
-        return out
-    plan = plan_fused(rows, inputs.topk, device, num_splits, pool, cfg.rows)
-    check_workspace(workspace, plan.nbytes, device)
-    if workspace is None:
-        workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    buffers = _carve(workspace, plan)[1:]
-    launch_stream(inputs, ka, cfg, plan, out, buffers, config=config, no_select=no_select, profile=profile)
-    if plan.splits > 1 and not no_select:
-        merge_split_lists(ka, plan, out, *buffers[3:])
-    return out
+    stream = dict(config=config, no_select=no_select, profile=profile)
+    return fused_call(as_inputs(inputs), out, workspace, num_splits, pool, stream=stream)
