@@ -19,6 +19,7 @@ the policy's row threshold comes from). JSON records go to ``$OUT/hopper_probe_<
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -30,19 +31,21 @@ from indexer_topk.compare import bitwise_equal
 
 
 def run_fused(inputs, hopper: bool, build: str = "hopper", **kw):
-    """The stream in configuration ``BUILDS[build]``, or (``hopper`` False) the plain-Triton kernel."""
+    """The stream in configuration ``BUILDS[build]`` (over the layout's default), or (``hopper``
+    False) the plain-Triton kernel."""
     from indexer_topk.backends.fused import fused_indexer_topk
     from indexer_topk.backends.hopper import hopper_indexer_topk
     from indexer_topk.envs import envs
     from indexer_topk.kernels.hopper import HopperConfig
 
     if hopper:
-        return hopper_indexer_topk(inputs, config=HopperConfig(**BUILDS[build]), **kw)
+        config = dataclasses.replace(HopperConfig.for_layout(inputs.layout), **BUILDS[build])
+        return hopper_indexer_topk(inputs, config=config, **kw)
     with envs.INDEXER_TOPK_HOPPER_STREAM.override(False):
         return fused_indexer_topk(inputs, **kw)
 
 
-def check(quick: bool, build: str) -> list:
+def check(quick: bool, build: str, layout: str = "sglang_fp8") -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.workload import make_workload
 
@@ -61,6 +64,7 @@ def check(quick: bool, build: str) -> list:
     ]
     if quick:
         cases = cases[:3]
+    cases = [(layout,) + c[1:] for c in cases]
     records = []
     for i, (layout, tokens, rows, topk, pattern, kw) in enumerate(cases):
         w = make_workload(layout, context_tokens=tokens, rows_per_request=rows, topk=topk, seed=10 + i,
@@ -91,11 +95,12 @@ BUILDS = {
     "slots128": dict(score_slots=128),  # half the score ring
     "g16": dict(select_visits=16),  # 16 visits per selection step
     "kst12": dict(key_stages=12),  # a key ring twice as deep
+    "slots256": dict(score_slots=256),  # MXFP4: the FP8 ring's depth
 }
 
 
 def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", baselines=("legacy", "fused"),
-            no_select: bool = False) -> list:
+            no_select: bool = False, layout: str = "sglang_fp8") -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
@@ -112,6 +117,7 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
         cases = cases[:1]
     if only:
         cases = cases[:only]
+    cases = [(layout,) + c[1:] for c in cases]
     records = []
     for layout, tokens, rows, pattern in cases:
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
@@ -247,6 +253,8 @@ def main(argv=None):
     p.add_argument("--no-select", action="store_true", help="also time the build with its selection taken out")
     p.add_argument("--profile", action="store_true", help="only the partition timers of the build (PROF compile)")
     p.add_argument("--rows-sweep", action="store_true", help="only legacy and the stream from 8 to 1024 rows")
+    p.add_argument("--layout", default="sglang_fp8", choices=["sglang_fp8", "sglang_mxfp4"],
+                   help="the cache layout of the check and timing cases")
     a = p.parse_args(argv)
     if a.profile:
         recs = profile(a.build)
@@ -258,10 +266,11 @@ def main(argv=None):
         with open(os.path.join(os.environ.get("OUT", "."), "hopper_rows_sweep.json"), "w") as f:
             json.dump(recs, f, indent=1)
         return 0
-    checks = [] if a.skip_check else check(a.quick, a.build)
+    checks = [] if a.skip_check else check(a.quick, a.build, a.layout)
     times = [] if a.skip_time else timings(a.quick, a.iters, a.cases, a.build,
-                                          [b for b in a.baselines.split(",") if b], a.no_select)
-    with open(os.path.join(os.environ.get("OUT", "."), f"hopper_probe_{a.build}.json"), "w") as f:
+                                          [b for b in a.baselines.split(",") if b], a.no_select, a.layout)
+    tag = a.build if a.layout == "sglang_fp8" else f"{a.layout}_{a.build}"
+    with open(os.path.join(os.environ.get("OUT", "."), f"hopper_probe_{tag}.json"), "w") as f:
         json.dump(dict(checks=checks, timings=times), f, indent=1)
     print(f"\n{torch.cuda.get_device_name()}")
     bad = [c for c in checks if not c.get("eq_legacy")]

@@ -55,10 +55,18 @@ def test_default_config_is_the_measured_one():
     assert (cfg.score_regs, cfg.load_regs, cfg.select_regs) == (104, 24, 144)
 
 
-def test_launch_registers_fill_the_register_file():
-    regs = kernels().HopperConfig.launch_regs()
-    threads = 128 * 5  # selection, loader (a warpgroup's share), three score warpgroups
-    assert regs == 96 and regs % 8 == 0 and regs * threads <= 65536 < (regs + 8) * threads
+def test_mxfp4_config_runs_two_score_warpgroups():
+    # the widened keys sit in registers beside the accumulator: two warpgroups of 160 registers
+    cfg = kernels().HopperConfig.for_layout("sglang_mxfp4")
+    assert (cfg.score_groups, cfg.score_regs, cfg.score_slots, cfg.select_regs) == (2, 160, 128, 168)
+    assert kernels().HopperConfig.for_layout("sglang_fp8") == kernels().HopperConfig()
+
+
+@pytest.mark.parametrize("groups, expected", [(3, 96), (2, 128)])
+def test_launch_registers_fill_the_register_file(groups, expected):
+    regs = kernels().HopperConfig(score_groups=groups, score_regs=104).launch_regs()
+    threads = 128 * (2 + groups)  # selection, loader (a warpgroup's share), score warpgroups
+    assert regs == expected and regs % 8 == 0 and regs * threads <= 65536 < (regs + 8) * threads
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -74,6 +82,10 @@ def test_launch_registers_fill_the_register_file():
     (dict(score_regs=100), "score_regs"),
     (dict(load_regs=16), "load_regs"),
     (dict(score_regs=160), "leave the selection"),
+    (dict(score_groups=4), "score_groups"),
+    (dict(score_groups=1), "score_groups"),
+    (dict(score_groups=2, key_stages=3), "key_stages"),
+    (dict(score_groups=2, score_regs=240), "leave the selection"),
 ])
 def test_config_refuses_what_the_kernel_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):
@@ -88,7 +100,8 @@ def test_every_probe_build_is_a_valid_config():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter's answer")
 def test_stream_does_not_apply_without_a_gpu():
     assert "GPU" in why(small_inputs())
-    assert "sglang_fp8" in why(small_inputs("sglang_mxfp4"))
+    assert "GPU" in why(small_inputs("sglang_mxfp4"))
+    assert "not aiter_mxfp4" in why(small_inputs("aiter_mxfp4"))
     with pytest.raises(ValueError, match="does not apply"):
         hopper_indexer_topk(small_inputs())
 
@@ -105,7 +118,8 @@ def test_fused_backend_falls_back_to_the_plain_kernel():
 def test_switch_off_or_unreadable_sends_fp8_to_the_plain_kernel(raw, monkeypatch):
     # a GPU with bulk copies, as far as the checks before the switch can tell
     inputs = as_inputs(small_inputs())
-    gpu_like = SimpleNamespace(interpret=False, tma=True)
+    gpu_like = SimpleNamespace(interpret=False, kc=inputs.k_cache)
+    monkeypatch.setattr("indexer_topk.backends.hopper.bulk_copies_available", lambda device: True)
     monkeypatch.setenv("INDEXER_TOPK_HOPPER_STREAM", raw)
     assert why_not_stream(inputs, gpu_like, tile_config(inputs.layout)) == "INDEXER_TOPK_HOPPER_STREAM is off"
 
@@ -134,7 +148,7 @@ hopper_only = pytest.mark.skipif(not ON_HOPPER, reason="the Hopper stream needs 
 def test_gpu_stream_serves_fp8_and_the_switch_turns_it_off(monkeypatch):
     inputs = small_inputs(device="cuda", rows=64, tokens=200000, topk=1024)
     assert why(inputs) is None
-    assert why(small_inputs("sglang_mxfp4", device="cuda")) is not None
+    assert why(small_inputs("aiter_mxfp4", device="cuda")) is not None
     monkeypatch.setenv("INDEXER_TOPK_HOPPER_STREAM", "0")
     assert why(inputs) == "INDEXER_TOPK_HOPPER_STREAM is off"
     plain = fused_indexer_topk(inputs)
@@ -142,18 +156,49 @@ def test_gpu_stream_serves_fp8_and_the_switch_turns_it_off(monkeypatch):
     assert_bitwise(fused_indexer_topk(inputs), plain, "stream vs plain fused kernel")
 
 
-@pytest.mark.gpu
-@hopper_only
-@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "equal", "zero_plateau", "nan_rows"])
-@pytest.mark.parametrize("topk, pool, splits", [(1024, None, None), (512, 64, None), (1024, 128, 4), (2048, None, 2)])
-def test_gpu_stream_equals_legacy_into_poisoned_outputs(pattern, topk, pool, splits):
-    """Several requests (groups straddle them), adversarial scores, small pools that cut every
-    page or two, split rows: every output element written, bit for bit legacy's."""
-    w = make_workload("sglang_fp8", context_tokens=[9000, 70000, 4100], rows_per_request=[5, 7, 3], topk=topk,
-                      seed=11, device="cuda", pattern=pattern)
-    inputs = w.inputs()
-    out = allocate_result(w.rows, topk, "cuda")
+PATTERNS = ["random", "increasing", "decreasing", "equal", "zero_plateau", "nan_rows"]
+PLANS = [(1024, None, None), (512, 64, None), (1024, 128, 4), (2048, None, 2)]
+# MXFP4: every pattern with the default plan and the one-page pool; split rows with one pattern
+STREAM_CASES = [("sglang_fp8", p, *plan) for plan in PLANS for p in PATTERNS] + [
+    ("sglang_mxfp4", p, *plan) for plan in PLANS[:2] for p in PATTERNS] + [
+    ("sglang_mxfp4", "random", *plan) for plan in PLANS[2:]]
+
+
+def run_stream_into_poison(inputs, rows, topk, **kw):
+    out = allocate_result(rows, topk, "cuda")
     for t in out:
         t.view(torch.int32).fill_(-12345)
-    hopper_indexer_topk(inputs, out=out, pool=pool, num_splits=splits)
-    assert_bitwise(out, legacy_indexer_topk(inputs), f"stream {pattern} topk {topk} pool {pool} splits {splits}")
+    hopper_indexer_topk(inputs, out=out, **kw)
+    return out
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("layout, pattern, topk, pool, splits", STREAM_CASES)
+def test_gpu_stream_equals_legacy_into_poisoned_outputs(layout, pattern, topk, pool, splits):
+    """Several requests (groups straddle them), adversarial scores, small pools that cut every
+    page or two, split rows: every output element written, bit for bit legacy's."""
+    w = make_workload(layout, context_tokens=[9000, 70000, 4100], rows_per_request=[5, 7, 3], topk=topk,
+                      seed=11, device="cuda", pattern=pattern)
+    inputs = w.inputs()
+    out = run_stream_into_poison(inputs, w.rows, topk, pool=pool, num_splits=splits)
+    assert_bitwise(out, legacy_indexer_topk(inputs), f"stream {layout} {pattern} topk {topk} pool {pool} splits {splits}")
+
+
+@pytest.mark.gpu
+@hopper_only
+def test_gpu_mxfp4_stream_takes_every_scale_byte_as_legacy_does():
+    """Key scale bytes 0 (+0 on the Triton the tile follows), 1, 127, 254 (values overflow to
+    inf) and 255 (NaN) scattered over the cache: the stream widens them as legacy's
+    ``tl.dot_scaled`` does."""
+    w = make_workload("sglang_mxfp4", context_tokens=[60000, 9000], rows_per_request=[6, 3], topk=1024, seed=12,
+                      device="cuda")
+    inputs = w.inputs()
+    kc = inputs.k_cache.view(torch.uint8).view(inputs.k_cache.shape[0], -1)
+    scales = kc[:, 4096:4352]  # a page's 64 x 4 key scale bytes follow its packed keys
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    pick = torch.rand(scales.shape, device="cuda", generator=gen)
+    for i, byte in enumerate((0, 1, 127, 254, 255)):
+        scales[(pick >= 0.04 * i) & (pick < 0.04 * (i + 1))] = byte
+    out = run_stream_into_poison(inputs, w.rows, 1024)
+    assert_bitwise(out, legacy_indexer_topk(inputs), "stream vs legacy, extreme scale bytes")

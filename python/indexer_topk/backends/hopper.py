@@ -1,8 +1,8 @@
 """The fused backend's Hopper stream: where it applies and how it is launched.
 
-:func:`~indexer_topk.backends.fused.fused_indexer_topk` serves the ``sglang_fp8`` layout on an
-sm_90 GPU with :func:`indexer_topk.kernels.hopper.hopper_stream_kernel` (same plan, same workspace,
-same bits as the plain-Triton kernel) unless ``INDEXER_TOPK_HOPPER_STREAM`` is off; everything
+:func:`~indexer_topk.backends.fused.fused_indexer_topk` serves the ``sglang_fp8`` and
+``sglang_mxfp4`` layouts on an sm_90 GPU with :func:`indexer_topk.kernels.hopper.hopper_stream_kernel`
+(same plan, same workspace, same bits as the plain-Triton kernel) unless ``INDEXER_TOPK_HOPPER_STREAM`` is off; everything
 else takes the plain-Triton kernel. :func:`hopper_indexer_topk` runs the stream alone, with its
 tunables and measurement hooks, for the benchmarks.
 """
@@ -19,7 +19,7 @@ import triton
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, as_inputs
 from ..envs import envs
-from ..kernels.launch import device_sm_count, launches_kernels
+from ..kernels.launch import bulk_copies_available, device_sm_count, launches_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ def hopper_kernels() -> Optional[ModuleType]:
 def why_not_stream(inputs, ka, cfg) -> Optional[str]:
     """Why the Hopper stream does not serve these inputs (packed as ``ka``, tile ``cfg``), or
     ``None`` when it does. Host-side checks only: no device sync."""
-    if inputs.layout is not Layout.SGLANG_FP8:
-        return f"it serves the sglang_fp8 layout, not {inputs.layout.value}"
-    if ka.interpret or not ka.tma:
+    if inputs.layout not in (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4):
+        return f"it serves the sglang_fp8 and sglang_mxfp4 layouts, not {inputs.layout.value}"
+    if ka.interpret or not bulk_copies_available(ka.kc.device):
         return "it runs only on a GPU with bulk tensor copies"
     if not envs.INDEXER_TOPK_HOPPER_STREAM.get():
         return "INDEXER_TOPK_HOPPER_STREAM is off"
@@ -62,7 +62,7 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     use). Split rows are left in their split lists for the fused backend's merge.
     """
     kernels = hopper_kernels()
-    config = config or kernels.HopperConfig()
+    config = config or kernels.HopperConfig.for_layout(inputs.layout)
     descs = kernels.hopper_descriptors(inputs, cfg)
     buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = buffers
     rows = ka.q.shape[0]
@@ -81,11 +81,11 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     kernels.hopper_stream_kernel[(programs,)](
         descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
-        n_items, span, plan.splits,
+        n_items, span, plan.splits, ka.q, ka.qs,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=config.key_stages,
         SLOTS=config.score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col, G=g,
         PARTS=min(config.select_parts, g), SCORE_REGS=config.score_regs, LOAD_REGS=config.load_regs,
-        NO_SELECT=no_select, prof=seg_cnt if profile is None else profile, PROF=profile is not None,
+        NSCORE=config.score_groups, MX=inputs.layout is Layout.SGLANG_MXFP4, NO_SELECT=no_select, prof=seg_cnt if profile is None else profile, PROF=profile is not None,
         num_warps=4, maxnreg=config.launch_regs(),
     )
     if no_select:

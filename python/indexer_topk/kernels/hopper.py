@@ -57,21 +57,22 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 from ..contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
-from .common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32
+from .common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32, e2m1_to_f32, ue8m0_to_f32
 from .fused import _finish_row, visit_step
-from .geometry import GEOMETRY, NHEADS, PAGE
+from .geometry import CHUNKS, DIM, GEOMETRY, GROUP, MX_Q_ROW, MX_Q_SCALE_ROW, NCHUNKS, NHEADS, PAGE, PDIM
 from .score import group_rows, pages_agree
 
 # The score tile: keys on M (4 warps x 16), R * 64 query heads on N, k32 e4m3 steps.
 SCORE_WARPS = gl.constexpr(4)
-# MMA warpgroups: two taking turns left the tensor core idle a third of the time
-SCORE_GROUPS = gl.constexpr(3)
 # The cut's radix digits: 4-bit digits in 16 bins took less time than 8-bit ones in 256
 CUT_BITS = gl.constexpr(4)
 
 
 # the visit order of the plain-Triton kernel, the same function compiled as Gluon
 _visit_step = gluon.jit(visit_step.fn)
+# the queries' exact widening of the shared tile (load_queries), compiled as Gluon
+_e2m1_to_f32 = gluon.jit(e2m1_to_f32.fn)
+_ue8m0_to_f32 = gluon.jit(ue8m0_to_f32.fn)
 
 
 @gluon.jit
@@ -95,14 +96,54 @@ def _item(item, splits, split_span, seq_lens, n_rows, width, R: gl.constexpr):
 
 
 @gluon.jit
-def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr):
-    """``[64, R]`` scores from the MMA accumulator ``[64, R * 64]`` and the page's key scales
-    (``[64]`` fp32 in shared memory); see :func:`indexer_topk.kernels.score.page_scores`: the
-    same operations on the same layouts, hence the same bits."""
+def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr, MX: gl.constexpr):
+    """``[64, R]`` scores from the MMA accumulator ``[64, R * 64]`` and, for the FP8 cache, the
+    page's key scales (``[1, 64]`` fp32 in shared memory); see
+    :func:`indexer_topk.kernels.score.page_scores`: the same operations on the same layouts, hence
+    the same bits."""
     acc = gl.maximum(acc, 0.0, propagate_nan=tl.PropagateNan.ALL)
     s = gl.sum(gl.reshape(acc * gl.expand_dims(w, 0), [PAGE, R, NHEADS]), axis=2) + 0.0
-    s = s * gl.expand_dims(kscale_smem.load(gl.SliceLayout(1, s.type.layout)), 1)
+    if not MX:
+        s = s * gl.expand_dims(kscale_smem.reshape([PAGE]).load(gl.SliceLayout(1, s.type.layout)), 1)
     return s * weight_scale
+
+
+@gluon.jit
+def _mx_keys(kpage, kscales, AL: gl.constexpr, PL: gl.constexpr, SPREAD: gl.constexpr):
+    """A key page of the MXFP4 cache as the MMA's A operand ``[64, 128]`` bf16 in registers
+    (layout ``AL``): ``kpage`` its packed e2m1 bytes ``[64, 64]``, ``kscales`` its ue8m0 bytes
+    ``[64, 4]`` (shared memory). These are the steps, types and layouts Triton 3.6 lowers the shared
+    tile's ``tl.dot_scaled`` to on sm_90 (``DecomposeScaledBlocked``), hence its bits: the packed
+    bytes in the width-1 A layout ``PL`` widen exactly to bf16; the scale is the bf16 bits
+    ``e << 7`` (byte 0 gives +0), spread over its 32 values in ``SPREAD`` ``[64, 4, 32]``, which
+    reshapes to ``AL``; a bf16 multiply; NaN for byte 255."""
+    # (Gluon 3.6 gives the widened tensor a linear layout equal to AL but typed apart: the convert is free)
+    k = gl.convert_layout(gl.fp4_to_fp(kpage.load(PL), gl.bfloat16, 1), AL)
+    e = kscales.load(gl.SliceLayout(2, SPREAD))
+    scale = (e.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)
+    scale = gl.where(e == 255, float("nan"), scale)  # a NaN scale makes its 32 values NaN, zeros too
+    full, _ = gl.broadcast(gl.expand_dims(scale, 2), gl.zeros([PAGE, NCHUNKS, GROUP], gl.bfloat16, layout=SPREAD))
+    return k * gl.convert_layout(gl.reshape(full, [PAGE, DIM]), AL)
+
+
+@gluon.jit
+def _mx_queries(q_ptr, qs_ptr, qdst, r0, n_rows, R: gl.constexpr):
+    """The group's ``R`` MXFP4 query rows widened once to the MMA's B operand ``[128 (d), R * 64
+    (row, head)]`` bf16 in ``qdst``, with the operations of
+    :func:`indexer_topk.kernels.score.load_queries` (rows at or past ``n_rows`` are zeros)."""
+    QL: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [SCORE_WARPS, 1], [1, 0])
+    BAND: gl.constexpr = 32  # d rows widened at once: the registers of a quarter of the tile
+    for part in gl.static_range(DIM // BAND):
+        d = gl.expand_dims(gl.arange(0, BAND, layout=gl.SliceLayout(1, QL)), 1) + part * BAND
+        col = gl.expand_dims(gl.arange(0, R * NHEADS, layout=gl.SliceLayout(0, QL)), 0)
+        row = (r0 + col // NHEADS).to(gl.int64)
+        h = col % NHEADS
+        valid = (d * 0 + row) < n_rows
+        byte = gl.load(q_ptr + row * MX_Q_ROW + h * PDIM + d // 2, mask=valid, other=0).to(gl.int32)
+        code = (byte >> ((d & 1) * 4)) & 0xF
+        e = gl.load(qs_ptr + row * MX_Q_SCALE_ROW + h * NCHUNKS + d // GROUP, mask=valid, other=127).to(gl.int32)
+        qt = _e2m1_to_f32(code) * _ue8m0_to_f32(e)
+        qdst.slice(part * BAND, BAND, dim=0).store(qt.to(gl.bfloat16))
 
 
 @gluon.jit
@@ -418,7 +459,7 @@ def _load_partition(
     q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
     pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
     R: gl.constexpr, KSTAGES: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
-    prof, PROF: gl.constexpr,
+    MX: gl.constexpr, prof, PROF: gl.constexpr,
 ):
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -430,13 +471,14 @@ def _load_partition(
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
         qs = q_i % 2
-        if PROF:
-            c0 = _clock()
-        mbarrier.wait(qfree.index(qs), ((q_i // 2) & 1) ^ 1)
-        if PROF:
-            t_qfree += _clock() - c0
-        mbarrier.expect(qready.index(qs), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [r0 * NHEADS, 0], qready.index(qs), qbuf.index(qs))
+        if not MX:  # the MXFP4 queries are widened by the score warpgroups
+            if PROF:
+                c0 = _clock()
+            mbarrier.wait(qfree.index(qs), ((q_i // 2) & 1) ^ 1)
+            if PROF:
+                t_qfree += _clock() - c0
+            mbarrier.expect(qready.index(qs), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [r0 * NHEADS, 0], qready.index(qs), qbuf.index(qs))
         q_i += 1
         for p in range(npass):
             src = gl.where(npass == 1, lead, r0 + p)
@@ -477,13 +519,25 @@ def _load_partition(
 
 @gluon.jit
 def _score_partition(
-    PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, ring,
+    PAR: gl.constexpr, NSCORE: gl.constexpr, kbuf, sbuf, qbuf, wbuf, ring,
     kready, kfree, qready, qfree, sready, sfree,
-    w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
-    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, prof, PROF: gl.constexpr,
+    w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+    R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, MX: gl.constexpr,
+    prof, PROF: gl.constexpr,
 ):
+    # e4m3: k32 steps, both operands from shared memory; MXFP4: bf16 k16 steps, keys from registers
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 32]
+        version=[3, 0], warps_per_cta=[SCORE_WARPS, 1], instr_shape=[16, R * NHEADS, 16 if MX else 32]
+    )
+    # MXFP4 (see _mx_keys): the widened keys, the packed bytes, the scales
+    AL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    PL: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=1)
+    SPREAD: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 2, 0]],
+        lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[PAGE, NCHUNKS, GROUP],
     )
     WL: gl.constexpr = gl.SliceLayout(0, MMA)
     pid = gl.program_id(0)
@@ -500,8 +554,16 @@ def _score_partition(
         wrow = r0 + cols // NHEADS
         w = gl.load(w_ptr + wrow.to(gl.int64) * NHEADS + cols % NHEADS, mask=wrow < n_rows, other=0.0)
         qs = q_i % 2
-        mbarrier.wait(qready.index(qs), (q_i // 2) & 1)
-        qt = qbuf.index(qs).permute((1, 0))
+        if MX:  # each warpgroup widens the group's queries into its own buffer
+            # the weights wait in shared memory: registers hold the widened keys beside the accumulator
+            wbuf.index(PAR).store(w)
+            qt = qbuf.index(PAR)
+            _mx_queries(q_ptr, qs_ptr, qt, r0, n_rows, R)
+            fence_async_shared()  # written through the generic proxy, read by the MMA's async one
+            gl.thread_barrier()
+        else:
+            mbarrier.wait(qready.index(qs), (q_i // 2) & 1)
+            qt = qbuf.index(qs).permute((1, 0))
         n_pad = (n + G - 1) // G * G
         total = n_pad * npass
         for j in range((PAR + NSCORE - it % NSCORE) % NSCORE, total, NSCORE):  # visits it + j = PAR mod NSCORE
@@ -515,17 +577,28 @@ def _score_partition(
                 c1 = _clock()
                 t_kready += c1 - c0
             if j % n_pad < n:
-                acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                if MX:
+                    a = _mx_keys(kbuf.index(s), sbuf.index(s).reshape([PAGE, NCHUNKS]), AL, PL, SPREAD)
+                    # the stage was read through the generic proxy; the next copy writes through the async one
+                    fence_async_shared()
+                    _release(kfree.index(s))
+                    acc = warpgroup_mma(a, qt, zero, use_acc=False, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                else:
+                    acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
+                    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 if PROF:
                     c2 = _clock()
                     t_mma += c2 - c1
-                sc = tile_scores(acc, w, sbuf.index(s).reshape([PAGE]), weight_scale, R)
-                # the key scales were read through the generic proxy; the next copy writes through the async one
-                fence_async_shared()
+                if MX:
+                    w = wbuf.index(PAR).load(WL)
+                sc = tile_scores(acc, w, sbuf.index(s), weight_scale, R, MX)
+                if not MX:
+                    fence_async_shared()  # as above, for the key scales
                 if PROF:
                     c3 = _clock()
-                _release(kfree.index(s))
+                if not MX:
+                    _release(kfree.index(s))
                 b, ph = _step_barrier(g, SLOTS, G)
                 if PROF:
                     c4 = _clock()
@@ -544,7 +617,8 @@ def _score_partition(
                 mbarrier.wait(sfree.index(b), ph ^ 1)
                 _release(sready.index(b))
         it += total
-        _release(qfree.index(qs))
+        if not MX:
+            _release(qfree.index(qs))
         q_i += 1
     if PROF:
         _prof_store(prof, 2 + PAR, _clock() - t_all, t_kready, t_mma, t_sfree, t_rel)
@@ -553,18 +627,27 @@ def _score_partition(
 @gluon.jit
 def hopper_stream_kernel(
     q_desc, k_desc, s_desc, w_ptr, pt_ptr, stride_pt, n_pages, width, seq_lens, n_rows, weight_scale,
-    group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits,
+    group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos, seg_cnt, n_items, split_span, splits, q_ptr, qs_ptr,
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
-    PARTS: gl.constexpr, SCORE_REGS: gl.constexpr, LOAD_REGS: gl.constexpr,
-    NO_SELECT: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
+    PARTS: gl.constexpr, SCORE_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, NSCORE: gl.constexpr,
+    MX: gl.constexpr = False, NO_SELECT: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
-    at ``seg_cnt[row * splits + split]`` (see the module docstring)."""
+    at ``seg_cnt[row * splits + split]`` (see the module docstring). ``MX``: the ``sglang_mxfp4``
+    cache (``q_desc`` unused; the queries come widened from ``q_ptr`` / ``qs_ptr``), else the FP8
+    one (``q_ptr`` / ``qs_ptr`` unused); ``NSCORE`` score warpgroups."""
     kbuf = gl.allocate_shared_memory(k_desc.dtype, [KSTAGES] + k_desc.block_type.shape, k_desc.layout)
     sbuf = gl.allocate_shared_memory(s_desc.dtype, [KSTAGES] + s_desc.block_type.shape, s_desc.layout)
-    qbuf = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+    if MX:  # one widened copy per score warpgroup: [128 (d), R * 64] bf16, as the shared tile stores it
+        qbuf = gl.allocate_shared_memory(
+            gl.bfloat16, [NSCORE, DIM, R * NHEADS], gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+        )
+        wbuf = gl.allocate_shared_memory(gl.float32, [NSCORE, R * NHEADS], gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
+    else:
+        qbuf = gl.allocate_shared_memory(q_desc.dtype, [2] + q_desc.block_type.shape, q_desc.layout)
+        wbuf = qbuf  # unused: the FP8 tile keeps its weights in registers
     ring = gl.allocate_shared_memory(
         gl.int32, [SLOTS, PAGE, R], gl.SwizzledSharedLayout(1, 1, 1, order=[1, 0])
     )
@@ -579,42 +662,72 @@ def hopper_stream_kernel(
         mbarrier.init(kfree.index(i), count=1)
     for i in gl.static_range(2):
         mbarrier.init(qready.index(i), count=1)
-        mbarrier.init(qfree.index(i), count=SCORE_GROUPS)  # every score warpgroup releases the queries
+        mbarrier.init(qfree.index(i), count=NSCORE)  # every score warpgroup releases the queries
     for i in gl.static_range(SLOTS):
         mbarrier.init(sready.index(i), count=G)  # a step's G visits arrive
         mbarrier.init(sfree.index(i), count=1)
 
-    # partition arguments spelled out per partition: a tuple of them held in a variable loses its constexprs
-    gl.warp_specialize(
-        [
-            (_select_partition, (
-                ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key, seg_pos,
-                seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT, prof, PROF,
-            )),
-            (_load_partition, (
-                q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
-                n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
-                SCALE_COL, G, prof, PROF,
-            )),
-            (_score_partition, (
-                0, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
-                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
-                G, prof, PROF,
-            )),
-            (_score_partition, (
-                1, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
-                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
-                G, prof, PROF,
-            )),
-            (_score_partition, (
-                2, SCORE_GROUPS, kbuf, sbuf, qbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
-                weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, SLOTS,
-                G, prof, PROF,
-            )),
-        ],
-        [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
-        [LOAD_REGS, SCORE_REGS, SCORE_REGS, SCORE_REGS],
-    )
+    # partition arguments spelled out per partition: a tuple of them held in a variable loses its
+    # constexprs; the partition list is fixed when traced, hence one call per warpgroup count
+    if NSCORE == 3:
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT,
+                    prof, PROF,
+                )),
+                (_load_partition, (
+                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                    SCALE_COL, G, MX, prof, PROF,
+                )),
+                (_score_partition, (
+                    0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                    weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                )),
+                (_score_partition, (
+                    1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                    weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                )),
+                (_score_partition, (
+                    2, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                    weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
+            [LOAD_REGS, SCORE_REGS, SCORE_REGS, SCORE_REGS],
+        )
+    else:
+        gl.warp_specialize(
+            [
+                (_select_partition, (
+                    ring, sready, sfree, seq_lens, n_rows, width, group_pass, buf_key_all, buf_pos_all, seg_key,
+                    seg_pos, seg_cnt, n_items, split_span, splits, R, TOPK, CAP, TILE, SLOTS, G, PARTS, NO_SELECT,
+                    prof, PROF,
+                )),
+                (_load_partition, (
+                    q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree, pt_ptr, stride_pt,
+                    n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, R, KSTAGES, KEY_ROWS,
+                    SCALE_COL, G, MX, prof, PROF,
+                )),
+                (_score_partition, (
+                    0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                    weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                )),
+                (_score_partition, (
+                    1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
+                    weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                )),
+            ],
+            [1, SCORE_WARPS, SCORE_WARPS],
+            [LOAD_REGS, SCORE_REGS, SCORE_REGS],
+        )
 
 
 @triton.jit(do_not_specialize=["stride_pt", "width", "n_rows"])
@@ -660,15 +773,33 @@ def finish_rows_kernel(
 
 def hopper_descriptors(inputs, cfg) -> "HopperDescriptors":
     """Bulk-copy descriptors of :func:`hopper_stream_kernel` for these inputs (where
-    :func:`stream_unfit` found nothing against them)."""
-    q, kc = inputs.q, inputs.k_cache
+    :func:`stream_unfit` found nothing against them).
 
-    page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
+    FP8: the queries ``[rows * 64, 128]`` e4m3, the key pages ``[64, 128]`` e4m3 and their scales
+    ``[1, 64]`` fp32. ``sglang_mxfp4``: the packed key pages ``[64, 64]`` bytes and their scale
+    bytes ``[1, 256]`` (the queries are read by pointer and widened in the kernel; the query
+    descriptor is the keys', unused)."""
+    q, kc = inputs.q, inputs.k_cache
+    layout = inputs.layout
+    geo = GEOMETRY[layout]
+    page_bytes = geo.page_bytes
     pages, rows = kc.shape[0], q.shape[0]
+    raw = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes]
+    if layout is Layout.SGLANG_MXFP4:
+        # the cache as [pages * KEY_ROWS, 64] bytes: page p's packed keys are rows p * KEY_ROWS .. + 63
+        key_rows = page_bytes // geo.slot_payload_bytes
+        keys = GluonDescriptor(raw.view(pages * key_rows, geo.slot_payload_bytes), [pages * key_rows, geo.slot_payload_bytes],
+                               [geo.slot_payload_bytes, 1], [PAGE_SIZE, geo.slot_payload_bytes],
+                               gl.NVMMASharedLayout.get_default_for([PAGE_SIZE, geo.slot_payload_bytes], gl.uint8))
+        scales = GluonDescriptor(raw.view(pages, page_bytes), [pages, page_bytes], [page_bytes, 1],
+                                 [1, PAGE_SIZE * CHUNKS],
+                                 gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=8, rank=2))
+        return HopperDescriptors(keys, keys, scales, key_rows, geo.scale_offset)
+
     # the cache as [pages * KEY_ROWS, 128] bytes: page p's keys are rows p * KEY_ROWS .. + 63
     key_rows = page_bytes // HEAD_DIM
-    keys = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(pages * key_rows, HEAD_DIM)
-    scales = kc.view(torch.uint8).reshape(-1)[: pages * page_bytes].view(torch.float32).view(pages, page_bytes // 4)
+    keys = raw.view(pages * key_rows, HEAD_DIM)
+    scales = raw.view(torch.float32).view(pages, page_bytes // 4)
     queries = q.view(torch.uint8).reshape(rows * HEADS, HEAD_DIM)
     fp8 = torch.float8_e4m3fn
     return HopperDescriptors(
@@ -679,7 +810,7 @@ def hopper_descriptors(inputs, cfg) -> "HopperDescriptors":
         GluonDescriptor(scales, [pages, page_bytes // 4], [page_bytes // 4, 1], [1, PAGE_SIZE],
                         gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2)),
         key_rows,
-        GEOMETRY[Layout.SGLANG_FP8].scale_offset // 4,
+        geo.scale_offset // 4,
     )
 
 
@@ -688,14 +819,17 @@ class HopperDescriptors:
     queries: object
     keys: object
     scales: object
-    key_rows: int  # 128-byte rows per cache page
-    scale_col: int  # fp32 word of a page's first key scale
+    key_rows: int  # descriptor rows per cache page (128 bytes each for FP8, 64 for MXFP4)
+    scale_col: int  # where a page's key scales start: its fp32 word (FP8) or byte (MXFP4)
 
 
 def stream_unfit(inputs, ka, cfg) -> Optional[str]:
-    """Why :func:`hopper_stream_kernel` cannot serve these ``sglang_fp8`` inputs on a GPU, or
-    ``None``: it needs an sm_90 GPU, the legacy tile's configuration, 16-byte aligned contiguous
-    queries and a non-empty 16-byte aligned cache."""
+    """Why :func:`hopper_stream_kernel` cannot serve these inputs on a GPU, or ``None``: it needs
+    the ``sglang_fp8`` or ``sglang_mxfp4`` cache, an sm_90 GPU, the legacy tile's configuration,
+    16-byte aligned contiguous queries and a non-empty 16-byte aligned cache; for MXFP4 also the
+    Triton whose ``tl.dot_scaled`` lowering it reproduces (:data:`MX_TRITON`)."""
+    if inputs.layout not in STREAM_LAYOUTS:
+        return f"it serves {' and '.join(x.value for x in STREAM_LAYOUTS)}, not {inputs.layout.value}"
     if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
         return "it needs an sm_90 GPU"
     if (cfg.rows, cfg.num_warps) != (2, 4):
@@ -703,18 +837,32 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
     q, kc = inputs.q, inputs.k_cache
     if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
         return "it needs contiguous, 16-byte aligned queries and a non-empty, 16-byte aligned cache"
+    if inputs.layout is Layout.SGLANG_MXFP4 and not triton.__version__.startswith(MX_TRITON):
+        return (f"its MXFP4 tile reproduces Triton {MX_TRITON}'s tl.dot_scaled on sm_90, and Triton "
+                f"{triton.__version__} decodes scales differently")
     return None
+
+
+# The layouts the stream serves. AITER's MXFP4 layout (keys split by chunk, scales interleaved in
+# their own tensor) would need its own page decode: it takes the plain-Triton kernel.
+STREAM_LAYOUTS = (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4)
+# The Triton release whose tl.dot_scaled lowering the MXFP4 tile repeats step for step (later
+# releases decode scale byte 0 as 2**-127 and make NaN another way, so their bits differ).
+MX_TRITON = "3.6."
 
 
 @dataclass(frozen=True)
 class HopperConfig:
     """The tunables of :func:`hopper_stream_kernel` (each value a separate compile); the defaults
-    are the configuration measured fastest on an H200.
+    are the configuration measured fastest on an H200 for the FP8 cache, :meth:`for_layout` gives
+    each layout's.
 
     * ``select_visits`` (a power of two): visits per selection step, at most the pool's pages;
     * ``select_parts`` (1, 2 or 4, at most ``select_visits``): warps per row a step is dealt to;
     * ``score_slots`` (a multiple of ``select_visits``): the score ring's depth in ``[64, R]`` tiles;
-    * ``key_stages`` (a multiple of the three score warpgroups): the key ring's depth;
+    * ``key_stages`` (a multiple of the score warpgroups): the key ring's depth;
+    * ``score_groups`` (2 or 3): MMA warpgroups (for FP8 two taking turns left the tensor core idle a
+      third of the time);
     * ``score_regs``, ``load_regs`` (multiples of 8): registers per thread of each score warpgroup
       and of the loader; the selection warpgroup gets the rest of the register file.
     """
@@ -723,11 +871,21 @@ class HopperConfig:
     select_parts: int = 4
     score_slots: int = 256
     key_stages: int = 6
+    score_groups: int = 3
     score_regs: int = 104
     load_regs: int = 24
 
+    @classmethod
+    def for_layout(cls, layout) -> "HopperConfig":
+        """The default configuration for ``layout``. The MXFP4 tile holds its widened keys in
+        registers beside the accumulator, so it runs two score warpgroups with more registers each
+        (three would leave the selection too few), and a shorter score ring (the widened queries
+        take the shared memory)."""
+        if Layout(layout) is Layout.SGLANG_MXFP4:
+            return cls(score_slots=128, score_groups=2, score_regs=160)
+        return cls()
+
     def __post_init__(self):
-        groups = SCORE_GROUPS.value
         v = self.select_visits
         if v < 1 or v & (v - 1):
             raise ValueError(f"select_visits: expected a power of two, got {v}")
@@ -735,10 +893,14 @@ class HopperConfig:
             raise ValueError(f"select_parts: expected 1, 2 or 4 and at most select_visits ({v}), got {self.select_parts}")
         if self.score_slots < v or self.score_slots % v:
             raise ValueError(f"score_slots ({self.score_slots}) must be a positive multiple of select_visits ({v})")
-        if self.key_stages < 1 or self.key_stages % groups:
+        if self.score_groups not in (2, 3):
+            raise ValueError(f"score_groups: expected 2 or 3, got {self.score_groups}")
+        if self.key_stages < 1 or self.key_stages % self.score_groups:
             # a stage used by two warpgroups lets the later one pass its wait on the earlier visit's
             # phase (the parity test cannot tell the phases apart): stale keys or a deadlock
-            raise ValueError(f"key_stages ({self.key_stages}) must be a positive multiple of the {groups} score warpgroups")
+            raise ValueError(
+                f"key_stages ({self.key_stages}) must be a positive multiple of the {self.score_groups} score warpgroups"
+            )
         for name in ("score_regs", "load_regs"):
             regs = getattr(self, name)
             if regs < 24 or regs > 256 or regs % 8:
@@ -746,18 +908,17 @@ class HopperConfig:
         if self.select_regs < 24:
             raise ValueError(f"score_regs {self.score_regs} and load_regs {self.load_regs} leave the selection no registers")
 
-    @staticmethod
-    def launch_regs() -> int:
+    def launch_regs(self) -> int:
         """Registers per thread at launch: the CTA's whole register file (64K) over its
         warpgroups (selection, loader padded to a warpgroup, score), in the 8-register steps the
         hardware allocates; ``setmaxnreg`` then moves them between partitions."""
-        return REGISTER_FILE // (128 * (2 + SCORE_GROUPS.value)) // 8 * 8
+        return REGISTER_FILE // (128 * (2 + self.score_groups)) // 8 * 8
 
     @property
     def select_regs(self) -> int:
         """Registers per thread left to the selection warpgroup (the loader counts as a warpgroup)."""
-        launched = self.launch_regs() * 128 * (2 + SCORE_GROUPS.value)
-        free = launched - 128 * (self.load_regs + SCORE_GROUPS.value * self.score_regs)
+        launched = self.launch_regs() * 128 * (2 + self.score_groups)
+        free = launched - 128 * (self.load_regs + self.score_groups * self.score_regs)
         return min(free // 128 // 8 * 8, 256)
 
 
