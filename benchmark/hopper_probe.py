@@ -212,9 +212,9 @@ def profile_table(profile: torch.Tensor) -> str:
     return "\n".join(lines)
 
 
-def rows_sweep(iters: int) -> list:
+def rows_sweep(iters: int, layout: str = "sglang_fp8", contexts=(65536, 786432)) -> list:
     """Legacy and the stream (``fused``, as the package routes it) at 8 to 1024 rows, 64K and
-    768K tokens, topk 1024, random scores: where the stream starts to win."""
+    768K tokens (or ``contexts``), topk 1024, random scores: where the stream starts to win."""
     from indexer_topk.backends.fused import fused_indexer_topk
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.contract import allocate_result
@@ -222,9 +222,9 @@ def rows_sweep(iters: int) -> list:
 
     records = []
     print(f"{'tokens':>7s} {'rows':>5s} {'legacy':>8s} {'stream':>8s} {'ratio':>6s} eq")
-    for tokens in (65536, 786432):
+    for tokens in contexts:
         for rows in (8, 32, 64, 128, 256, 512, 1024):
-            w = make_workload("sglang_fp8", context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
+            w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                               device="cuda")
             inputs = w.inputs()
             ref = legacy_indexer_topk(inputs)
@@ -232,7 +232,7 @@ def rows_sweep(iters: int) -> list:
             ms_l = median_ms(lambda: legacy_indexer_topk(inputs, out=out_l), warmup=2, iters=iters, device="cuda")
             ms_f = median_ms(lambda: fused_indexer_topk(inputs, out=out_f), warmup=2, iters=iters, device="cuda")
             eq = bitwise_equal(out_f, ref)
-            records.append(dict(layout="sglang_fp8", tokens=tokens, rows=rows, legacy_ms=ms_l, fused_ms=ms_f,
+            records.append(dict(layout=layout, tokens=tokens, rows=rows, legacy_ms=ms_l, fused_ms=ms_f,
                                 eq_legacy=eq))
             print(f"{tokens // 1024:6d}K {rows:5d} {ms_l:8.3f} {ms_f:8.3f} {ms_f / ms_l:6.2f} {'Y' if eq else 'N'}",
                   flush=True)
@@ -254,7 +254,8 @@ def main(argv=None):
     p.add_argument("--profile", action="store_true", help="only the partition timers of the build (PROF compile)")
     p.add_argument("--rows-sweep", action="store_true", help="only legacy and the stream from 8 to 1024 rows")
     p.add_argument("--layout", default="sglang_fp8", choices=["sglang_fp8", "sglang_mxfp4"],
-                   help="the cache layout of the check and timing cases")
+                   help="the cache layout of the check, timing and rows-sweep cases")
+    p.add_argument("--contexts", default="65536,786432", help="rows sweep: comma-separated tokens per request")
     a = p.parse_args(argv)
     if a.profile:
         recs = profile(a.build)
@@ -262,8 +263,9 @@ def main(argv=None):
             json.dump(recs, f, indent=1)
         return 0
     if a.rows_sweep:
-        recs = rows_sweep(a.iters)
-        with open(os.path.join(os.environ.get("OUT", "."), "hopper_rows_sweep.json"), "w") as f:
+        recs = rows_sweep(a.iters, a.layout, [int(t) for t in a.contexts.split(",")])
+        tag = "" if a.layout == "sglang_fp8" else f"_{a.layout}"
+        with open(os.path.join(os.environ.get("OUT", "."), f"hopper_rows_sweep{tag}.json"), "w") as f:
             json.dump(recs, f, indent=1)
         return 0
     checks = [] if a.skip_check else check(a.quick, a.build, a.layout)

@@ -350,8 +350,13 @@ STREAM = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 
 def test_stream_takes_fp8_calls_where_it_measured_faster(rows, c4_len, want):
     policy = PathPolicy(STREAM)
     assert policy.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
-    # the shape rule is the FP8 stream's: MXFP4 layouts keep the fused path, decode and capture legacy
-    assert policy.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
+    # the stream serves sglang_mxfp4 with Triton 3.6 (its tile's release): the same rule; AITER's
+    # layout keeps the plain fused kernel everywhere, and without the stream sglang_mxfp4 does too
+    assert policy.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == want
+    assert policy.route(layout="aiter_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
+    other = PathPolicy(dataclasses.replace(STREAM, triton_version="3.9.0"))
+    assert other.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
+    assert other.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
     assert policy.route(layout="sglang_fp8", is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
     assert policy.route(layout="sglang_fp8", capturing=True, rows=rows, c4_len=c4_len) == "legacy"
 
@@ -368,7 +373,9 @@ def test_stream_routes_and_reason_are_reported():
     routes = policy.describe()["routes"]
     assert routes["prefill/sglang_fp8"] == "fused"
     assert routes[f"prefill/sglang_fp8 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] == "legacy"
+    assert routes[f"prefill/sglang_mxfp4 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] == "legacy"
     assert routes["sglang prefill/sglang_fp8"] == "sglang"  # SGLang's own CUDA path measured faster still
+    assert "sglang_mxfp4 on sm_90" in policy.reason
     assert "Hopper stream" in policy.reason and "Hopper stream" in policy.log_line()
 
 

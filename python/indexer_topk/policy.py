@@ -13,7 +13,8 @@ The rules
   NVIDIA -> the faster exact path as measured: ``"fused"`` for the MXFP4 layouts
   (:data:`MEASURED_MXFP4`); for the FP8 layout ``"fused"`` where the fused backend's Hopper
   stream serves it (an sm_90 GPU) and the call has at least :data:`STREAM_MIN_ROWS` rows and
-  :data:`STREAM_MIN_C4` C4 positions (:data:`MEASURED_FP8_STREAM`), else ``"legacy"``
+  :data:`STREAM_MIN_C4` C4 positions (:data:`MEASURED_FP8_STREAM`), else ``"legacy"``; the same
+  rule for ``sglang_mxfp4`` where the stream serves it too (:data:`MEASURED_MXFP4_STREAM`)
   (:data:`MEASURED_FP8`); or ``"fused"`` for every call with ``INDEXER_TOPK_FUSED_PREFILL=1``,
   for its memory (``"legacy"`` if Triton cannot be imported).
 * Inside a serving engine (:meth:`PathPolicy.engine_route`), a layout the engine serves with
@@ -43,6 +44,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from .backends.aiter import AITER_TOPK, lookup_aiter_symbol
 from .contract import Layout, parse_layout
+from .versions import MX_STREAM_TRITON
 from .envs import envs, interpreting
 
 LOGGER_NAME = "indexer_topk"
@@ -79,6 +81,13 @@ STREAM_MIN_C4 = 16384  # 64K tokens
 MEASURED_MXFP4 = (
     "for the MXFP4 caches the fused kernel measured faster than the legacy path on an H200 (sglang_mxfp4 "
     "12.8 vs 13.7 ms, aiter_mxfp4 13.0 vs 14.4 ms at 1024 rows x 768K tokens; slower at 64K: 1.58 vs 1.39 ms)"
+)
+# The sglang_mxfp4 stream (benchmark/results/hopper/grid_mxfp4_stream/, rows_sweep_sglang_mxfp4_nvidia-h200.log):
+# it takes the FP8 stream's shape rule, where Triton is the release its tile follows (MX_STREAM_TRITON).
+MEASURED_MXFP4_STREAM = (
+    "for sglang_mxfp4 on sm_90 the Hopper stream measured faster than the legacy path on an H200 (9.11 vs "
+    "13.74 ms at 1024 rows x 768K tokens, 1.06 vs 1.39 at 64K, 69.2 vs 107.4 at 8192 rows x 768K) from 128 rows "
+    "and 64K tokens up, and slower at 8 rows (0.65 vs 0.29 ms at 64K), so it follows the FP8 stream's rule"
 )
 
 
@@ -389,15 +398,27 @@ def _decide(p: Probe) -> Tuple[str, str, dict]:
             "our Triton fused kernel on NVIDIA for every layout, opted in for its memory (INDEXER_TOPK_FUSED_PREFILL=1)"
         ), every("fused")
     if p.hopper_stream:
+        mx = f"; {MEASURED_MXFP4_STREAM}" if _mx_stream(p) else ""
         return "fused", (
-            f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it; {MEASURED_FP8_STREAM}, "
-            f"so it takes the fused path from {STREAM_MIN_ROWS} rows and {STREAM_MIN_C4} C4 positions and the legacy "
-            "path below (INDEXER_TOPK_FUSED_PREFILL=1 puts every call on the fused path, for its memory)"
+            f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it{mx}; "
+            f"{MEASURED_FP8_STREAM}, so it takes the fused path from {STREAM_MIN_ROWS} rows and {STREAM_MIN_C4} C4 "
+            "positions and the legacy path below (INDEXER_TOPK_FUSED_PREFILL=1 puts every call on the fused path, "
+            "for its memory)"
         ), every("fused")
     return "fused", (
         f"the faster exact path per layout as measured: {MEASURED_MXFP4}, so they take it; {MEASURED_FP8}, so it "
         "takes the legacy path (INDEXER_TOPK_FUSED_PREFILL=1 puts it on the fused kernel too, for its memory)"
     ), {**every("fused"), Layout.SGLANG_FP8: "legacy"}
+
+
+def _mx_stream(p: Probe) -> bool:
+    """Whether the Hopper stream serves the sglang_mxfp4 cache too (its tile follows one Triton)."""
+    return p.hopper_stream and (p.triton_version or "").startswith(MX_STREAM_TRITON)
+
+
+def _stream_shape_rule(layout, p: Probe) -> bool:
+    """Whether ``layout``'s fused calls go to legacy below the stream's measured shapes."""
+    return layout is Layout.SGLANG_FP8 or (layout is Layout.SGLANG_MXFP4 and _mx_stream(p))
 
 
 def _below_stream_shape(rows: Optional[int], c4_len: Optional[int]) -> bool:
@@ -543,7 +564,7 @@ class PathPolicy:
         backend = self.fused_backend if layout is None else self._layout_backends[layout]
         if backend == "aiter" and topk is not None and topk not in AITER_TOPK:
             return True, self._layout_backends[Layout.SGLANG_MXFP4]  # AITER's kernel takes 512 and 1024 only
-        if (layout is Layout.SGLANG_FP8 and backend == "fused" and self.probe.hopper_stream
+        if (backend == "fused" and self.probe.hopper_stream and _stream_shape_rule(layout, self.probe)
                 and not self.probe.fused_prefill and _below_stream_shape(rows, c4_len)):
             return True, "legacy"
         return True, backend
@@ -616,8 +637,10 @@ class PathPolicy:
             f"prefill/{layout.value}": self.route(layout=layout, capturing=False) for layout in Layout
         }
         if self.probe.hopper_stream and not self.probe.fused_prefill:
-            small = self.route(layout=Layout.SGLANG_FP8, capturing=False, rows=1, c4_len=1)
-            routes[f"prefill/sglang_fp8 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] = small
+            for layout in (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4):
+                if _stream_shape_rule(layout, self.probe):
+                    small = self.route(layout=layout, capturing=False, rows=1, c4_len=1)
+                    routes[f"prefill/{layout.value} below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] = small
         routes["decode"] = self.route(is_decode=True, capturing=False)
         routes["capture"] = self.route(capturing=True)
         # inside SGLang: its own path serves the FP8 cache (and the FP4 one from SM100 on)

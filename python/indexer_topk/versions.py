@@ -46,3 +46,9 @@ def source_revision() -> Optional[str]:
 
 
 __all__ = ["package_version", "source_revision", "triton_version"]
+
+
+# The Triton release whose sm_90 lowering of ``tl.dot_scaled`` the Hopper stream's MXFP4 tile
+# repeats step for step: later releases decode scale byte 0 as 2**-127 and make NaN another
+# way, so their legacy tile's bits differ and the stream leaves them the plain-Triton kernel.
+MX_STREAM_TRITON = "3.6."

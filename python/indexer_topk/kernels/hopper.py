@@ -57,6 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonDescriptor
 
 from ..contract import HEAD_DIM, HEADS, PAGE_SIZE, Layout
+from ..versions import MX_STREAM_TRITON
 from .common import COMP_MIN, INT32_MAX, INT64_MAX, KEY_MIN, KEY_NAN, LOW32, e2m1_to_f32, ue8m0_to_f32
 from .fused import _finish_row, visit_step
 from .geometry import CHUNKS, DIM, GEOMETRY, GROUP, MX_Q_ROW, MX_Q_SCALE_ROW, NCHUNKS, NHEADS, PAGE, PDIM
@@ -827,7 +828,7 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
     """Why :func:`hopper_stream_kernel` cannot serve these inputs on a GPU, or ``None``: it needs
     the ``sglang_fp8`` or ``sglang_mxfp4`` cache, an sm_90 GPU, the legacy tile's configuration,
     16-byte aligned contiguous queries and a non-empty 16-byte aligned cache; for MXFP4 also the
-    Triton whose ``tl.dot_scaled`` lowering it reproduces (:data:`MX_TRITON`)."""
+    Triton whose ``tl.dot_scaled`` lowering it reproduces (:data:`indexer_topk.versions.MX_STREAM_TRITON`)."""
     if inputs.layout not in STREAM_LAYOUTS:
         return f"it serves {' and '.join(x.value for x in STREAM_LAYOUTS)}, not {inputs.layout.value}"
     if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
@@ -837,8 +838,8 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
     q, kc = inputs.q, inputs.k_cache
     if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
         return "it needs contiguous, 16-byte aligned queries and a non-empty, 16-byte aligned cache"
-    if inputs.layout is Layout.SGLANG_MXFP4 and not triton.__version__.startswith(MX_TRITON):
-        return (f"its MXFP4 tile reproduces Triton {MX_TRITON}'s tl.dot_scaled on sm_90, and Triton "
+    if inputs.layout is Layout.SGLANG_MXFP4 and not triton.__version__.startswith(MX_STREAM_TRITON):
+        return (f"its MXFP4 tile reproduces Triton {MX_STREAM_TRITON}x's tl.dot_scaled on sm_90, and Triton "
                 f"{triton.__version__} decodes scales differently")
     return None
 
@@ -846,9 +847,6 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
 # The layouts the stream serves. AITER's MXFP4 layout (keys split by chunk, scales interleaved in
 # their own tensor) would need its own page decode: it takes the plain-Triton kernel.
 STREAM_LAYOUTS = (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4)
-# The Triton release whose tl.dot_scaled lowering the MXFP4 tile repeats step for step (later
-# releases decode scale byte 0 as 2**-127 and make NaN another way, so their bits differ).
-MX_TRITON = "3.6."
 
 
 @dataclass(frozen=True)
