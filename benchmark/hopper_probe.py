@@ -96,6 +96,9 @@ BUILDS = {
     "g16": dict(select_visits=16),  # 16 visits per selection step
     "kst12": dict(key_stages=12),  # a key ring twice as deep
     "slots256": dict(score_slots=256),  # MXFP4: the FP8 ring's depth
+    # MXFP4: three score warpgroups, each widening a page's keys half by half
+    "mx3_104": dict(score_groups=3, score_regs=104, key_halves=True),
+    "mx3_112": dict(score_groups=3, score_regs=112, key_halves=True),
 }
 
 

@@ -110,21 +110,22 @@ def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr, MX: gl.const
 
 
 @gluon.jit
-def _mx_keys(kpage, kscales, AL: gl.constexpr, PL: gl.constexpr, SPREAD: gl.constexpr):
-    """A key page of the MXFP4 cache as the MMA's A operand ``[64, 128]`` bf16 in registers
-    (layout ``AL``): ``kpage`` its packed e2m1 bytes ``[64, 64]``, ``kscales`` its ue8m0 bytes
-    ``[64, 4]`` (shared memory). These are the steps, types and layouts Triton 3.6 lowers the shared
-    tile's ``tl.dot_scaled`` to on sm_90 (``DecomposeScaledBlocked``), hence its bits: the packed
-    bytes in the width-1 A layout ``PL`` widen exactly to bf16; the scale is the bf16 bits
-    ``e << 7`` (byte 0 gives +0), spread over its 32 values in ``SPREAD`` ``[64, 4, 32]``, which
-    reshapes to ``AL``; a bf16 multiply; NaN for byte 255."""
+def _mx_keys(kpage, kscales, AL: gl.constexpr, PL: gl.constexpr, SPREAD: gl.constexpr, NCH: gl.constexpr):
+    """``NCH`` 32-value chunks of a key page of the MXFP4 cache as the MMA's A operand
+    ``[64, NCH * 32]`` bf16 in registers (layout ``AL``): ``kpage`` their packed e2m1 bytes
+    ``[64, NCH * 16]``, ``kscales`` their ue8m0 bytes ``[64, NCH]`` (shared memory). These are the
+    steps, types and layouts Triton 3.6 lowers the shared tile's ``tl.dot_scaled`` to on sm_90
+    (``DecomposeScaledBlocked``), hence its bits: the packed bytes in the width-1 A layout ``PL``
+    widen exactly to bf16; the scale is the bf16 bits ``e << 7`` (byte 0 gives +0), spread over its
+    32 values in ``SPREAD`` ``[64, NCH, 32]``, which reshapes to ``AL``; a bf16 multiply; NaN for
+    byte 255."""
     # (Gluon 3.6 gives the widened tensor a linear layout equal to AL but typed apart: the convert is free)
     k = gl.convert_layout(gl.fp4_to_fp(kpage.load(PL), gl.bfloat16, 1), AL)
     e = kscales.load(gl.SliceLayout(2, SPREAD))
     scale = (e.to(gl.int16) << 7).to(gl.bfloat16, bitcast=True)
     scale = gl.where(e == 255, float("nan"), scale)  # a NaN scale makes its 32 values NaN, zeros too
-    full, _ = gl.broadcast(gl.expand_dims(scale, 2), gl.zeros([PAGE, NCHUNKS, GROUP], gl.bfloat16, layout=SPREAD))
-    return k * gl.convert_layout(gl.reshape(full, [PAGE, DIM]), AL)
+    full, _ = gl.broadcast(gl.expand_dims(scale, 2), gl.zeros([PAGE, NCH, GROUP], gl.bfloat16, layout=SPREAD))
+    return k * gl.convert_layout(gl.reshape(full, [PAGE, NCH * GROUP]), AL)
 
 
 @gluon.jit
@@ -524,7 +525,7 @@ def _score_partition(
     kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, MX: gl.constexpr,
-    prof, PROF: gl.constexpr,
+    KSPLIT: gl.constexpr, prof, PROF: gl.constexpr,
 ):
     # e4m3: k32 steps, both operands from shared memory; MXFP4: bf16 k16 steps, keys from registers
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
@@ -539,6 +540,14 @@ def _score_partition(
         warp_bases=[[16, 0, 0], [32, 0, 0]],
         block_bases=[],
         shape=[PAGE, NCHUNKS, GROUP],
+    )
+    # half a page (two chunks): the same layout less its top chunk bit
+    SPREAD2: gl.constexpr = gl.DistributedLinearLayout(
+        reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0]],
+        lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
+        warp_bases=[[16, 0, 0], [32, 0, 0]],
+        block_bases=[],
+        shape=[PAGE, NCHUNKS // 2, GROUP],
     )
     WL: gl.constexpr = gl.SliceLayout(0, MMA)
     pid = gl.program_id(0)
@@ -579,11 +588,23 @@ def _score_partition(
                 t_kready += c1 - c0
             if j % n_pad < n:
                 if MX:
-                    a = _mx_keys(kbuf.index(s), sbuf.index(s).reshape([PAGE, NCHUNKS]), AL, PL, SPREAD)
-                    # the stage was read through the generic proxy; the next copy writes through the async one
-                    fence_async_shared()
-                    _release(kfree.index(s))
-                    acc = warpgroup_mma(a, qt, zero, use_acc=False, is_async=True)
+                    kpage = kbuf.index(s)
+                    kscales = sbuf.index(s).reshape([PAGE, NCHUNKS])
+                    if KSPLIT:  # half the widened keys in registers at a time, the first half's MMA under way
+                        H: gl.constexpr = NCHUNKS // 2
+                        a = _mx_keys(kpage.slice(0, H * GROUP // 2, dim=1), kscales.slice(0, H, dim=1), AL, PL, SPREAD2, H)
+                        acc = warpgroup_mma(a, qt.slice(0, H * GROUP, dim=0), zero, use_acc=False, is_async=True)
+                        a = _mx_keys(kpage.slice(H * GROUP // 2, H * GROUP // 2, dim=1), kscales.slice(H, H, dim=1),
+                                     AL, PL, SPREAD2, H)
+                        # the stage was read through the generic proxy; the next copy writes through the async one
+                        fence_async_shared()
+                        _release(kfree.index(s))
+                        acc = warpgroup_mma(a, qt.slice(H * GROUP, H * GROUP, dim=0), acc, use_acc=True, is_async=True)
+                    else:
+                        a = _mx_keys(kpage, kscales, AL, PL, SPREAD, NCHUNKS)
+                        fence_async_shared()  # as above
+                        _release(kfree.index(s))
+                        acc = warpgroup_mma(a, qt, zero, use_acc=False, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 else:
                     acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
@@ -632,13 +653,15 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     PARTS: gl.constexpr, SCORE_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, NSCORE: gl.constexpr,
-    MX: gl.constexpr = False, NO_SELECT: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
+    MX: gl.constexpr = False, KSPLIT: gl.constexpr = False, NO_SELECT: gl.constexpr = False, prof=None,
+    PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
     at ``seg_cnt[row * splits + split]`` (see the module docstring). ``MX``: the ``sglang_mxfp4``
     cache (``q_desc`` unused; the queries come widened from ``q_ptr`` / ``qs_ptr``), else the FP8
-    one (``q_ptr`` / ``qs_ptr`` unused); ``NSCORE`` score warpgroups."""
+    one (``q_ptr`` / ``qs_ptr`` unused); ``NSCORE`` score warpgroups; ``KSPLIT`` (MXFP4): widen a page's
+    keys half by half (fewer registers), the first half's MMA running while the second widens."""
     kbuf = gl.allocate_shared_memory(k_desc.dtype, [KSTAGES] + k_desc.block_type.shape, k_desc.layout)
     sbuf = gl.allocate_shared_memory(s_desc.dtype, [KSTAGES] + s_desc.block_type.shape, s_desc.layout)
     if MX:  # one widened copy per score warpgroup: [128 (d), R * 64] bf16, as the shared tile stores it
@@ -686,17 +709,17 @@ def hopper_stream_kernel(
                 (_score_partition, (
                     0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
                 )),
                 (_score_partition, (
                     1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
                 )),
                 (_score_partition, (
                     2, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
                 )),
             ],
             [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
@@ -718,12 +741,12 @@ def hopper_stream_kernel(
                 (_score_partition, (
                     0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
                 )),
                 (_score_partition, (
                     1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
                 )),
             ],
             [1, SCORE_WARPS, SCORE_WARPS],
@@ -862,7 +885,9 @@ class HopperConfig:
     * ``score_groups`` (2 or 3): MMA warpgroups (for FP8 two taking turns left the tensor core idle a
       third of the time);
     * ``score_regs``, ``load_regs`` (multiples of 8): registers per thread of each score warpgroup
-      and of the loader; the selection warpgroup gets the rest of the register file.
+      and of the loader; the selection warpgroup gets the rest of the register file;
+    * ``key_halves`` (MXFP4): widen a page's keys half by half, the first half's MMA running
+      while the second widens (half the registers for the widened keys).
     """
 
     select_visits: int = 8
@@ -872,6 +897,7 @@ class HopperConfig:
     score_groups: int = 3
     score_regs: int = 104
     load_regs: int = 24
+    key_halves: bool = False
 
     @classmethod
     def for_layout(cls, layout) -> "HopperConfig":
