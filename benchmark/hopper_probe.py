@@ -87,18 +87,16 @@ def check(quick: bool, build: str, layout: str = "sglang_fp8") -> list:
     return records
 
 
-# Configurations of the stream by name: HopperConfig fields. ``hopper`` is the default (the
-# fastest measured); the builds of the rounds that found it (two MMA warpgroups, 8-bit and
-# 512-bin cuts, per-slot barriers, ...) are in git history and results/NOTES.md.
+# Configurations of the stream by name: HopperConfig fields over the layout's default. ``hopper``
+# is the default (the fastest measured); the builds of the rounds that found it (two MMA
+# warpgroups, 8-bit and 512-bin cuts, per-slot barriers, for MXFP4 three warpgroups widening
+# half a page at a time, ...) are in git history and results/NOTES.md.
 BUILDS = {
     "hopper": {},
     "slots128": dict(score_slots=128),  # half the score ring
     "g16": dict(select_visits=16),  # 16 visits per selection step
     "kst12": dict(key_stages=12),  # a key ring twice as deep
     "slots256": dict(score_slots=256),  # MXFP4: the FP8 ring's depth
-    # MXFP4: three score warpgroups, each widening a page's keys half by half
-    "mx3_104": dict(score_groups=3, score_regs=104, key_halves=True),
-    "mx3_112": dict(score_groups=3, score_regs=112, key_halves=True),
 }
 
 

@@ -85,8 +85,7 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=config.key_stages,
         SLOTS=config.score_slots, KEY_ROWS=descs.key_rows, SCALE_COL=descs.scale_col, G=g,
         PARTS=min(config.select_parts, g), SCORE_REGS=config.score_regs, LOAD_REGS=config.load_regs,
-        NSCORE=config.score_groups, MX=inputs.layout is Layout.SGLANG_MXFP4, KSPLIT=config.key_halves,
-        NO_SELECT=no_select, prof=seg_cnt if profile is None else profile, PROF=profile is not None,
+        NSCORE=config.score_groups, MX=inputs.layout is Layout.SGLANG_MXFP4, NO_SELECT=no_select, prof=seg_cnt if profile is None else profile, PROF=profile is not None,
         num_warps=4, maxnreg=config.launch_regs(),
     )
     if no_select:

@@ -1,17 +1,22 @@
-"""The fused stream for Hopper (sm_90): a warp-specialised Gluon kernel for the FP8 cache.
+"""The fused stream for Hopper (sm_90): a warp-specialised Gluon kernel for the ``sglang_fp8`` and
+``sglang_mxfp4`` caches.
 
 The plain-Triton fused kernel (:mod:`indexer_topk.kernels.fused`) takes turns: a program scores a
 strip of pages, then stops its MMAs to select. Here each persistent program is split into
 partitions that run at once and talk through shared-memory rings guarded by mbarriers:
 
 * **load** (1 warp): per visit, the page id from the page table, then one bulk copy of the
-  page's 64 e4m3 keys and one of its 64 fp32 key scales into a ``KSTAGES``-deep ring; per work
-  item, one bulk copy of the group's queries;
-* **score** (three warpgroups, visit ``g`` on warpgroup ``g mod 3``): the MMA
+  page's 64 keys (e4m3, or packed e2m1) and one of its 64 key scales (fp32, or four ue8m0 bytes
+  each) into a ``KSTAGES``-deep ring; per work item (FP8), one bulk copy of the group's queries;
+* **score** (``NSCORE`` warpgroups, visit ``g`` on warpgroup ``g mod NSCORE``): the MMA
   ``[64 keys] x [R * 64 heads]`` and the head reduction of the shared tile
   (:func:`tile_scores`, the same operations, layouts and hence bits as
   :func:`indexer_topk.kernels.score.page_scores`), into a ring of ``SLOTS`` ``[64, R]`` tiles of
-  order keys;
+  order keys. FP8: three warpgroups, e4m3 ``k32`` MMAs with both operands in shared memory.
+  MXFP4: two warpgroups (the widened keys need the registers), each widening the page's e2m1
+  keys to bf16 in registers exactly as Triton 3.6 lowers the shared tile's ``tl.dot_scaled``
+  (:func:`_mx_keys`) and its group's queries once per item (:func:`_mx_queries`), then bf16
+  ``k16`` MMAs with the keys from registers;
 * **select** (the default warpgroup): takes ``G`` visits' score tiles per step (dealt to its four
   warps), appends the scores that beat their row's gate to the row's candidate buffer (global
   scratch, as in :mod:`indexer_topk.kernels.fused`), cuts a buffer that would overflow to its
@@ -38,9 +43,11 @@ undefined: the loads and MMAs alone) and ``PROF`` (each partition's waits and re
 cycles, ``benchmark/hopper_probe.py --profile``). How the configuration was found, build by
 build, is in ``benchmark/results/NOTES.md``.
 
-Only the ``sglang_fp8`` layout and ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's
-configuration) are built; it needs Triton's Gluon dialect and an sm_90 GPU, and it cannot run
-under the interpreter (the plain-Triton kernel, with the same score tile, is what a CPU tests).
+Only ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's configuration) is built, for the
+``sglang_fp8`` and ``sglang_mxfp4`` layouts (``aiter_mxfp4``'s split pages take the plain-Triton
+kernel); it needs Triton's Gluon dialect and an sm_90 GPU, for MXFP4 also Triton 3.6 (the
+release whose ``tl.dot_scaled`` lowering it repeats), and it cannot run under the interpreter
+(the plain-Triton kernel, with the same score tile, is what a CPU tests).
 """
 
 from dataclasses import dataclass
@@ -525,7 +532,7 @@ def _score_partition(
     kready, kfree, qready, qfree, sready, sfree,
     w_ptr, weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
     R: gl.constexpr, KSTAGES: gl.constexpr, SLOTS: gl.constexpr, G: gl.constexpr, MX: gl.constexpr,
-    KSPLIT: gl.constexpr, prof, PROF: gl.constexpr,
+    prof, PROF: gl.constexpr,
 ):
     # e4m3: k32 steps, both operands from shared memory; MXFP4: bf16 k16 steps, keys from registers
     MMA: gl.constexpr = gl.NVMMADistributedLayout(
@@ -540,14 +547,6 @@ def _score_partition(
         warp_bases=[[16, 0, 0], [32, 0, 0]],
         block_bases=[],
         shape=[PAGE, NCHUNKS, GROUP],
-    )
-    # half a page (two chunks): the same layout less its top chunk bit
-    SPREAD2: gl.constexpr = gl.DistributedLinearLayout(
-        reg_bases=[[0, 0, 1], [8, 0, 0], [0, 0, 8], [0, 0, 16], [0, 1, 0]],
-        lane_bases=[[0, 0, 2], [0, 0, 4], [1, 0, 0], [2, 0, 0], [4, 0, 0]],
-        warp_bases=[[16, 0, 0], [32, 0, 0]],
-        block_bases=[],
-        shape=[PAGE, NCHUNKS // 2, GROUP],
     )
     WL: gl.constexpr = gl.SliceLayout(0, MMA)
     pid = gl.program_id(0)
@@ -590,21 +589,11 @@ def _score_partition(
                 if MX:
                     kpage = kbuf.index(s)
                     kscales = sbuf.index(s).reshape([PAGE, NCHUNKS])
-                    if KSPLIT:  # half the widened keys in registers at a time, the first half's MMA under way
-                        H: gl.constexpr = NCHUNKS // 2
-                        a = _mx_keys(kpage.slice(0, H * GROUP // 2, dim=1), kscales.slice(0, H, dim=1), AL, PL, SPREAD2, H)
-                        acc = warpgroup_mma(a, qt.slice(0, H * GROUP, dim=0), zero, use_acc=False, is_async=True)
-                        a = _mx_keys(kpage.slice(H * GROUP // 2, H * GROUP // 2, dim=1), kscales.slice(H, H, dim=1),
-                                     AL, PL, SPREAD2, H)
-                        # the stage was read through the generic proxy; the next copy writes through the async one
-                        fence_async_shared()
-                        _release(kfree.index(s))
-                        acc = warpgroup_mma(a, qt.slice(H * GROUP, H * GROUP, dim=0), acc, use_acc=True, is_async=True)
-                    else:
-                        a = _mx_keys(kpage, kscales, AL, PL, SPREAD, NCHUNKS)
-                        fence_async_shared()  # as above
-                        _release(kfree.index(s))
-                        acc = warpgroup_mma(a, qt, zero, use_acc=False, is_async=True)
+                    a = _mx_keys(kpage, kscales, AL, PL, SPREAD, NCHUNKS)
+                    # the stage was read through the generic proxy; the next copy writes through the async one
+                    fence_async_shared()
+                    _release(kfree.index(s))
+                    acc = warpgroup_mma(a, qt, zero, use_acc=False, is_async=True)
                     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
                 else:
                     acc = warpgroup_mma(kbuf.index(s), qt, zero, use_acc=False, is_async=True)
@@ -653,15 +642,13 @@ def hopper_stream_kernel(
     R: gl.constexpr, TOPK: gl.constexpr, CAP: gl.constexpr, TILE: gl.constexpr, KSTAGES: gl.constexpr,
     SLOTS: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, G: gl.constexpr,
     PARTS: gl.constexpr, SCORE_REGS: gl.constexpr, LOAD_REGS: gl.constexpr, NSCORE: gl.constexpr,
-    MX: gl.constexpr = False, KSPLIT: gl.constexpr = False, NO_SELECT: gl.constexpr = False, prof=None,
-    PROF: gl.constexpr = False,
+    MX: gl.constexpr = False, NO_SELECT: gl.constexpr = False, prof=None, PROF: gl.constexpr = False,
 ):
     """Per work item and row of its group, the row's best ``min(TOPK, entries)`` (key, position)
     pairs, unordered, at ``seg_key / seg_pos [(row * splits + split) * TOPK ...]`` and their count
     at ``seg_cnt[row * splits + split]`` (see the module docstring). ``MX``: the ``sglang_mxfp4``
     cache (``q_desc`` unused; the queries come widened from ``q_ptr`` / ``qs_ptr``), else the FP8
-    one (``q_ptr`` / ``qs_ptr`` unused); ``NSCORE`` score warpgroups; ``KSPLIT`` (MXFP4): widen a page's
-    keys half by half (fewer registers), the first half's MMA running while the second widens."""
+    one (``q_ptr`` / ``qs_ptr`` unused); ``NSCORE`` score warpgroups."""
     kbuf = gl.allocate_shared_memory(k_desc.dtype, [KSTAGES] + k_desc.block_type.shape, k_desc.layout)
     sbuf = gl.allocate_shared_memory(s_desc.dtype, [KSTAGES] + s_desc.block_type.shape, s_desc.layout)
     if MX:  # one widened copy per score warpgroup: [128 (d), R * 64] bf16, as the shared tile stores it
@@ -709,17 +696,17 @@ def hopper_stream_kernel(
                 (_score_partition, (
                     0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
                 )),
                 (_score_partition, (
                     1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
                 )),
                 (_score_partition, (
                     2, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
                 )),
             ],
             [1, SCORE_WARPS, SCORE_WARPS, SCORE_WARPS],
@@ -741,12 +728,12 @@ def hopper_stream_kernel(
                 (_score_partition, (
                     0, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
                 )),
                 (_score_partition, (
                     1, NSCORE, kbuf, sbuf, qbuf, wbuf, ring, kready, kfree, qready, qfree, sready, sfree, w_ptr,
                     weight_scale, seq_lens, n_rows, width, group_pass, n_items, split_span, splits, q_ptr, qs_ptr,
-                    R, KSTAGES, SLOTS, G, MX, KSPLIT, prof, PROF,
+                    R, KSTAGES, SLOTS, G, MX, prof, PROF,
                 )),
             ],
             [1, SCORE_WARPS, SCORE_WARPS],
@@ -885,9 +872,7 @@ class HopperConfig:
     * ``score_groups`` (2 or 3): MMA warpgroups (for FP8 two taking turns left the tensor core idle a
       third of the time);
     * ``score_regs``, ``load_regs`` (multiples of 8): registers per thread of each score warpgroup
-      and of the loader; the selection warpgroup gets the rest of the register file;
-    * ``key_halves`` (MXFP4): widen a page's keys half by half, the first half's MMA running
-      while the second widens (half the registers for the widened keys).
+      and of the loader; the selection warpgroup gets the rest of the register file.
     """
 
     select_visits: int = 8
@@ -897,7 +882,6 @@ class HopperConfig:
     score_groups: int = 3
     score_regs: int = 104
     load_regs: int = 24
-    key_halves: bool = False
 
     @classmethod
     def for_layout(cls, layout) -> "HopperConfig":
