@@ -69,3 +69,73 @@ def test_policy_routes_capture_to_legacy():
         seen.append(resolve_backend("auto", layout="sglang_fp8", topk=512))
         x += 1
     assert seen == ["legacy"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator form (torch.ops.indexer_topk.indexer_topk_out) at decode shapes
+# ---------------------------------------------------------------------------------------------
+
+def _decode_pair(device, layout):
+    """Two decode batches of one shape: one row per request, long contexts, each batch with its
+    own queries, keys and scattered page tables."""
+    make = lambda seed: it.make_workload(  # noqa: E731
+        layout, context_tokens=[131072, 98304, 131072, 4096, 131072, 65536, 120000, 131072],
+        rows_per_request=[1] * 8, topk=1024, seed=seed, device=device,
+    )
+    return make(3), make(4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_capture_decode_operator_then_replay_with_new_queries_lengths_and_pages(layout):
+    """A decode step through the out operator (fused backend, caller-owned workspace, no value
+    checks) captured once, replayed with another batch's queries, keys and page tables and with
+    shorter lengths written into the captured buffers: legacy's eager bits."""
+    w1, w2 = _decode_pair("cuda", layout)
+    static = [t.clone() if t is not None else None for t in w1.args()]
+    out = it.allocate_result(w1.rows, w1.topk, "cuda")
+    ws = torch.empty(it.workspace_size(w1.rows, w1.topk, layout, "cuda"), dtype=torch.uint8, device="cuda")
+
+    def step():
+        torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, layout, *out, ws, w1.weight_scale, "fused", False)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    new = list(w2.args())
+    new[6] = torch.minimum(new[6], torch.tensor([5000, 24576, 1, 1024, 32768, 0, 30000, 16384], device="cuda",
+                                                dtype=new[6].dtype))
+    for dst, src in zip(static, new):
+        if dst is not None:
+            dst.copy_(src)
+    for t in out:
+        t.view(torch.int32).fill_(-12345)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = it.indexer_topk(*new, **w2.kwargs(), backend="legacy")
+    assert_bitwise(out, want, f"{layout} decode operator replayed with new inputs")
+
+
+@pytest.mark.gpu
+def test_decode_operator_under_torch_compile_without_a_graph_break():
+    w = _decode_pair("cuda", "sglang_fp8")[0]
+    out = it.allocate_result(w.rows, w.topk, "cuda")
+    ws = torch.empty(it.workspace_size(w.rows, w.topk, "sglang_fp8", "cuda"), dtype=torch.uint8, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def step(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens):
+        torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights * 1.0, page_table, seq_lens,
+                                                w.topk, "sglang_fp8", *out, ws, w.weight_scale, "fused", False)
+        return out.counts + 0
+
+    counts = step(*w.args())
+    torch.cuda.synchronize()
+    want = it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy")
+    assert_bitwise(out, want, "compiled decode operator")
+    assert torch.equal(counts, want.counts)

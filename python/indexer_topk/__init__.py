@@ -11,6 +11,7 @@ from .contract import (
     allocate_result,
 )
 from .errors import BackendUnavailable
+from . import ops  # registers torch.ops.indexer_topk.*  # noqa: E402,F401
 from .workload import Workload, make_workload
 
 __version__ = "0.1.0"
