@@ -72,6 +72,7 @@ def test_env_defaults_and_invalid_values(caplog):
         "SGLANG_DSV4_FP4_FUSED_TOPK": True,
         "INDEXER_TOPK_TRITON_ROCM": False,
         "INDEXER_TOPK_FUSED_PREFILL": False,
+        "INDEXER_TOPK_FUSED_DECODE": False,
         "INDEXER_TOPK_HOPPER_STREAM": True,
         "INDEXER_TOPK_LOGITS_BUDGET_MB": 2048,
         "INDEXER_TOPK_LOG_LEVEL": None,

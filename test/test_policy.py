@@ -690,3 +690,54 @@ def test_warm_up_without_a_gpu_compiles_nothing(monkeypatch):
     monkeypatch.setattr(api_module, "indexer_topk", lambda *a, **k: pytest.fail("nothing to compile without a GPU"))
     p = make_policy(**dict(CPU, triton_interpret=True))
     assert p.warm_up("sglang_fp8", 512) >= 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# Decode and capture: the proven path unless opted in (INDEXER_TOPK_FUSED_DECODE)
+# ---------------------------------------------------------------------------------------------
+
+H200_PROBE = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0")
+
+
+def test_decode_and_capture_take_the_proven_path_by_default():
+    policy = PathPolicy(H200_PROBE)
+    assert policy.decode_backend == "legacy" and "INDEXER_TOPK_FUSED_DECODE=1" in policy.decode_reason
+    assert policy.route(layout="sglang_fp8", is_decode=True) == "legacy"
+    assert policy.route(layout="sglang_mxfp4", capturing=True) == "legacy"
+    assert policy.engine_route(engine_path=False, layout="sglang_mxfp4", is_decode=True) is None
+    assert "decode and graph capture: legacy" in policy.log_line()
+
+
+def test_decode_opt_in_puts_decode_and_capture_on_the_fused_path():
+    policy = PathPolicy(dataclasses.replace(H200_PROBE, fused_decode=True))
+    assert policy.decode_backend == "fused"
+    for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"):
+        assert policy.route(layout=layout, is_decode=True) == "fused"
+        assert policy.route(layout=layout, forward_mode="decode", capturing=False) == "fused"
+        assert policy.route(layout=layout, capturing=True) == "fused"
+        # inside SGLang too, where SGLang has a decode path of its own
+        assert policy.engine_route(engine_path=True, layout=layout, is_decode=True) == "fused"
+        assert policy.engine_route(engine_path=True, layout=layout, capturing=True) == "fused"
+    # eager prefill is unchanged by the decode opt-in
+    assert policy.route(layout="sglang_fp8", capturing=False) == PathPolicy(H200_PROBE).route(layout="sglang_fp8", capturing=False)
+    routes = policy.describe()["routes"]
+    assert (routes["decode"], routes["capture"], routes["sglang decode"], routes["sglang capture"]) == ("fused",) * 4
+    assert "decode and graph capture: fused (opted in" in policy.log_line()
+
+
+@pytest.mark.parametrize("probe, why", [
+    (dataclasses.replace(H200_PROBE, fused_decode=True, fused_enabled=False, kill_switch_raw="0"), "kill switch"),
+    (Probe(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.6.0",
+           aiter_symbol=True, fused_decode=True), "cannot run here"),
+    (dataclasses.replace(H200_PROBE, fused_decode=True, triton_version=None, triton_error="ImportError('x')"), "cannot run"),
+])
+def test_decode_opt_in_yields_where_the_fused_path_cannot_serve(probe, why):
+    policy = PathPolicy(probe)
+    assert policy.decode_backend in ("legacy", "reference") and why in policy.decode_reason
+    assert policy.route(layout="aiter_mxfp4", is_decode=True) == policy.decode_backend
+    assert policy.engine_route(engine_path=True, layout="sglang_fp8", is_decode=True) is None
+
+
+@pytest.mark.parametrize("raw, on", [("1", True), ("true", True), ("0", False), ("maybe", False)])
+def test_probe_reads_the_decode_opt_in(raw, on):
+    assert probe_environment({"INDEXER_TOPK_FUSED_DECODE": raw}).fused_decode is on

@@ -16,6 +16,7 @@ Skipped only when the wheel cannot be downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import logging
@@ -301,6 +302,52 @@ def test_decode_passed_positionally_is_routed_by_the_policy(sg, load, served):
         hooked(scene.backend, scene.x, scene.q_lora, scene.c4_indexer, scene.forward_batch)
     assert served == [] and sg.calls.logits_calls() == 1
     assert policy.routes == {"legacy": 1}
+
+
+H200_DECODE = dataclasses.replace(H200, fused_decode=True)  # INDEXER_TOPK_FUSED_DECODE=1
+
+
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
+    """With decode opted in, a decode step (one row per request) goes through our operator on the
+    fused path and selects what SGLang's own decode path selects."""
+    policy = load(H200_DECODE)
+    scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1), contexts=(5000, 2300, 900), seed=19)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [("fused", scene.rows, 512, layout)]
+    assert policy.routes == {"fused": 1}
+    assert sg.calls.logits_calls() == 0
+    legacy_pages, _ = scene.forward(original=True)
+    assert sg.calls.logits_calls() == 1
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+def test_capture_opted_in_is_served_by_the_fused_path(sg, load, served):
+    policy = load(H200_DECODE)
+    scene = _scene(sg, layout="sglang_fp8", seed=23)
+    sg.calls.clear()
+    sg.capturing[0] = True
+    try:
+        pages, _ = scene.forward()
+    finally:
+        sg.capturing[0] = False
+    assert served == [("fused", scene.rows, 512, "sglang_fp8")] and policy.routes == {"fused": 1}
+    legacy_pages, _ = scene.forward(original=True)
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+@pytest.mark.parametrize("probe", [
+    dataclasses.replace(H200_DECODE, fused_enabled=False, kill_switch_raw="false"),  # the kill switch wins
+    dataclasses.replace(MI355X_AITER, fused_decode=True),  # our Triton path is not opted in on AMD
+], ids=["kill_switch", "amd_without_triton"])
+def test_decode_opt_in_stays_on_sglang_where_it_cannot_apply(sg, load, served, probe):
+    policy = load(probe)
+    layout = "aiter_mxfp4" if probe.device == "hip" else "sglang_fp8"
+    scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1))
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+    assert policy.decode_backend == "legacy" and not policy.routes  # left at the fast path
 
 
 def test_hip_verify_on_rowgroup_decode_workspace_stays_on_sglang(sg, load, served):

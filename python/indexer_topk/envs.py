@@ -210,6 +210,10 @@ class Envs:
     # the context instead of a [rows, context] score matrix) where it is measured slower: than our
     # legacy path, and inside SGLang than SGLang's own CUDA path for the FP8 cache.
     INDEXER_TOPK_FUSED_PREFILL = EnvBool(False)
+    # Put decode and graph-captured calls on our fused path (the operator form captures: no host
+    # sync, no value-dependent launch, a caller-owned workspace). Off by default: no committed
+    # measurement yet shows it faster than the legacy path, or inside SGLang than SGLang's decode.
+    INDEXER_TOPK_FUSED_DECODE = EnvBool(False)
 
     # ============================================================
     # Fused path

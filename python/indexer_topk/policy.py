@@ -5,8 +5,10 @@ The rules
 * Eager prefill rows (EXTEND, MIXED, TARGET_VERIFY and other prefill modes, outside graph
   capture) take the frozen *fused path* (:attr:`PathPolicy.fused_backend`).
 * Decode (DECODE, IDLE), anything during CUDA/HIP graph capture, and the kill switch
-  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` (or any value it cannot read) take ``"legacy"``: the fused path is not yet proven
-  under capture, and AITER's kernel refuses capture outright.
+  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` (or any value it cannot read) take ``"legacy"``: no
+  committed measurement shows the fused path faster there, and AITER's kernel refuses capture
+  outright. ``INDEXER_TOPK_FUSED_DECODE=1`` puts decode and capture on our fused path (its
+  operator form captures), except under the kill switch (:attr:`PathPolicy.decode_backend`).
 * The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
   GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
@@ -126,6 +128,9 @@ class Probe:
     hopper_stream : bool
         The fused backend's Hopper stream serves the FP8 cache: an sm_90 GPU, a Triton with
         Gluon's Hopper operations, ``INDEXER_TOPK_HOPPER_STREAM`` on.
+    fused_decode : bool
+        ``INDEXER_TOPK_FUSED_DECODE``: decode and graph-captured calls are opted in to our fused
+        path (off: the proven path takes them).
     kill_switch_raw : str, optional
         The kill switch's raw value, for the log line (``None``: unset).
     """
@@ -145,6 +150,7 @@ class Probe:
     triton_rocm: bool = False
     fused_prefill: bool = False
     hopper_stream: bool = False
+    fused_decode: bool = False
     kill_switch_raw: Optional[str] = None
 
     def __post_init__(self):
@@ -229,6 +235,7 @@ def probe_environment(env: Optional[Mapping[str, str]] = None) -> Probe:
         "kill_switch_raw": envs.SGLANG_DSV4_FP4_FUSED_TOPK.raw(env),
         "triton_rocm": envs.INDEXER_TOPK_TRITON_ROCM.get(env),
         "fused_prefill": envs.INDEXER_TOPK_FUSED_PREFILL.get(env),
+        "fused_decode": envs.INDEXER_TOPK_FUSED_DECODE.get(env),
         "triton_interpret": interpreting(env),
     }
     fields.update(_probe_device())
@@ -351,6 +358,18 @@ def _why_not_aiter(probe: Probe) -> str:
     if probe.aiter_error:
         return f"AITER could not be imported ({probe.aiter_error})"
     return "the installed AITER lacks flydsl_pa_mqa_topk_fp4_prefill"
+
+
+def _decide_decode(p: Probe) -> Tuple[str, str]:
+    """``(backend, reason)`` for decode and graph-captured calls: the proven path unless
+    ``INDEXER_TOPK_FUSED_DECODE`` opts them in to our fused path and it can run here."""
+    if not p.fused_enabled:
+        return "legacy", "the kill switch is off"
+    if not p.fused_decode:
+        return "legacy", "the proven path; INDEXER_TOPK_FUSED_DECODE=1 opts them in to the fused path"
+    if can_use_triton(p) and (p.device != "hip" or p.triton_rocm):
+        return "fused", "opted in to the fused path (INDEXER_TOPK_FUSED_DECODE=1)"
+    return "legacy", "INDEXER_TOPK_FUSED_DECODE=1, but our Triton fused path cannot run here"
 
 
 def _kill_switch_off(p: Probe) -> str:
@@ -482,7 +501,7 @@ class PathPolicy:
         Why, in words.
     """
 
-    __slots__ = ("probe", "fused_backend", "reason", "_layout_backends", "_frozen")
+    __slots__ = ("probe", "fused_backend", "reason", "decode_backend", "decode_reason", "_layout_backends", "_frozen")
 
     def __init__(self, probe: Optional[Probe] = None, *, logger: Optional[logging.Logger] = None):
         probe = probe_environment() if probe is None else probe
@@ -491,6 +510,9 @@ class PathPolicy:
         self.fused_backend = fused
         self.reason = reason
         self._layout_backends = per_layout
+        self.decode_backend, self.decode_reason = _decide_decode(probe)
+        if fused == "reference":  # no GPU and no interpreter: nothing of ours runs
+            self.decode_backend, self.decode_reason = "reference", "no kernel can run here"
         self._frozen = True
         (logger or logging.getLogger(LOGGER_NAME)).info("%s", self.log_line())
 
@@ -508,7 +530,8 @@ class PathPolicy:
         switch = f"{KILL_SWITCH} unset" if p.kill_switch_raw is None else f"{KILL_SWITCH}={p.kill_switch_raw.strip()}"
         line = (
             f"indexer-topk: fused top-k path = {self.fused_backend} "
-            f"({_hardware_words(p)}; kill switch {switch}): {self.reason}"
+            f"({_hardware_words(p)}; kill switch {switch}): {self.reason}; "
+            f"decode and graph capture: {self.decode_backend} ({self.decode_reason})"
         )
         errors = p.errors
         if errors:
@@ -556,11 +579,11 @@ class PathPolicy:
         if self.fused_backend == "reference":
             return False, "reference"
         if is_decode or _mode_is_decode(forward_mode):
-            return False, "legacy"
+            return False, self.decode_backend
         if capturing is None:
             capturing = is_capturing()
         if capturing:
-            return False, "legacy"
+            return False, self.decode_backend
         backend = self.fused_backend if layout is None else self._layout_backends[layout]
         if backend == "aiter" and topk is not None and topk not in AITER_TOPK:
             return True, self._layout_backends[Layout.SGLANG_MXFP4]  # AITER's kernel takes 512 and 1024 only
@@ -591,8 +614,10 @@ class PathPolicy:
         are :meth:`route`'s.
         """
         prefill, backend = self._route(layout, is_decode, capturing, forward_mode, topk)
-        if not prefill or not self.probe.fused_enabled or backend == "reference":
+        if not self.probe.fused_enabled or backend == "reference":
             return None
+        if not prefill:  # decode and capture: ours only where opted in
+            return backend if backend == "fused" else None
         if engine_path:
             return backend if backend == "aiter" or (backend == "fused" and self.probe.fused_prefill) else None
         return backend
@@ -643,6 +668,8 @@ class PathPolicy:
                     routes[f"prefill/{layout.value} below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] = small
         routes["decode"] = self.route(is_decode=True, capturing=False)
         routes["capture"] = self.route(capturing=True)
+        for kind, kw in (("decode", dict(is_decode=True, capturing=False)), ("capture", dict(capturing=True))):
+            routes[f"sglang {kind}"] = self.engine_route(engine_path=True, **kw) or "sglang"
         # inside SGLang: its own path serves the FP8 cache (and the FP4 one from SM100 on)
         for layout in Layout:
             ours = self.engine_route(engine_path=sglang_has_path(layout, self.probe), layout=layout, capturing=False)
@@ -651,6 +678,8 @@ class PathPolicy:
             **dataclasses.asdict(self.probe),
             "fused_backend": self.fused_backend,
             "reason": self.reason,
+            "decode_backend": self.decode_backend,
+            "decode_reason": self.decode_reason,
             "routes": routes,
         }
 

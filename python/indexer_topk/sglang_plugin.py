@@ -16,7 +16,8 @@ are all present, registers two hooks with SGLang's ``HookRegistry``:
     it (:meth:`indexer_topk.policy.PathPolicy.engine_route`). Where it names one of ours, runs
     SGLang's own query/weights preparation and index-K compression, then writes the physical
     page indices (and the raw indices when SGLang asks for them) through our operator in one
-    call. Where it says SGLang's own path (decode, graph capture, the kill switch, and FP8
+    call. Where it says SGLang's own path (decode and graph capture unless
+    ``INDEXER_TOPK_FUSED_DECODE=1`` opts them in to our fused path, the kill switch, and FP8
     prefill on NVIDIA, where SGLang's CUDA path is measured faster than ours unless
     ``INDEXER_TOPK_FUSED_PREFILL=1`` opts in to the fused kernel's memory saving) and on every
     branch not covered (the non-paged indexer, HiSparse, XPU, HIP FP8, ...) SGLang's original
@@ -75,6 +76,7 @@ class _PluginState:
         self.indexer_module = None  # SGLang's dsv4 indexer module, once probed
         self.disabled: Optional[str] = None  # why our route is off for the rest of this process
         self.served_first_call = False
+        self.decode_ours = False  # the frozen policy sends decode to our fused path (opted in)
         self.warmed = False  # the kernels our routes run were compiled (or there were none)
 
 
@@ -180,6 +182,7 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     will run here keeps compilation out of the first prefill."""
     policy = _policy_or_none()
     if policy is not None:
+        _STATE.decode_ours = policy.decode_backend == "fused"
         _warm_up(policy)
     return None
 
@@ -266,10 +269,13 @@ class _Call:
 def _forward_c4_indexer_hook(original, *args, **kwargs):
     """AROUND hook: our operator for covered calls the policy routes to our kernels, else SGLang's."""
     forward_batch = kwargs.get("forward_batch")
-    if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle():
-        # The policy sends every decode and idle call to SGLang's path; answering that before
-        # binding the signature keeps an eager decode step (one call per layer) at one
-        # attribute read. Decode passed positionally still reaches the policy below.
+    if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle() and (
+        not _STATE.decode_ours or forward_batch.forward_mode.is_idle()
+    ):
+        # Unless decode is opted in to our fused path (INDEXER_TOPK_FUSED_DECODE=1), the policy
+        # sends every decode and idle call to SGLang's path; answering that before binding the
+        # signature keeps an eager decode step (one call per layer) at one attribute read.
+        # Decode passed positionally still reaches the policy below.
         return original(*args, **kwargs)
     signature = _SIGNATURES.get(original)
     if signature is None:

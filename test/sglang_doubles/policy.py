@@ -42,6 +42,10 @@ class CountingPolicy:
     def reason(self):
         return self.inner.reason
 
+    @property
+    def decode_backend(self):
+        return self.inner.decode_backend
+
     def route(self, **kwargs) -> str:
         name = self.inner.route(**kwargs)
         self.routes[name] += 1
