@@ -9,7 +9,9 @@
 # 3. the 1,000-call stress run (time-capped);
 # 4. GPU tests of the fused path against legacy (on sm_90 the FP8 ones run the Hopper stream);
 # 5. Nsight Compute on the fused backend's kernel at the reference shape, FP8 (on sm_90 the Hopper
-#    stream, hopper_stream_kernel; sections, then stalls by source line).
+#    stream, hopper_stream_kernel; sections, then stalls by source line);
+# 6. (only when STEPS names it) decode batches, legacy against fused, each replayed from a CUDA
+#    graph: 8 x 768K, 64 x 768K and 256 x 128K, three layouts (benchmark/decode_bench.py).
 # Each step has its own time limit; a step past it is stopped and the next one runs.
 set -u
 DIR=${1:-/tmp/session}
@@ -67,5 +69,9 @@ timeout 90 ncu --clock-control none -k "$KERNELS" --launch-skip 1 --launch-count
   && python3 benchmark/ncu_source_summary.py "$DIR/fused_src.csv" > "$DIR/ncu_fused_source.txt" \
   && head -14 "$DIR/ncu_fused_source.txt"
 rm -f "$DIR/fused_src.ncu-rep" "$DIR/fused_src.csv"
+fi
+if [ -n "${STEPS:-}" ] && want 6; then
+step "6 decode"
+timeout 240 python3 benchmark/decode_bench.py --out-dir "$DIR" 2>&1 | tee "$DIR/decode.log" | tail -12
 fi
 step "done"

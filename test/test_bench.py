@@ -260,3 +260,26 @@ def test_exit_status_fails_on_errors_and_disagreement_not_on_unavailable():
     assert bench_cli.exit_status([ok, {"status": "unavailable", "matches_legacy": None}]) == 0
     assert bench_cli.exit_status([ok, {"status": "ok", "matches_legacy": False}]) == 1
     assert bench_cli.exit_status([ok, {"status": "error", "matches_legacy": None}]) == 1
+
+
+def test_decode_bench_smoke_records_decode_batches(tmp_path):
+    """``benchmark/decode_bench.py --smoke``: one row per request, legacy then fused through the
+    out operator, eager on a CPU; records with the grid's fields plus ``requests``."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+    import decode_bench
+
+    assert decode_bench.parse_shape("8x768K") == (8, 786432)
+    with pytest.raises(Exception, match="REQUESTSxTOKENS"):
+        decode_bench.parse_shape("8768K")
+    status = decode_bench.main(["--smoke", "--layouts", "sglang_fp8", "--shapes", "3x4K", "--out-dir", str(tmp_path)])
+    assert status == 0
+    (path,) = tmp_path.glob("decode_*.json")
+    records = json.loads(path.read_text())
+    assert [r["backend"] for r in records] == ["legacy", "fused"]
+    for r in records:
+        assert (r["requests"], r["rows"], r["context_tokens"], r["topk"]) == (3, 3, 4096, 512)
+        assert r["matches_legacy"] is True and r["graph_ms"] is None and r["eager_ms"] > 0
+        assert {"gpu", "torch_version", "triton_version", "source_revision", "command"} <= set(r)
