@@ -499,6 +499,9 @@ class PathPolicy:
         ours), see :meth:`route`.
     reason : str
         Why, in words.
+    decode_backend, decode_reason : str
+        What decode and graph-captured calls take (``"legacy"`` unless
+        ``INDEXER_TOPK_FUSED_DECODE`` opts them in to ``"fused"``), and why.
     """
 
     __slots__ = ("probe", "fused_backend", "reason", "decode_backend", "decode_reason", "_layout_backends", "_frozen")
@@ -550,6 +553,8 @@ class PathPolicy:
         c4_len: Optional[int] = None,
     ) -> str:
         """The backend name for one call: ``"fused"``, ``"aiter"``, ``"legacy"`` or ``"reference"``.
+        Decode and graph-captured calls take :attr:`decode_backend`; eager prefill its layout's
+        backend.
 
         Parameters
         ----------
@@ -605,8 +610,9 @@ class PathPolicy:
         """Which of our backends serves a call inside a serving engine, or ``None`` for the
         engine's own path.
 
-        The engine's own path is the proven path: it takes decode, graph capture and every call
-        under the kill switch. ``engine_path`` says the engine serves this call's layout with a
+        The engine's own path is the proven path: it takes decode and graph capture (unless
+        ``INDEXER_TOPK_FUSED_DECODE`` opts them in to our fused path) and every call under the
+        kill switch. ``engine_path`` says the engine serves this call's layout with a
         path of its own on this device; such a call stays there unless our fused path is opted
         in (``INDEXER_TOPK_FUSED_PREFILL``), because the engine's is measured faster (SGLang's
         CUDA path for the FP8 cache, see :data:`MEASURED_FP8`); AITER's kernel, where it is
