@@ -70,6 +70,17 @@ def test_info_reports_versions_switch_and_policy():
         assert needle in out, needle
 
 
+def test_info_says_what_decode_and_capture_take():
+    env = {"INDEXER_TOPK_FUSED_DECODE": "1", "TRITON_INTERPRET": "1"}
+    p = run_cli("info", "--device", "cpu", "--json", env_extra=env)
+    assert p.returncode == 0, p.stderr
+    desc = json.loads(p.stdout)["policy"]["describe"]
+    assert desc["decode_backend"] == "fused" and "INDEXER_TOPK_FUSED_DECODE=1" in desc["decode_reason"]
+    assert desc["routes"]["decode"] == desc["routes"]["capture"] == desc["routes"]["sglang decode"] == "fused"
+    p = run_cli("info", "--device", "cpu", env_extra=env)
+    assert p.returncode == 0 and "decode and graph" in p.stdout  # the policy row of the table
+
+
 def test_info_json(cli, monkeypatch, capsys):
     monkeypatch.delenv("SGLANG_DSV4_FP4_FUSED_TOPK", raising=False)
     assert cli.main(["info", "--device", "cpu", "--json"]) == 0

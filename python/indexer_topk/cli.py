@@ -469,13 +469,16 @@ def cmd_info(a, device) -> int:
     t.add_row("kill switch", f"{KILL_SWITCH}={info['kill_switch']['value']}")
     pol = info["policy"]
     if pol.get("available"):
-        t.add_row("policy", f"fused path: {pol.get('fused_backend')}; reason: {pol.get('reason')}")
         desc = pol.get("describe") if isinstance(pol.get("describe"), dict) else {}
+        decode = ""
+        if desc.get("decode_backend"):
+            decode = f"; decode and graph capture: {desc['decode_backend']} ({desc.get('decode_reason')})"
+        t.add_row("policy", f"fused path: {pol.get('fused_backend')}; reason: {pol.get('reason')}{decode}")
         routes = desc.get("routes")
         if isinstance(routes, dict):
             t.add_row("routes", ", ".join(f"{k} -> {v}" for k, v in routes.items()))
         # The rest of the probe, minus what the rows above already say.
-        shown = {"routes", "fused_backend", "reason", "kill_switch_raw"}
+        shown = {"routes", "fused_backend", "reason", "decode_backend", "decode_reason", "kill_switch_raw"}
         probe = [f"{k}={v}" for k, v in desc.items() if k not in shown and v is not None]
         if probe:
             t.add_row("probe", ", ".join(probe))
