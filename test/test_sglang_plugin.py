@@ -307,6 +307,19 @@ def test_decode_passed_positionally_is_routed_by_the_policy(sg, load, served):
 H200_DECODE = dataclasses.replace(H200, fused_decode=True)  # INDEXER_TOPK_FUSED_DECODE=1
 
 
+def test_small_fp4_prefill_takes_our_legacy_path_where_the_hopper_stream_serves_fp4(sg, load, served):
+    """With the Hopper stream serving sglang_mxfp4 (an H200 with Triton 3.6), the policy's shape
+    rule sees the call's page table through the plugin: a prefill below 16384 C4 positions takes
+    our legacy backend, where the stream measured slower."""
+    policy = load(dataclasses.replace(H200, triton_version="3.6.0", hopper_stream=True))
+    scene = _scene(sg, layout="sglang_mxfp4", contexts=(4900, 1000), extend=(6, 3), seed=29)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [("legacy", scene.rows, 512, "sglang_mxfp4")] and policy.routes == {"legacy": 1}
+    legacy_pages, _ = scene.forward(original=True)
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
 def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
     """With decode opted in, a decode step (one row per request) goes through our operator on the

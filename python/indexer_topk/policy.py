@@ -606,6 +606,8 @@ class PathPolicy:
         capturing: Optional[bool] = None,
         forward_mode: Any = None,
         topk: Optional[int] = None,
+        rows: Optional[int] = None,
+        c4_len: Optional[int] = None,
     ) -> Optional[str]:
         """Which of our backends serves a call inside a serving engine, or ``None`` for the
         engine's own path.
@@ -619,7 +621,7 @@ class PathPolicy:
         the choice, serves its layout. Other calls take our prefill route. The other parameters
         are :meth:`route`'s.
         """
-        prefill, backend = self._route(layout, is_decode, capturing, forward_mode, topk)
+        prefill, backend = self._route(layout, is_decode, capturing, forward_mode, topk, rows, c4_len)
         if not self.probe.fused_enabled or backend == "reference":
             return None
         if not prefill:  # decode and capture: ours only where opted in

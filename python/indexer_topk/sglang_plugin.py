@@ -231,7 +231,8 @@ def _policy_or_none():
         return None
 
 
-def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, prefill_graph: bool) -> Optional[str]:
+def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, prefill_graph: bool,
+           rows: Optional[int] = None, c4_len: Optional[int] = None) -> Optional[str]:
     """Which of our backends serves this call, or ``None`` for SGLang's own path.
 
     The policy decides (:meth:`indexer_topk.policy.PathPolicy.engine_route`): decode and idle
@@ -240,7 +241,8 @@ def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, pref
     SGLang serves itself on this GPU (the FP8 cache on NVIDIA: measured faster than ours) unless
     our fused path is opted in with ``INDEXER_TOPK_FUSED_PREFILL=1``. The plugin adds only what
     SGLang's metadata says: rows SGLang scores as decode in a prefill mode
-    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``).
+    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``), and the call's shape
+    (``rows``, ``c4_len``: its page table's rows and C4 columns), for the policy's shape rules.
     """
     policy = _policy_or_none()
     if policy is None:
@@ -249,6 +251,7 @@ def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, pref
         engine_path=_policy.sglang_has_path(layout, policy.probe),
         layout=layout, topk=topk, is_decode=scored_as_decode, forward_mode=forward_mode,
         capturing=True if prefill_graph else None,  # None: the policy looks for a capture itself
+        rows=rows, c4_len=c4_len,
     )
 
 
@@ -338,6 +341,7 @@ def _plan_call(a) -> Optional[_Call]:
     backend = _route(
         layout=layout, topk=page_indices.shape[1], forward_mode=mode, scored_as_decode=scored_as_decode,
         prefill_graph=bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)),
+        rows=indexer_metadata.page_table.shape[0], c4_len=indexer_metadata.page_table.shape[1] * PAGE_SIZE,
     )
     if backend is None:
         return None
