@@ -49,24 +49,23 @@ def check(quick: bool, build: str, layout: str = "sglang_fp8") -> list:
     from indexer_topk.backends.legacy import legacy_indexer_topk
     from indexer_topk.workload import make_workload
 
-    cases = [  # layout, tokens per request, rows per request, topk, pattern, fused kwargs
-        ("sglang_fp8", [20000], [16], 1024, "random", {}),
-        ("sglang_fp8", [9000, 30000, 4100], [5, 7, 3], 512, "random", {}),
-        ("sglang_fp8", [40000], [4], 512, "random", dict(pool=64)),
-        ("sglang_fp8", [30000], [6], 1024, "increasing", dict(pool=128)),
-        ("sglang_fp8", [30000], [6], 1024, "decreasing", {}),
-        ("sglang_fp8", [12000, 5000], [3, 3], 512, "equal", dict(pool=64)),
-        ("sglang_fp8", [12000], [5], 512, "zero_plateau", {}),
-        ("sglang_fp8", [12000], [4], 512, "nan_rows", {}),
-        ("sglang_fp8", [1500, 300, 64], [3, 2, 1], 512, "random", {}),  # rows shorter than topk
-        ("sglang_fp8", [200000], [2], 1024, "random", dict(num_splits=16)),
-        ("sglang_fp8", [50000, 70000], [1, 2], 512, "increasing", dict(num_splits=4, pool=64)),
+    cases = [  # tokens per request, rows per request, topk, pattern, fused kwargs
+        ([20000], [16], 1024, "random", {}),
+        ([9000, 30000, 4100], [5, 7, 3], 512, "random", {}),
+        ([40000], [4], 512, "random", dict(pool=64)),
+        ([30000], [6], 1024, "increasing", dict(pool=128)),
+        ([30000], [6], 1024, "decreasing", {}),
+        ([12000, 5000], [3, 3], 512, "equal", dict(pool=64)),
+        ([12000], [5], 512, "zero_plateau", {}),
+        ([12000], [4], 512, "nan_rows", {}),
+        ([1500, 300, 64], [3, 2, 1], 512, "random", {}),  # rows shorter than topk
+        ([200000], [2], 1024, "random", dict(num_splits=16)),
+        ([50000, 70000], [1, 2], 512, "increasing", dict(num_splits=4, pool=64)),
     ]
     if quick:
         cases = cases[:3]
-    cases = [(layout,) + c[1:] for c in cases]
     records = []
-    for i, (layout, tokens, rows, topk, pattern, kw) in enumerate(cases):
+    for i, (tokens, rows, topk, pattern, kw) in enumerate(cases):
         w = make_workload(layout, context_tokens=tokens, rows_per_request=rows, topk=topk, seed=10 + i,
                           device="cuda", pattern=pattern)
         ref = legacy_indexer_topk(w.inputs())
@@ -106,21 +105,20 @@ def timings(quick: bool, iters: int, only: int = 0, build: str = "hopper", basel
     from indexer_topk.contract import allocate_result
     from indexer_topk.workload import make_workload
 
-    cases = [  # layout, tokens, rows, pattern
-        ("sglang_fp8", 786432, 1024, "random"),
-        ("sglang_fp8", 786432, 1024, "increasing"),
-        ("sglang_fp8", 65536, 1024, "random"),
-        ("sglang_fp8", 262144, 1024, "random"),
-        ("sglang_fp8", 786432, 8, "random"),
-        ("sglang_fp8", 786432, 8192, "random"),  # a chunked-prefill step
+    cases = [  # tokens, rows, pattern
+        (786432, 1024, "random"),
+        (786432, 1024, "increasing"),
+        (65536, 1024, "random"),
+        (262144, 1024, "random"),
+        (786432, 8, "random"),
+        (786432, 8192, "random"),  # a chunked-prefill step
     ]
     if quick:
         cases = cases[:1]
     if only:
         cases = cases[:only]
-    cases = [(layout,) + c[1:] for c in cases]
     records = []
-    for layout, tokens, rows, pattern in cases:
+    for tokens, rows, pattern in cases:
         w = make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=1024, seed=1,
                           device="cuda", pattern=pattern)
         inputs = w.inputs()

@@ -36,11 +36,16 @@ def hopper_kernels() -> Optional[ModuleType]:
     return hopper
 
 
+# The layouts the stream serves. AITER's MXFP4 layout (keys split by chunk, scales interleaved in
+# their own tensor) would need its own page decode: it takes the plain-Triton kernel.
+STREAM_LAYOUTS = (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4)
+
+
 def why_not_stream(inputs, ka, cfg) -> Optional[str]:
     """Why the Hopper stream does not serve these inputs (packed as ``ka``, tile ``cfg``), or
     ``None`` when it does. Host-side checks only: no device sync."""
-    if inputs.layout not in (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4):
-        return f"it serves the sglang_fp8 and sglang_mxfp4 layouts, not {inputs.layout.value}"
+    if inputs.layout not in STREAM_LAYOUTS:  # before the Gluon import: other layouts never need it
+        return f"it serves the {' and '.join(x.value for x in STREAM_LAYOUTS)} layouts, not {inputs.layout.value}"
     if ka.interpret or not bulk_copies_available(ka.kc.device):
         return "it runs only on a GPU with bulk tensor copies"
     if not envs.INDEXER_TOPK_HOPPER_STREAM.get():

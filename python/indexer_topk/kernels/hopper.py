@@ -835,12 +835,10 @@ class HopperDescriptors:
 
 
 def stream_unfit(inputs, ka, cfg) -> Optional[str]:
-    """Why :func:`hopper_stream_kernel` cannot serve these inputs on a GPU, or ``None``: it needs
-    the ``sglang_fp8`` or ``sglang_mxfp4`` cache, an sm_90 GPU, the legacy tile's configuration,
-    16-byte aligned contiguous queries and a non-empty 16-byte aligned cache; for MXFP4 also the
-    Triton whose ``tl.dot_scaled`` lowering it reproduces (:data:`indexer_topk.versions.MX_STREAM_TRITON`)."""
-    if inputs.layout not in STREAM_LAYOUTS:
-        return f"it serves {' and '.join(x.value for x in STREAM_LAYOUTS)}, not {inputs.layout.value}"
+    """Why :func:`hopper_stream_kernel` cannot serve these ``sglang_fp8`` or ``sglang_mxfp4`` inputs
+    on a GPU, or ``None``: it needs an sm_90 GPU, the legacy tile's configuration, 16-byte aligned
+    contiguous queries and a non-empty 16-byte aligned cache; for MXFP4 also the Triton whose
+    ``tl.dot_scaled`` lowering it reproduces (:data:`indexer_topk.versions.MX_STREAM_TRITON`)."""
     if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
         return "it needs an sm_90 GPU"
     if (cfg.rows, cfg.num_warps) != (2, 4):
@@ -854,9 +852,6 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
     return None
 
 
-# The layouts the stream serves. AITER's MXFP4 layout (keys split by chunk, scales interleaved in
-# their own tensor) would need its own page decode: it takes the plain-Triton kernel.
-STREAM_LAYOUTS = (Layout.SGLANG_FP8, Layout.SGLANG_MXFP4)
 
 
 @dataclass(frozen=True)
