@@ -271,15 +271,20 @@ def test_decode_bench_smoke_records_decode_batches(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
     import decode_bench
 
-    assert decode_bench.parse_shape("8x768K") == (8, 786432)
-    with pytest.raises(Exception, match="REQUESTSxTOKENS"):
-        decode_bench.parse_shape("8768K")
-    status = decode_bench.main(["--smoke", "--layouts", "sglang_fp8", "--shapes", "3x4K", "--out-dir", str(tmp_path)])
+    assert decode_bench.parse_shape("8x768K") == (8, 786432, 1)
+    assert decode_bench.parse_shape("32x768Kx2") == (32, 786432, 2)
+    for bad in ("8768K", "8x768Kx0", "8x768Kx2x2"):
+        with pytest.raises(Exception, match="REQUESTSxTOKENS"):
+            decode_bench.parse_shape(bad)
+    status = decode_bench.main(["--smoke", "--layouts", "sglang_fp8", "--shapes", "3x4K,2x4Kx2",
+                                "--out-dir", str(tmp_path)])
     assert status == 0
     (path,) = tmp_path.glob("decode_*.json")
     records = json.loads(path.read_text())
-    assert [r["backend"] for r in records] == ["legacy", "fused"]
-    for r in records:
-        assert (r["requests"], r["rows"], r["context_tokens"], r["topk"]) == (3, 3, 4096, 512)
+    assert [r["backend"] for r in records] == ["legacy", "fused"] * 2
+    for r, per_request in zip(records, (1, 1, 2, 2)):
+        assert (r["requests"], r["rows"] // per_request, r["rows_per_request"]) == (3 if per_request == 1 else 2,
+                                                                                    r["requests"], per_request)
+        assert (r["context_tokens"], r["topk"]) == (4096, 512)
         assert r["matches_legacy"] is True and r["graph_ms"] is None and r["eager_ms"] > 0
         assert {"gpu", "torch_version", "triton_version", "source_revision", "command"} <= set(r)

@@ -87,6 +87,54 @@ def test_rows_of_different_requests_share_a_pair(layout, device):
     check_fused(case, device)
 
 
+@pytest.mark.parametrize(
+    "num_splits, pool", [(None, None), (16, None), (64, "small_pool")],
+    ids=["auto_splits", "splits16", "splits64-small_pool"],
+)
+@pytest.mark.parametrize("layout", ["sglang_fp8", "aiter_mxfp4"])
+def test_decode_rows_one_per_work_item(layout, num_splits, pool, device):
+    """``rows_per_request=1`` (a decode step): one row per work item, each request with its own
+    pages and length (one empty, one of topk, one of topk + 1). 16 and 64 splits per row go
+    through a level of the merge tree (2 and 8 lists per row left for the final merge), with
+    empty splits past the short rows; a one-page pool cuts inside every split. Legacy's bits."""
+    case = mixed_requests_case(layout)
+    wl = build(case, device)
+    plan = plan_fused(wl.rows, wl.topk, device, num_splits, group_rows=1)
+    assert plan.group_rows == 1
+    assert plan.merge_levels == {None: plan.merge_levels, 16: (2,), 64: (8,)}[num_splits]
+    res = run_fused(wl, num_splits=num_splits, pool=pool_for(pool, wl.topk) if pool else None, rows_per_request=1)
+    assert_contract(res, wl)
+    assert_bitwise(res, legacy_result(case, device), f"decode rows, {split_id(num_splits)}")
+
+
+def test_merge_tree_levels_and_workspace():
+    """Rows split more than eight ways are merged in a tree of eight lists per program, whose
+    lists the workspace holds; one row per item never needs more scratch than the tile's two."""
+    from indexer_topk.backends.fused import MERGE_FANIN
+
+    assert MERGE_FANIN == 8
+    for splits, levels in ((1, ()), (8, ()), (16, (2,)), (32, (4,)), (64, (8,))):
+        plan = plan_fused(4, 64, "cpu", splits)
+        assert plan.merge_levels == levels
+        assert plan.merge_counts == 4 * sum(levels)
+    for rows in (1, 3, 8, 64, 300):
+        assert fused_workspace_size(rows, 1024, "sglang_fp8", "cpu") >= max(
+            plan_fused(r, 1024, "cpu", group_rows=g, one_wave=w).nbytes
+            for r in range(1, rows + 1) for g in (1, 2) for w in (False, True))
+
+
+def test_decode_plan_on_the_stream_is_one_wave(monkeypatch):
+    """A decode step on the Hopper stream (one row per item, one program per SM): the most
+    splits whose items fit the programs, so no program takes a second item."""
+    from indexer_topk.backends import fused
+
+    monkeypatch.setattr(fused, "device_sm_count", lambda device: 132)
+    for rows, splits in ((1, 64), (8, 16), (9, 8), (64, 2), (66, 2), (67, 1), (256, 1)):
+        plan = plan_fused(rows, 1024, "cpu", group_rows=1, one_wave=True)
+        assert (plan.splits, plan.programs) == (splits, min(132, rows * splits)), rows
+        assert rows * splits <= 132 or splits == 1
+
+
 @pytest.mark.parametrize("num_splits", [None, 1], ids=split_id)
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_reversed_page_order(layout, num_splits, device):

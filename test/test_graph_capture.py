@@ -86,18 +86,21 @@ def _decode_pair(device, layout):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("rows_per_request", [1, None], ids=["one_row_per_item", "no_hint"])
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
-def test_capture_decode_operator_then_replay_with_new_queries_lengths_and_pages(layout):
+def test_capture_decode_operator_then_replay_with_new_queries_lengths_and_pages(layout, rows_per_request):
     """A decode step through the out operator (fused backend, caller-owned workspace, no value
-    checks) captured once, replayed with another batch's queries, keys and page tables and with
-    shorter lengths written into the captured buffers: legacy's eager bits."""
+    checks; one row per work item with the decode hint, else pairs scored a row per pass)
+    captured once, replayed with another batch's queries, keys and page tables and with shorter
+    lengths written into the captured buffers: legacy's eager bits."""
     w1, w2 = _decode_pair("cuda", layout)
     static = [t.clone() if t is not None else None for t in w1.args()]
     out = it.allocate_result(w1.rows, w1.topk, "cuda")
     ws = torch.empty(it.workspace_size(w1.rows, w1.topk, layout, "cuda"), dtype=torch.uint8, device="cuda")
 
     def step():
-        torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, layout, *out, ws, w1.weight_scale, "fused", False)
+        torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, layout, *out, ws, w1.weight_scale, "fused", False,
+                                                rows_per_request)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -131,7 +134,7 @@ def test_decode_operator_under_torch_compile_without_a_graph_break():
     @torch.compile(fullgraph=True)
     def step(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens):
         torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights * 1.0, page_table, seq_lens,
-                                                w.topk, "sglang_fp8", *out, ws, w.weight_scale, "fused", False)
+                                                w.topk, "sglang_fp8", *out, ws, w.weight_scale, "fused", False, 1)
         return out.counts + 0
 
     counts = step(*w.args())

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from indexer_topk.backends.fused import fused_indexer_topk
+from indexer_topk.backends.fused import fused_indexer_topk, plan_fused
 from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels, why_not_stream
 from indexer_topk.backends.legacy import legacy_indexer_topk
 from indexer_topk.contract import allocate_result, as_inputs
@@ -202,3 +202,27 @@ def test_gpu_mxfp4_stream_takes_every_scale_byte_as_legacy_does():
         scales[(pick >= 0.04 * i) & (pick < 0.04 * (i + 1))] = byte
     out = run_stream_into_poison(inputs, w.rows, 1024)
     assert_bitwise(out, legacy_indexer_topk(inputs), "stream vs legacy, extreme scale bytes")
+
+
+DECODE_CASES = [("sglang_fp8", p) for p in ("random", "increasing", "equal", "nan_rows")] + [
+    ("sglang_mxfp4", p) for p in ("random", "zero_plateau")]
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("layout, pattern", DECODE_CASES)
+def test_gpu_stream_decode_rows_one_per_item_equal_legacy(layout, pattern):
+    """A decode step (one row per request, each with its own pages and length, one empty, one
+    shorter than topk) with ``rows_per_request=1``: the one-row tile (an N = 64 MMA), one item
+    per program and the merge tree of 16 split lists per row give legacy's bits, into poisoned
+    outputs."""
+    ctx = [200000, 3, 4000, 150000, 60000, 90000, 4 * 1024 + 1, 120000]
+    w = make_workload(layout, context_tokens=ctx, rows_per_request=[1] * len(ctx), topk=1024, seed=13,
+                      device="cuda", pattern=pattern)
+    inputs = w.inputs()
+    out = allocate_result(w.rows, 1024, "cuda")
+    for t in out:
+        t.view(torch.int32).fill_(-12345)
+    fused_indexer_topk(inputs, out=out, rows_per_request=1)
+    assert plan_fused(w.rows, 1024, "cuda", group_rows=1, one_wave=True).splits == 16  # one merge level
+    assert_bitwise(out, legacy_indexer_topk(inputs), f"decode stream {layout} {pattern}")

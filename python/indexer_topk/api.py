@@ -75,6 +75,7 @@ def indexer_topk(
     out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None,
     check_values: bool = True,
+    rows_per_request: Optional[int] = None,
 ) -> IndexerTopKResult:
     r"""Exact top-``k`` of DeepSeek-V4's C4 indexer scores over a paged index-K cache.
 
@@ -122,6 +123,11 @@ def indexer_topk(
         cache). Needs a device sync: turn it off under graph capture and in decode. Off, inputs
         that break those checks give unspecified outputs and may make the kernels read outside
         ``page_table`` and ``k_cache``, but no kernel writes outside ``out`` and ``workspace``.
+    rows_per_request : int, optional
+        How many consecutive rows share one page-table row: ``1`` for a decode step (each row a
+        request of its own), the draft length for a decode step with MTP rows, ``None`` when
+        unknown (prefill). A hint for the fused backend's tiling (rows that share pages share
+        each key tile; rows that do not are scored one at a time); results never depend on it.
 
     Returns
     -------
@@ -140,6 +146,10 @@ def indexer_topk(
         AITER missing, on another GPU, or asked for a layout or ``topk`` it lacks), before
         anything runs.
     """
+    if rows_per_request is not None and (
+        isinstance(rows_per_request, bool) or not isinstance(rows_per_request, int) or rows_per_request < 1
+    ):
+        raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
@@ -150,6 +160,8 @@ def indexer_topk(
     if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
         workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
     fn = _backend_fn(name)
+    if name == "fused":
+        return fn(inputs, out=out, workspace=workspace, rows_per_request=rows_per_request)
     return fn(inputs, out=out, workspace=workspace)
 
 

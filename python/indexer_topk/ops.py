@@ -5,11 +5,11 @@ run :func:`indexer_topk.indexer_topk` (same arguments, same validation, same bac
 fake implementations, so ``torch.compile`` traces through them without a graph break and
 SGLang-style piecewise capture can keep them inside a captured region:
 
-``torch.ops.indexer_topk.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto", check_values=True)``
+``torch.ops.indexer_topk.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto", check_values=True, rows_per_request=None)``
     Returns ``(values, raw_indices, physical_indices, counts)``: ``[rows, topk]`` float32,
     ``[rows, topk]`` int32 twice and ``[rows]`` int32, freshly allocated.
 
-``torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices, physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False)``
+``torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices, physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False, rows_per_request=None)``
     Writes the caller's outputs in place and returns nothing; with a caller-owned
     ``workspace`` (:func:`indexer_topk.workspace_size`) the fused backend allocates nothing.
     This is the form for CUDA graphs: outputs and scratch live in buffers the graph owns, and
@@ -48,17 +48,18 @@ def indexer_topk_op(
     weight_scale: float = 1.0,
     backend: str = "auto",
     check_values: bool = True,
+    rows_per_request: Optional[int] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     res = api.indexer_topk(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-        weight_scale=weight_scale, backend=backend, check_values=check_values,
+        weight_scale=weight_scale, backend=backend, check_values=check_values, rows_per_request=rows_per_request,
     )
     return tuple(res)
 
 
 @indexer_topk_op.register_fake
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto",
-      check_values=True):
+      check_values=True, rows_per_request=None):
     rows = q.shape[0]
     return (
         q.new_empty((rows, topk), dtype=torch.float32),
@@ -87,17 +88,19 @@ def indexer_topk_out_op(
     weight_scale: float = 1.0,
     backend: str = "auto",
     check_values: bool = False,
+    rows_per_request: Optional[int] = None,
 ) -> None:
     api.indexer_topk(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-        weight_scale=weight_scale, backend=backend, check_values=check_values,
+        weight_scale=weight_scale, backend=backend, check_values=check_values, rows_per_request=rows_per_request,
         out=IndexerTopKResult(values, raw_indices, physical_indices, counts), workspace=workspace,
     )
 
 
 @indexer_topk_out_op.register_fake
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices,
-      physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False):
+      physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False,
+      rows_per_request=None):
     return None
 
 

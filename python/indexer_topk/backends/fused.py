@@ -9,6 +9,7 @@ workspace, same bits.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Optional
@@ -21,7 +22,7 @@ from ..kernels.fused import fused_topk_kernel
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
 )
-from ..kernels.select import MODE_SEGMENTS, select_rows_kernel
+from ..kernels.select import MODE_SEGMENTS, merge_lists_kernel, select_rows_kernel
 from .hopper import launch_stream, why_not_stream
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
@@ -33,6 +34,10 @@ MAX_SPLIT_ROWS = 512
 QUEUE_BYTES = 256
 MAX_STRIP = 1024  # keys per row scored between flushes, at most
 ENTRY_BYTES = 8  # an int32 key and an int32 position
+# Split lists merged per program at each level of the merge tree: one program per row over all
+# of a row's 64 lists took 0.6 ms at 8 rows x 768K (H200), one list of 8 per program a tenth.
+MERGE_FANIN = 8
+MERGE_CHUNK = 8192
 
 
 def _next_pow2(n: int) -> int:
@@ -93,9 +98,23 @@ class FusedPlan:
         return self.segment_counts * self.topk
 
     @property
+    def merge_levels(self) -> tuple:
+        """Lists per row after each level of the merge tree before the final merge (empty when
+        the final merge takes the split lists directly)."""
+        levels, n = [], self.splits
+        while n > MERGE_FANIN:
+            n //= MERGE_FANIN
+            levels.append(n)
+        return tuple(levels)
+
+    @property
+    def merge_counts(self) -> int:
+        return self.rows * sum(self.merge_levels)
+
+    @property
     def nbytes(self) -> int:
-        return QUEUE_BYTES + ENTRY_BYTES * (self.buffer_entries + self.segment_entries) + 4 * (
-            self.strip_entries + self.segment_counts
+        return QUEUE_BYTES + ENTRY_BYTES * (self.buffer_entries + self.segment_entries + self.merge_counts * self.topk) + 4 * (
+            self.strip_entries + self.segment_counts + self.merge_counts
         )
 
     def constexprs(self, layout_id: int, tma: bool, interpret: bool, stages: int) -> dict:
@@ -115,23 +134,39 @@ def program_slots(device=None) -> int:
 
 def plan_fused(
     rows: int, topk: int, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
-    group_rows: Optional[int] = None,
+    group_rows: Optional[int] = None, one_wave: bool = False,
 ) -> FusedPlan:
     """Programs and context splits for ``rows`` rows: split rows only when groups are too few
-    to occupy every program slot. ``group_rows`` defaults to the tile's (every layout's today)."""
+    to occupy every program slot. ``group_rows`` defaults to the tile's (every layout's today).
+
+    ``one_wave``: the plan of a decode step on the Hopper stream, one program per SM, each
+    taking at most one item: the most splits (a power of two) whose items fit the programs.
+    Fewer, longer splits than the plain kernel's rule: each item pays a pipeline fill, a final
+    cut and a sort, and each split list a share of the merge (measured at 8 and 64 rows x 768K).
+    """
     if group_rows is None:
         group_rows = tile_config(Layout.SGLANG_FP8).rows
-    return _plan(rows, topk, program_slots(device), num_splits, pool, group_rows)
+    slots = device_sm_count(_device(device)) if one_wave else program_slots(device)
+    return _plan(rows, topk, slots, num_splits, pool, group_rows, one_wave)
 
 
-def _plan(rows, topk, slots, num_splits, pool, group_rows) -> FusedPlan:
+def _device(device):
+    if device is None:
+        return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    return device
+
+
+def _plan(rows, topk, slots, num_splits, pool, group_rows, one_wave=False) -> FusedPlan:
     groups = max(1, -(-rows // group_rows))
     if num_splits is None:
         splits = 1
-        if groups < slots:
+        if one_wave:
+            while splits < MAX_SPLITS and groups * splits * 2 <= slots:
+                splits *= 2
+        elif groups < slots:
             splits = min(MAX_SPLITS, _next_pow2(-(-slots // groups)))
-            while splits > 1 and rows * splits > MAX_SPLIT_ROWS:
-                splits //= 2
+        while splits > 1 and rows * splits > MAX_SPLIT_ROWS:
+            splits //= 2
     else:
         splits = num_splits
         if splits < 1 or splits & (splits - 1):
@@ -144,25 +179,41 @@ def _plan(rows, topk, slots, num_splits, pool, group_rows) -> FusedPlan:
     return FusedPlan(rows, topk, group_rows, programs, splits, pool)
 
 
+def group_rows_for(rows_per_request: Optional[int], tile_rows: int) -> int:
+    """Query rows per work item: the tile's (rows sharing a page-table row share each key tile),
+    or one when every row has pages of its own (``rows_per_request == 1``, a decode step
+    without draft rows), so no MMA column is spent on a row whose pages differ. A row's score
+    bits do not depend on the choice (the tile's head reduction is the same for one and two
+    rows; tested bit for bit on the GPU)."""
+    return 1 if rows_per_request == 1 else tile_rows
+
+
 def fused_workspace_size(
     rows: int, topk: int, layout=None, device=None, num_splits: Optional[int] = None, pool: Optional[int] = None,
 ) -> int:
     """Bytes of scratch that serve every fused call of at most ``rows`` rows (independent of the
-    context length): an engine sizes one workspace for its largest batch and reuses it.
+    context length): an engine sizes one workspace for its largest batch and reuses it, for
+    prefill and decode calls alike.
 
     ``layout`` picks the tile's rows per group; the three layouts share one today.
     """
     group = (tile_config(Layout(layout)) if layout is not None else tile_config(Layout.SGLANG_FP8)).rows
-    return _max_plan_bytes(rows, topk, program_slots(device), num_splits, pool, group)
+    slots, sms = program_slots(device), device_sm_count(_device(device))
+    return max(
+        max(_max_plan_bytes(rows, topk, slots, num_splits, pool, g, False) for g in {1, group}),
+        _max_plan_bytes(rows, topk, sms, num_splits, pool, 1, True),
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def _max_plan_bytes(rows, topk, slots, num_splits, pool, group) -> int:
+def _max_plan_bytes(rows, topk, slots, num_splits, pool, group, one_wave) -> int:
     # A smaller call may split its rows and need more than a larger one: take the largest.
-    return max(_plan(r, topk, slots, num_splits, pool, group).nbytes for r in range(1, max(rows, 1) + 1))
+    return max(_plan(r, topk, slots, num_splits, pool, group, one_wave).nbytes for r in range(1, max(rows, 1) + 1))
 
 
 def _carve(workspace: torch.Tensor, plan: FusedPlan):
+    """The workspace's areas: ``(queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt,
+    merge)``, ``merge`` a list of ``(key, pos, cnt)`` per level of the merge tree."""
     ws = workspace.view(-1)
     queue = ws[:QUEUE_BYTES].view(torch.int32)
     off = QUEUE_BYTES
@@ -180,13 +231,18 @@ def _carve(workspace: torch.Tensor, plan: FusedPlan):
         seg_cnt = take(plan.segment_counts)
     else:
         seg_key = seg_pos = seg_cnt = buf_key  # unused by the kernel with one split
-    return queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt
+    merge = []
+    for lists in plan.merge_levels:
+        n = plan.rows * lists
+        merge.append((take(n * plan.topk), take(n * plan.topk), take(n)))
+    return queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt, merge
 
 
 @launches_kernels
 def fused_indexer_topk(
     inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, num_splits: Optional[int] = None, pool: Optional[int] = None,
+    rows_per_request: Optional[int] = None,
 ) -> IndexerTopKResult:
     """Fused streaming top-k (the contract of :func:`indexer_topk.indexer_topk`) of
     :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see :func:`~indexer_topk.contract.as_inputs`).
@@ -194,13 +250,16 @@ def fused_indexer_topk(
     ``workspace``: uint8, at least :func:`fused_workspace_size` bytes; allocated per call when
     omitted. Two concurrent calls must not share one workspace. ``num_splits`` overrides the
     context split count (a power of two); ``pool`` the candidate room beyond ``topk`` per row, a
-    multiple of 64 (small pools force frequent cuts, which tests use). All give the same bits.
+    multiple of 64 (small pools force frequent cuts, which tests use); ``rows_per_request`` the
+    caller's promise of how rows share page-table rows (:func:`group_rows_for`). All give the
+    same bits.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
-    return fused_call(inputs, out, workspace, num_splits, pool)
+    return fused_call(inputs, out, workspace, num_splits, pool, rows_per_request=rows_per_request)
 
 
-def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] = None) -> IndexerTopKResult:
+def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] = None,
+               rows_per_request: Optional[int] = None) -> IndexerTopKResult:
     """One fused call of :class:`~indexer_topk.contract.IndexerInputs`: the Hopper stream where it
     applies (:func:`~indexer_topk.backends.hopper.why_not_stream`), else the plain-Triton kernel,
     then the merge of split rows. ``stream``: keyword arguments of
@@ -208,6 +267,9 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
     (ValueError where it does not apply, before anything is allocated)."""
     ka = pack_args(inputs)
     cfg = tile_config(inputs.layout)
+    group = group_rows_for(rows_per_request, cfg.rows)
+    if group != cfg.rows:
+        cfg = dataclasses.replace(cfg, rows=group)
     why = why_not_stream(inputs, ka, cfg)
     if stream is not None and why is not None:
         raise ValueError(f"the Hopper stream does not apply: {why}")
@@ -216,11 +278,11 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
         out = allocate_result(rows, topk, device)
     if rows == 0:
         return out
-    plan = plan_fused(rows, topk, device, num_splits, pool, cfg.rows)
+    plan = plan_fused(rows, topk, device, num_splits, pool, cfg.rows, one_wave=why is None and cfg.rows == 1)
     check_workspace(workspace, plan.nbytes, device)
     if workspace is None:
         workspace = torch.empty(plan.nbytes, dtype=torch.uint8, device=device)
-    queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = _carve(workspace, plan)
+    queue, buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt, merge = _carve(workspace, plan)
     width = ka.page_table.shape[1] * PAGE_SIZE
     span = triton.cdiv(triton.cdiv(max(width, 1), plan.splits), PAGE_SIZE) * PAGE_SIZE
     n_items = triton.cdiv(rows, cfg.rows) * plan.splits
@@ -241,16 +303,37 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
             num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
         )
     if plan.splits > 1:
-        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt)
+        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt, merge)
     return out
 
 
-def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_pos, seg_cnt) -> None:
+def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_pos, seg_cnt, merge=()) -> None:
     """The exact merge of split rows: each row's ``plan.splits`` lists of at most ``topk``
-    entries in position order (``seg_*``, as the streaming kernels leave them) become its outputs."""
+    entries in position order (``seg_*``, as the streaming kernels leave them) become its outputs.
+
+    A tree: while a row has more than ``MERGE_FANIN`` lists, each run of ``MERGE_FANIN``
+    consecutive lists becomes one list of its best ``topk`` (still in position order) in the
+    ``merge`` areas of :func:`_carve`, one program per run; the final merge of the remaining
+    lists writes the outputs. The best ``topk`` of the best ``topk`` of each run are the row's
+    best ``topk``, so every level keeps the bits."""
+    lists = plan.splits
+    for (m_key, m_pos, m_cnt), after in zip(merge, plan.merge_levels):
+        merge_lists_kernel[(plan.rows * after,)](
+            seg_key, seg_pos, seg_cnt, m_key, m_pos, m_cnt,
+            TOPK=plan.topk, FANIN=lists // after, CHUNK=_merge_chunk(lists // after, plan.topk),
+            num_warps=SELECT_WARPS,
+        )
+        seg_key, seg_pos, seg_cnt, lists = m_key, m_pos, m_cnt, after
     select_rows_kernel[(plan.rows,)](
-        seg_key, seg_pos, seg_cnt, plan.splits * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+        seg_key, seg_pos, seg_cnt, lists * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
-        MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=plan.splits, CHUNK=SELECT_CHUNK, KNOWN_T=False,
+        MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=lists, CHUNK=_merge_chunk(lists, plan.topk), KNOWN_T=False,
         num_warps=SELECT_WARPS,
     )
+
+
+def _merge_chunk(lists: int, topk: int) -> int:
+    """Entries a merge program holds at once: all of its lists up to ``MERGE_CHUNK``, so each
+    radix pass is one load and one histogram rather than a loop of dependent steps (a merge
+    program's time is that chain's latency)."""
+    return max(SELECT_CHUNK, min(MERGE_CHUNK, lists * topk))

@@ -106,14 +106,16 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
 def hopper_indexer_topk(
     inputs, *, out: Optional[IndexerTopKResult] = None, workspace: Optional[torch.Tensor] = None,
     num_splits: Optional[int] = None, pool: Optional[int] = None, config=None, no_select: bool = False,
-    profile: Optional[torch.Tensor] = None,
+    profile: Optional[torch.Tensor] = None, rows_per_request: Optional[int] = None,
 ) -> IndexerTopKResult:
     """The fused backend's contract through the Hopper stream alone (ValueError where it does not
     apply), for benchmarks: ``config`` a :class:`indexer_topk.kernels.hopper.HopperConfig`;
+    ``rows_per_request`` as in :func:`indexer_topk.indexer_topk`;
     ``no_select`` a timing probe (the loads and MMAs alone; outputs undefined); ``profile`` int64
     ``[P, 5, 8]``, zeroed, ``P`` at least the SM count: each partition's cycle counters (a
     separate ``PROF`` compile)."""
     from .fused import fused_call
 
     stream = dict(config=config, no_select=no_select, profile=profile)
-    return fused_call(as_inputs(inputs), out, workspace, num_splits, pool, stream=stream)
+    return fused_call(as_inputs(inputs), out, workspace, num_splits, pool, stream=stream,
+                      rows_per_request=rows_per_request)

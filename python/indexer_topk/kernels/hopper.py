@@ -43,8 +43,9 @@ undefined: the loads and MMAs alone) and ``PROF`` (each partition's waits and re
 cycles, ``benchmark/hopper_probe.py --profile``). How the configuration was found, build by
 build, is in ``benchmark/results/NOTES.md``.
 
-Only ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's configuration) is built, for the
-``sglang_fp8`` and ``sglang_mxfp4`` layouts (``aiter_mxfp4``'s split pages take the plain-Triton
+``R = 2`` (one N = 128 MMA on four warps, the legacy tile's configuration) serves prefill, and
+``R = 1`` (an N = 64 MMA: the same head reduction, so the same bits) decode steps whose rows each
+have their own pages, for the ``sglang_fp8`` and ``sglang_mxfp4`` layouts (``aiter_mxfp4``'s split pages take the plain-Triton
 kernel); it needs Triton's Gluon dialect and an sm_90 GPU, for MXFP4 also Triton 3.6 (the
 release whose ``tl.dot_scaled`` lowering it repeats), and it cannot run under the interpreter
 (the plain-Triton kernel, with the same score tile, is what a CPU tests).
@@ -464,6 +465,35 @@ def _select_partition(
 
 
 @gluon.jit
+def _issue_visit(
+    page, real, it, k_desc, s_desc, kbuf, sbuf, kready, kfree, n_pages, t_kfree,
+    KSTAGES: gl.constexpr, KEY_ROWS: gl.constexpr, SCALE_COL: gl.constexpr, PROF: gl.constexpr,
+):
+    """The loader's visit ``it``: once its key stage is free, the bulk copies of ``page`` (a
+    ``real`` visit) or an empty token (a padding visit of the item's last selection step).
+    Returns the free-stage wait's cycles added to ``t_kfree`` (with ``PROF``)."""
+    ok = (page >= 0) & (page < n_pages)
+    s = it % KSTAGES
+    if PROF:
+        c0 = _clock()
+    mbarrier.wait(kfree.index(s), ((it // KSTAGES) & 1) ^ 1)
+    if PROF:
+        t_kfree += _clock() - c0
+    if real:
+        mbarrier.expect(kready.index(s), k_desc.block_type.nbytes + s_desc.block_type.nbytes)
+        # a page outside the cache reads as zeros: a negative coordinate is out of bounds
+        tma.async_copy_global_to_shared(
+            k_desc, [gl.where(ok, page * KEY_ROWS, -PAGE), 0], kready.index(s), kbuf.index(s)
+        )
+        tma.async_copy_global_to_shared(
+            s_desc, [gl.where(ok, page, -1), SCALE_COL], kready.index(s), sbuf.index(s)
+        )
+    else:
+        mbarrier.arrive(kready.index(s), count=1)
+    return t_kfree
+
+
+@gluon.jit
 def _load_partition(
     q_desc, k_desc, s_desc, kbuf, sbuf, qbuf, kready, kfree, qready, qfree,
     pt_ptr, stride_pt, n_pages, seq_lens, n_rows, width, group_pass, n_items, split_span, splits,
@@ -474,6 +504,7 @@ def _load_partition(
     nprog = gl.num_programs(0)
     it = 0
     q_i = 0
+    t_kfree = 0
     if PROF:  # cycles: all, waiting for a free key stage, waiting for a free query buffer
         t_all, t_kfree, t_qfree, _, _ = _prof_start()
     for item in range(pid, n_items, nprog):
@@ -492,36 +523,44 @@ def _load_partition(
         for p in range(npass):
             src = gl.where(npass == 1, lead, r0 + p)
             pt_row = pt_ptr + src.to(gl.int64) * stride_pt + lo // PAGE
-            # the page ids of the next two visits are read before this visit's copies are issued
-            v1 = gl.where(step >= n, step - n, step)
-            v2 = gl.where(v1 + step >= n, v1 + step - n, v1 + step)
-            page = gl.load(pt_row, mask=n > 0, other=0)
-            page1 = gl.load(pt_row + v1, mask=n > 1, other=0)
-            for i in range(0, (n + G - 1) // G * G):  # padded to whole selection steps
-                page2 = gl.load(pt_row + v2, mask=i + 2 < n, other=0)
-                v2 += step
-                v2 = gl.where(v2 >= n, v2 - n, v2)
-                ok = (page >= 0) & (page < n_pages)
-                s = it % KSTAGES
-                if PROF:
-                    c0 = _clock()
-                mbarrier.wait(kfree.index(s), ((it // KSTAGES) & 1) ^ 1)
-                if PROF:
-                    t_kfree += _clock() - c0
-                if i < n:
-                    mbarrier.expect(kready.index(s), k_desc.block_type.nbytes + s_desc.block_type.nbytes)
-                    # a page outside the cache reads as zeros: a negative coordinate is out of bounds
-                    tma.async_copy_global_to_shared(
-                        k_desc, [gl.where(ok, page * KEY_ROWS, -PAGE), 0], kready.index(s), kbuf.index(s)
+            if R == 1:
+                # a decode item: its page ids are read a selection step ahead, as a vector, then
+                # taken one per visit from registers. Read one visit ahead, each id's copy into the
+                # uniform register of its bulk-copy coordinate waited a global load's latency
+                # (the page table of a decode row is cold), and that latency set the item's pace
+                ids_layout: gl.constexpr = gl.BlockedLayout([G], [32], [1], [0])
+                kk = gl.arange(0, G, layout=ids_layout)
+                nn = gl.maximum(n, 1)
+                ids = gl.load(pt_row + (kk * step) % nn, mask=kk < n, other=0)
+                vs = (G * step) % nn  # the first visit of the next step
+                for i0 in range(0, n, G):
+                    nxt = gl.load(pt_row + (vs + kk * step) % nn, mask=i0 + G + kk < n, other=0)
+                    vs = (vs + G * step) % nn
+                    for j in gl.static_range(G):
+                        page = gl.sum(gl.where(kk == j, ids, 0), axis=0)
+                        t_kfree = _issue_visit(
+                            page, i0 + j < n, it, k_desc, s_desc, kbuf, sbuf, kready, kfree, n_pages, t_kfree,
+                            KSTAGES, KEY_ROWS, SCALE_COL, PROF,
+                        )
+                        it += 1
+                    ids = nxt
+            else:
+                # the page ids of the next two visits are read before this visit's copies are issued
+                v1 = gl.where(step >= n, step - n, step)
+                v2 = gl.where(v1 + step >= n, v1 + step - n, v1 + step)
+                page = gl.load(pt_row, mask=n > 0, other=0)
+                page1 = gl.load(pt_row + v1, mask=n > 1, other=0)
+                for i in range(0, (n + G - 1) // G * G):  # padded to whole selection steps
+                    page2 = gl.load(pt_row + v2, mask=i + 2 < n, other=0)
+                    v2 += step
+                    v2 = gl.where(v2 >= n, v2 - n, v2)
+                    t_kfree = _issue_visit(
+                        page, i < n, it, k_desc, s_desc, kbuf, sbuf, kready, kfree, n_pages, t_kfree,
+                        KSTAGES, KEY_ROWS, SCALE_COL, PROF,
                     )
-                    tma.async_copy_global_to_shared(
-                        s_desc, [gl.where(ok, page, -1), SCALE_COL], kready.index(s), sbuf.index(s)
-                    )
-                else:  # a padding visit: an empty token through the rings
-                    mbarrier.arrive(kready.index(s), count=1)
-                it += 1
-                page = page1
-                page1 = page2
+                    it += 1
+                    page = page1
+                    page1 = page2
     if PROF:
         _prof_store(prof, 1, _clock() - t_all, t_kfree, t_qfree, t_all * 0, t_all * 0)
 
@@ -841,8 +880,8 @@ def stream_unfit(inputs, ka, cfg) -> Optional[str]:
     ``tl.dot_scaled`` lowering it reproduces (:data:`indexer_topk.versions.MX_STREAM_TRITON`)."""
     if torch.cuda.get_device_capability(ka.kc.device) != (9, 0):
         return "it needs an sm_90 GPU"
-    if (cfg.rows, cfg.num_warps) != (2, 4):
-        return "it is built for the 2-row tile on four warps"
+    if cfg.rows not in (1, 2) or cfg.num_warps != 4:
+        return "it is built for the 1- and 2-row tiles on four warps"
     q, kc = inputs.q, inputs.k_cache
     if not q.is_contiguous() or q.data_ptr() % 16 or kc.data_ptr() % 16 or kc.shape[0] == 0:
         return "it needs contiguous, 16-byte aligned queries and a non-empty, 16-byte aligned cache"

@@ -162,7 +162,11 @@ def page_scores(
 ):
     """``[64, R]`` fp32 scores of the group's rows against one key page (see :func:`load_page`)."""
     if INTERPRET:
-        acc = tl.dot(k, qt, input_precision="ieee", out_dtype=tl.float32)
+        # numpy's fp32 matmul sums in an order that depends on the tile's shape; float64 products
+        # and sums of these operands are exact (for FP8 always, for MXFP4 unless block scales far
+        # apart meet in one dot), so one row per tile and two give the same bits, as compiled MMAs do
+        acc = tl.dot(k.to(tl.float64), qt.to(tl.float64), input_precision="ieee", out_dtype=tl.float64)
+        acc = acc.to(tl.float32)
     elif LAYOUT == FP8:
         acc = tl.dot(k, qt, out_dtype=tl.float32)
     else:

@@ -284,3 +284,23 @@ def select_rows_kernel(
         dst_key, dst_pos, count, seq_len, page_table + row.to(tl.int64) * stride_pt,
         out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
     )
+
+
+@triton.jit
+def merge_lists_kernel(
+    src_key, src_pos, src_cnt, dst_key, dst_pos, dst_cnt,
+    TOPK: tl.constexpr, FANIN: tl.constexpr, CHUNK: tl.constexpr,
+):
+    """One level of the split merge: program ``p`` takes the ``FANIN`` lists ``p * FANIN ..``
+    (each ``TOPK`` slots, valid below its count, in position order, consecutive lists covering
+    consecutive positions of one row) and writes their best ``TOPK`` entries, in position order,
+    as list ``p`` of ``dst`` with its count."""
+    p = tl.program_id(0).to(tl.int64)
+    base = p * (FANIN * TOPK)
+    cnt_ptr = src_cnt + p * FANIN
+    n_valid = tl.sum(tl.load(cnt_ptr + tl.arange(0, FANIN)), axis=0)
+    select_into(
+        src_key + base, src_pos + base, cnt_ptr, FANIN * TOPK, n_valid, TOPK, dst_key + p * TOPK,
+        dst_pos + p * TOPK, 1, TOPK, CHUNK, False, 0, 0,
+    )
+    tl.store(dst_cnt + p, tl.minimum(n_valid, TOPK))
