@@ -39,17 +39,21 @@ def test_functional_operator_equals_the_api(layout):
     assert_bitwise(indexer_topk.IndexerTopKResult(*got), want, f"op vs api, {layout}")
 
 
+@pytest.mark.parametrize("rows_per_request", [None, 1], ids=["no_hint", "one_row_per_request"])
 @pytest.mark.parametrize("backend", ["legacy", "fused"])
-def test_out_operator_writes_every_output_with_the_backends_bits(backend):
+def test_out_operator_writes_every_output_with_the_backends_bits(backend, rows_per_request):
+    """Into poisoned outputs; the decode hint (one row per work item in the fused backend, even
+    where rows in fact share pages) changes no bit."""
     w = small(pattern="equal")  # ties everywhere: the order rule decides every slot
     want = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
     out = allocate_result(w.rows, w.topk, "cpu")
     for t in out:
         t.view(torch.int32).fill_(-12345)
     workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value), dtype=torch.uint8)
-    ret = OPS.indexer_topk_out(*op_args(w), *out, workspace, weight_scale=w.weight_scale, backend=backend)
+    ret = OPS.indexer_topk_out(*op_args(w), *out, workspace, weight_scale=w.weight_scale, backend=backend,
+                               rows_per_request=rows_per_request)
     assert ret is None
-    assert_bitwise(out, want, f"out op vs api, {backend}")
+    assert_bitwise(out, want, f"out op vs api, {backend}, rows_per_request {rows_per_request}")
 
 
 def test_out_operator_validates_like_the_api():
@@ -60,6 +64,12 @@ def test_out_operator_validates_like_the_api():
         OPS.indexer_topk_out(*op_args(w), *bad, None, backend="reference")
     with pytest.raises(ValueError, match="topk"):
         OPS.indexer_topk(*w.args(), 100, w.layout.value, backend="reference")
+    for bad_hint in (0, -2):
+        with pytest.raises(ValueError, match="rows_per_request"):
+            OPS.indexer_topk(*w.args(), w.topk, w.layout.value, backend="reference", rows_per_request=bad_hint)
+    for bad_hint in (True, 1.0, "1"):
+        with pytest.raises(ValueError, match="rows_per_request"):
+            indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="reference", rows_per_request=bad_hint)
 
 
 @pytest.mark.parametrize("layout", ["sglang_mxfp4", "aiter_mxfp4"])
@@ -70,7 +80,7 @@ def test_opcheck(layout):
     float8 lacks on the CPU, so the FP8 layout's e4m3 queries trip the checker, not the op."""
     w = small(layout, rows=2, tokens=2300)
     torch.library.opcheck(OPS.indexer_topk.default, op_args(w),
-                          dict(weight_scale=w.weight_scale, backend="reference"))
+                          dict(weight_scale=w.weight_scale, backend="reference", rows_per_request=2))
     out = allocate_result(w.rows, w.topk, "cpu")
     torch.library.opcheck(OPS.indexer_topk_out.default, op_args(w) + tuple(out),
                           dict(workspace=None, weight_scale=w.weight_scale, backend="reference"))

@@ -17,7 +17,10 @@ import torch
 import fake_aiter
 import indexer_topk
 from indexer_topk import api, policy
-from indexer_topk.policy import STREAM_MIN_C4, STREAM_MIN_ROWS, PathPolicy, Probe, is_capturing, probe_environment
+from indexer_topk.policy import (
+    DECODE_MAX_ROWS, DECODE_MIN_C4, MEASURED_DECODE, STREAM_MIN_C4, STREAM_MIN_ROWS, PathPolicy, Probe, is_capturing,
+    probe_environment,
+)
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
 from kernel_cases import assert_bitwise
@@ -357,8 +360,44 @@ def test_stream_takes_fp8_calls_where_it_measured_faster(rows, c4_len, want):
     other = PathPolicy(dataclasses.replace(STREAM, triton_version="3.9.0"))
     assert other.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
     assert other.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
-    assert policy.route(layout="sglang_fp8", is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
+    decode = "fused" if c4_len is not None and c4_len >= DECODE_MIN_C4 and (rows or 0) <= DECODE_MAX_ROWS else "legacy"
+    assert policy.route(layout="sglang_fp8", is_decode=True, rows=rows, c4_len=c4_len) == decode
     assert policy.route(layout="sglang_fp8", capturing=True, rows=rows, c4_len=c4_len) == "legacy"
+
+
+@pytest.mark.parametrize("layout, rows, c4_len, want", [
+    ("sglang_fp8", 8, 196608, "fused"),  # 0.28 vs 0.71 ms
+    ("sglang_fp8", 256, 32768, "fused"),  # the shortest and widest measured: 0.46 vs 0.76 ms
+    ("sglang_fp8", 256, 32767, "legacy"),  # shorter contexts were not measured
+    ("sglang_fp8", 257, 196608, "legacy"),  # nor more requests
+    ("sglang_fp8", 8, None, "legacy"),  # an unknown length stays on the proven path
+    (None, 8, 196608, "legacy"),  # so does an unknown layout
+    ("sglang_mxfp4", 64, 196608, "fused"),
+    ("aiter_mxfp4", 64, 196608, "fused"),  # the plain kernel: 1.21x at 64 x 768K
+])
+def test_decode_takes_the_fused_path_where_it_measured_faster(layout, rows, c4_len, want):
+    """Decode calls of the measured shapes on an sm_90 GPU take the fused path (faster than the
+    legacy path there); graph capture and other devices keep the proven path, and inside SGLang
+    decode stays on SGLang's own (faster) path unless opted in."""
+    policy = PathPolicy(STREAM)
+    assert policy.decode_backend == "legacy"
+    assert policy.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == want
+    assert policy.route(layout=layout, forward_mode="decode", capturing=True, rows=rows, c4_len=c4_len) == want
+    assert policy.route(layout=layout, capturing=True, rows=rows, c4_len=c4_len) == "legacy"
+    assert policy.engine_route(engine_path=False, layout=layout, is_decode=True, rows=rows, c4_len=c4_len) is None
+    for probe in (dataclasses.replace(STREAM, hopper_stream=False),  # no stream: nothing measured
+                  dataclasses.replace(STREAM, fused_enabled=False, kill_switch_raw="false")):
+        assert PathPolicy(probe).route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
+    if layout == "sglang_mxfp4":  # its stream follows one Triton; the plain kernel was not measured
+        other = PathPolicy(dataclasses.replace(STREAM, triton_version="3.9.0"))
+        assert other.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
+    opted = PathPolicy(dataclasses.replace(STREAM, fused_decode=True))
+    assert opted.engine_route(engine_path=True, layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "fused"
+
+
+def test_log_line_says_which_decode_calls_take_the_fused_path():
+    assert MEASURED_DECODE in PathPolicy(STREAM).log_line()
+    assert MEASURED_DECODE not in PathPolicy(dataclasses.replace(STREAM, hopper_stream=False)).log_line()
 
 
 def test_stream_shape_rule_yields_to_the_memory_opt_in_and_the_kill_switch():

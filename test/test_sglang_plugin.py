@@ -73,16 +73,24 @@ def sg(sglang_paths):
     env.close()
 
 
+class Calls(list):
+    """The plugin's calls of our operator; ``hints`` their ``rows_per_request``."""
+
+    hints: list
+
+
 @pytest.fixture
 def served(monkeypatch):
     """Calls of our operator made by the plugin: one ``(backend, rows, topk, layout)`` each,
     ``backend`` as the policy named it. The exact ``"reference"`` backend computes each one:
     the policy routes as on the GPU of its probe, where our kernels or AITER would run."""
-    calls = []
+    calls = Calls()
+    calls.hints = []
     real = api.indexer_topk
 
     def serve(*args, **kwargs):
         calls.append((kwargs["backend"], args[0].shape[0], kwargs["topk"], kwargs["layout"]))
+        calls.hints.append(kwargs.get("rows_per_request"))
         return real(*args, **{**kwargs, "backend": "reference"})
 
     monkeypatch.setattr(api, "indexer_topk", serve)
@@ -323,12 +331,13 @@ def test_small_fp4_prefill_takes_our_legacy_path_where_the_hopper_stream_serves_
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
 def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
     """With decode opted in, a decode step (one row per request) goes through our operator on the
-    fused path and selects what SGLang's own decode path selects."""
+    fused path, told that each request has one row (the fused backend's decode tiling), and
+    selects what SGLang's own decode path selects."""
     policy = load(H200_DECODE)
     scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1), contexts=(5000, 2300, 900), seed=19)
     sg.calls.clear()
     pages, _ = scene.forward()
-    assert served == [("fused", scene.rows, 512, layout)]
+    assert served == [("fused", scene.rows, 512, layout)] and served.hints == [1]
     assert policy.routes == {"fused": 1}
     assert sg.calls.logits_calls() == 0
     legacy_pages, _ = scene.forward(original=True)
@@ -346,6 +355,7 @@ def test_capture_opted_in_is_served_by_the_fused_path(sg, load, served):
     finally:
         sg.capturing[0] = False
     assert served == [("fused", scene.rows, 512, "sglang_fp8")] and policy.routes == {"fused": 1}
+    assert served.hints == [None]  # a prefill batch: requests of different row counts
     legacy_pages, _ = scene.forward(original=True)
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
 

@@ -5,10 +5,13 @@ The rules
 * Eager prefill rows (EXTEND, MIXED, TARGET_VERIFY and other prefill modes, outside graph
   capture) take the frozen *fused path* (:attr:`PathPolicy.fused_backend`).
 * Decode (DECODE, IDLE), anything during CUDA/HIP graph capture, and the kill switch
-  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` (or any value it cannot read) take ``"legacy"``: no
-  committed measurement shows the fused path faster there, and AITER's kernel refuses capture
-  outright. ``INDEXER_TOPK_FUSED_DECODE=1`` puts decode and capture on our fused path (its
-  operator form captures), except under the kill switch (:attr:`PathPolicy.decode_backend`).
+  ``SGLANG_DSV4_FP4_FUSED_TOPK=false`` (or any value it cannot read) take ``"legacy"``
+  (AITER's kernel refuses capture outright), except decode calls whose layout and length say
+  they are of the shapes the fused path measured faster at on an sm_90 GPU
+  (:data:`MEASURED_DECODE`). ``INDEXER_TOPK_FUSED_DECODE=1`` puts every decode and captured
+  call on our fused path (its operator form captures), inside SGLang too, except under the kill
+  switch (:attr:`PathPolicy.decode_backend`); without it SGLang keeps its own decode, which
+  measured faster than ours.
 * The fused path: AMD gfx950 with AITER's ``flydsl_pa_mqa_topk_fp4_prefill`` -> ``"aiter"``
   for the ``aiter_mxfp4`` layout (other layouts: ours if opted in, else legacy); other AMD
   GPUs -> our Triton ``"fused"`` only with ``INDEXER_TOPK_TRITON_ROCM=1``, else ``"legacy"``;
@@ -92,6 +95,18 @@ MEASURED_MXFP4_STREAM = (
     "and 64K tokens up, and slower at 8 rows (0.65 vs 0.29 ms at 64K), so it follows the FP8 stream's rule"
 )
 
+# Decode steps (benchmark/results/decode/decode_nvidia-h200.json: one query row per request,
+# topk 1024, each backend replayed from a CUDA graph through the out operator). The fused path
+# wins against the legacy path at every measured shape (from 128K tokens, 8 to 256 requests) for
+# every layout, where sglang_mxfp4 runs on the Hopper stream; SGLang's own decode is faster still,
+# so inside SGLang decode stays on SGLang's path unless INDEXER_TOPK_FUSED_DECODE=1.
+DECODE_MIN_C4 = 32768  # 128K tokens, the shortest measured context
+DECODE_MAX_ROWS = 256
+MEASURED_DECODE = (
+    "decode steps of 128K tokens and up on sm_90 take the fused path, measured faster than the legacy path on "
+    "an H200 (FP8, one row per request: 0.28 vs 0.71 ms at 8 x 768K tokens, 0.69 vs 1.55 at 64 x 768K, 0.46 vs "
+    "0.76 at 256 x 128K), though slower than SGLang's own decode (0.07, 0.46, 0.30 ms)"
+)
 
 
 @dataclass(frozen=True)
@@ -366,10 +381,27 @@ def _decide_decode(p: Probe) -> Tuple[str, str]:
     if not p.fused_enabled:
         return "legacy", "the kill switch is off"
     if not p.fused_decode:
-        return "legacy", "the proven path; INDEXER_TOPK_FUSED_DECODE=1 opts them in to the fused path"
+        measured = f", except that {MEASURED_DECODE}" if _decode_measured_here(p) else ""
+        return "legacy", f"the proven path{measured}; INDEXER_TOPK_FUSED_DECODE=1 opts them in to the fused path"
     if can_use_triton(p) and (p.device != "hip" or p.triton_rocm):
         return "fused", "opted in to the fused path (INDEXER_TOPK_FUSED_DECODE=1)"
     return "legacy", "INDEXER_TOPK_FUSED_DECODE=1, but our Triton fused path cannot run here"
+
+
+def _decode_measured_here(p: Probe) -> bool:
+    """Whether this device is the one :data:`MEASURED_DECODE` was measured on (sm_90, the stream)."""
+    return p.fused_enabled and p.device == "cuda" and p.hopper_stream and can_use_triton(p)
+
+
+def _decode_measured(layout, p: Probe, rows: Optional[int], c4_len: Optional[int]) -> bool:
+    """Whether a decode call of ``layout`` and this shape is one :data:`MEASURED_DECODE` covers:
+    a known layout (sglang_mxfp4 where the stream serves it), at least :data:`DECODE_MIN_C4` C4
+    positions (an unknown length stays on the proven path) and at most :data:`DECODE_MAX_ROWS` rows."""
+    if not _decode_measured_here(p) or layout is None or c4_len is None or c4_len < DECODE_MIN_C4:
+        return False
+    if rows is not None and rows > DECODE_MAX_ROWS:
+        return False
+    return layout is not Layout.SGLANG_MXFP4 or _mx_stream(p)
 
 
 def _kill_switch_off(p: Probe) -> str:
@@ -553,8 +585,9 @@ class PathPolicy:
         c4_len: Optional[int] = None,
     ) -> str:
         """The backend name for one call: ``"fused"``, ``"aiter"``, ``"legacy"`` or ``"reference"``.
-        Decode and graph-captured calls take :attr:`decode_backend`; eager prefill its layout's
-        backend.
+        Decode and graph-captured calls take :attr:`decode_backend`, except decode calls of the
+        shapes :data:`MEASURED_DECODE` covers (which need ``layout`` and ``c4_len``), which take
+        the fused path; eager prefill its layout's backend.
 
         Parameters
         ----------
@@ -573,7 +606,7 @@ class PathPolicy:
             The call's query rows and C4 positions per row it may score (its page table's
             columns x 64): an FP8 call below :data:`STREAM_MIN_ROWS` or :data:`STREAM_MIN_C4`
             takes the legacy path, where the Hopper stream measured slower. Unknown (``None``)
-            counts as large.
+            counts as large for prefill; a decode call of unknown length stays on the proven path.
         """
         return self._route(layout, is_decode, capturing, forward_mode, topk, rows, c4_len)[1]
 
@@ -584,6 +617,8 @@ class PathPolicy:
         if self.fused_backend == "reference":
             return False, "reference"
         if is_decode or _mode_is_decode(forward_mode):
+            if self.decode_backend == "legacy" and _decode_measured(layout, self.probe, rows, c4_len):
+                return False, "fused"
             return False, self.decode_backend
         if capturing is None:
             capturing = is_capturing()
@@ -624,8 +659,8 @@ class PathPolicy:
         prefill, backend = self._route(layout, is_decode, capturing, forward_mode, topk, rows, c4_len)
         if not self.probe.fused_enabled or backend == "reference":
             return None
-        if not prefill:  # decode and capture: ours only where opted in
-            return backend if backend == "fused" else None
+        if not prefill:  # decode and capture: ours only where opted in (the engine's decode is faster)
+            return backend if backend == "fused" and self.decode_backend == "fused" else None
         if engine_path:
             return backend if backend == "aiter" or (backend == "fused" and self.probe.fused_prefill) else None
         return backend

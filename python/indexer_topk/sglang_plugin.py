@@ -440,6 +440,17 @@ def _operator_inputs(a, call: _Call, q_indexer, weights):
     return q_indexer, None, call.k_cache, None, weights, 1.0
 
 
+def _rows_per_request(forward_batch, rows: int) -> Optional[int]:
+    """Rows per request of a decode step (each request's rows share its page-table row, so the
+    fused backend tiles one request per work item: one row without draft rows); ``None`` in the
+    other modes, where requests hold different numbers of rows."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    batch = getattr(forward_batch, "batch_size", None)
+    if mode is None or not mode.is_decode() or not isinstance(batch, int) or batch < 1 or rows % batch:
+        return None
+    return rows // batch
+
+
 def _exact_out(t: Optional[torch.Tensor], shape, dtype) -> Optional[torch.Tensor]:
     if t is not None and tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.is_contiguous():
         return t
@@ -481,7 +492,7 @@ def _run_fused(original, a, call: _Call):
             q, q_scale, k_cache, k_scale, weights,
             page_table.to(torch.int32).contiguous(), c4_seq_lens.reshape(-1).to(torch.int32).contiguous(),
             topk=topk, layout=call.layout, weight_scale=weight_scale, backend=call.backend,
-            out=out, check_values=False,
+            out=out, check_values=False, rows_per_request=_rows_per_request(a["forward_batch"], rows),
         )
     except Exception as exc:
         return _demote_and_rerun(original, a, call, exc)
