@@ -68,6 +68,23 @@ def step_fn(w, backend: str, out, workspace, per_request: int = 1):
     return step
 
 
+def graph_ms(step, *, iters: int, device) -> float:
+    """Median ms of ``step`` replayed from a CUDA graph: run once on a side stream (compiles and
+    warms outside the capture), captured, timed; replayed once more last, so the outputs left
+    behind are the graph's."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = median_ms(graph.replay, warmup=3, iters=iters, device=device)
+    graph.replay()
+    return ms
+
+
 def time_backend(w, backend: str, *, iters: int, device, graphs: bool, per_request: int = 1) -> tuple:
     """``(record fields, outputs)`` of one backend on one decode batch."""
     import indexer_topk
@@ -81,16 +98,7 @@ def time_backend(w, backend: str, *, iters: int, device, graphs: bool, per_reque
     eager = median_ms(step, warmup=2, iters=iters, device=device)
     fields = {"backend": backend, "eager_ms": eager, "graph_ms": None, "workspace_mib": nbytes / 2**20}
     if graphs:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        fields["graph_ms"] = median_ms(graph.replay, warmup=3, iters=iters, device=device)
-        graph.replay()  # the outputs compared below are the graph's
+        fields["graph_ms"] = graph_ms(step, iters=iters, device=device)
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
     return fields, out
@@ -134,19 +142,9 @@ def time_sglang(w, kit: str, *, iters: int, device) -> tuple:
         topk.transform(logits, sl, pt, pages, 64, plan)
 
     eager = median_ms(step, warmup=2, iters=iters, device=device)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    fields = {"backend": "sglang", "eager_ms": eager, "graph_ms": median_ms(graph.replay, warmup=3, iters=iters,
-                                                                              device=device),
+    fields = {"backend": "sglang", "eager_ms": eager, "graph_ms": graph_ms(step, iters=iters, device=device),
               "workspace_mib": 0.0, "sglang_step": f"deep_gemm.{paged_name} + topk_v2 transform_paged (plan per batch)",
               "sglang_topk_dispatch": topk.dispatch.get(f"{w.rows}x{width}")}
-    graph.replay()
     torch.cuda.synchronize()
     return fields, pages
 

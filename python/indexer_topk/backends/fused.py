@@ -127,9 +127,7 @@ class FusedPlan:
 
 def program_slots(device=None) -> int:
     """Programs the fused kernel keeps resident on ``device`` (the current GPU when None)."""
-    if device is None:
-        device = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
-    return device_sm_count(device) * PROGRAMS_PER_SM
+    return device_sm_count(_device(device)) * PROGRAMS_PER_SM
 
 
 def plan_fused(
