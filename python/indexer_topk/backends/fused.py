@@ -35,8 +35,11 @@ QUEUE_BYTES = 256
 MAX_STRIP = 1024  # keys per row scored between flushes, at most
 ENTRY_BYTES = 8  # an int32 key and an int32 position
 # Split lists merged per program at each level of the merge tree: one program per row over all
-# of a row's 64 lists took 0.6 ms at 8 rows x 768K (H200), one list of 8 per program a tenth.
+# of a row's 64 lists took 0.60 ms at 8 rows x 768K (H200); runs of 8, then the final merge, 0.16.
 MERGE_FANIN = 8
+# Entries a merge program holds at once (the build measured in benchmark/results/decode/; a
+# level's program over 8 lists took 0.087 ms with it and 0.076 with 1024-entry chunks, in runs
+# that differed in their plans too, so which is faster is open).
 MERGE_CHUNK = 8192
 
 
@@ -331,7 +334,5 @@ def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_
 
 
 def _merge_chunk(lists: int, topk: int) -> int:
-    """Entries a merge program holds at once: all of its lists up to ``MERGE_CHUNK``, so each
-    radix pass is one load and one histogram rather than a loop of dependent steps (a merge
-    program's time is that chain's latency)."""
+    """Entries a merge program holds at once: all of its lists, up to ``MERGE_CHUNK``."""
     return max(SELECT_CHUNK, min(MERGE_CHUNK, lists * topk))
