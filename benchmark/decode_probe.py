@@ -18,7 +18,9 @@ Variants (each bit-compared with legacy on the same batch):
 depend on the tile's width. ``--sweep`` times the Hopper stream's decode plan (``R = 1``) at the
 shapes with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
 stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides such as
-``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy. Device time per kernel comes from ``torch.profiler`` over
+``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
+``--profile`` prints the stream's partition timers (its ``PROF`` compile) for the decode plan at
+the shapes, with and without its selection (``hopper_probe.py``'s table). Device time per kernel comes from ``torch.profiler`` over
 ``--iters`` warm calls; the table is printed last, the JSON goes to ``--out``.
 """
 
@@ -112,6 +114,39 @@ def bits_check(layouts, device, seed):
     return out
 
 
+def profile(a, device) -> int:
+    """Partition timers of the stream's decode plan (see the module docstring)."""
+    from hopper_probe import PROFILE_FIELDS, profile_means, profile_table
+    from indexer_topk.backends.hopper import hopper_indexer_topk
+    from indexer_topk.kernels.launch import device_sm_count
+
+    records = []
+    for layout in a.layouts.split(","):
+        for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
+            w = make_workload(layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
+                              topk=a.topk, seed=a.seed, device=device)
+            inputs = w.inputs()
+            for no_select in (False, True):
+                prof = torch.zeros(device_sm_count(device), 5, 8, dtype=torch.int64, device=device)
+                for _ in range(2):  # compile and warm, then the counted run
+                    prof.zero_()
+                    torch.cuda.synchronize()
+                    hopper_indexer_topk(inputs, no_select=no_select, profile=prof, rows_per_request=per_request)
+                    torch.cuda.synchronize()
+                shape = f"{requests}x{tokens // 1024}K"
+                print(f"== {layout} {shape}, {per_request} row(s) per request"
+                      f"{' (selection taken out)' if no_select else ''}")
+                print(profile_table(prof), flush=True)
+                mean = profile_means(prof)
+                records.append(dict(layout=layout, shape=shape, no_select=no_select, **{
+                    f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
+                    for k, f in enumerate(fields) if f}))
+            w = inputs = None
+            torch.cuda.empty_cache()
+    Path(a.out).write_text(json.dumps({"profile": records}, indent=1) + "\n")
+    return 0
+
+
 def sweep(a, device) -> int:
     """Device ms (sum of kernel times) of the stream's decode plan variants; see the docstring."""
     from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels
@@ -170,12 +205,15 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "decode_probe.json"))
     p.add_argument("--sweep", action="store_true")
+    p.add_argument("--profile", action="store_true")
     p.add_argument("--sweep-splits", default="1,2,4", help="multiples of the one-wave plan's splits")
     p.add_argument("--sweep-configs", default=";key_stages=12", help="';'-separated HopperConfig overrides")
     a = p.parse_args(argv)
     device = "cuda"
     if a.sweep:
         return sweep(a, device)
+    if a.profile:
+        return profile(a, device)
     result = {"bits": bits_check([x for x in a.bits_layouts.split(",") if x], device, a.seed), "runs": []}
     table = []
     for layout in a.layouts.split(","):
