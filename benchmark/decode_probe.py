@@ -116,7 +116,7 @@ def bits_check(layouts, device, seed):
 
 def profile(a, device) -> int:
     """Partition timers of the stream's decode plan (see the module docstring)."""
-    from hopper_probe import PROFILE_FIELDS, profile_means, profile_table
+    from hopper_probe import profile_fields, profile_table
     from indexer_topk.backends.hopper import hopper_indexer_topk
     from indexer_topk.kernels.launch import device_sm_count
 
@@ -137,10 +137,7 @@ def profile(a, device) -> int:
                 print(f"== {layout} {shape}, {per_request} row(s) per request"
                       f"{' (selection taken out)' if no_select else ''}")
                 print(profile_table(prof), flush=True)
-                mean = profile_means(prof)
-                records.append(dict(layout=layout, shape=shape, no_select=no_select, **{
-                    f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
-                    for k, f in enumerate(fields) if f}))
+                records.append(dict(layout=layout, shape=shape, no_select=no_select, **profile_fields(prof)))
             w = inputs = None
             torch.cuda.empty_cache()
     Path(a.out).write_text(json.dumps({"profile": records}, indent=1) + "\n")

@@ -167,10 +167,7 @@ def profile(build: str, tokens_list=(786432, 65536)) -> list:
             torch.cuda.synchronize()
             print(f"== {build} {tokens // 1024}K 1024 rows{' (selection taken out)' if no_select else ''}")
             print(profile_table(prof), flush=True)
-            mean = profile_means(prof)
-            records.append(dict(build=build, tokens=tokens, no_select=no_select, **{
-                f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
-                for k, f in enumerate(fields) if f}))
+            records.append(dict(build=build, tokens=tokens, no_select=no_select, **profile_fields(prof)))
         w = inputs = None
         torch.cuda.empty_cache()
     return records
@@ -190,6 +187,13 @@ def profile_means(profile: torch.Tensor) -> torch.Tensor:
     ``profile`` beyond the grid stay zero and are left out)."""
     ran = profile[:, :, 0].sum(1) > 0
     return profile[ran].double().mean(0).cpu()
+
+
+def profile_fields(profile: torch.Tensor) -> dict:
+    """The ``PROF`` counters averaged over programs, as record fields ``"<partition>:<region>"``."""
+    mean = profile_means(profile)
+    return {f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
+            for k, f in enumerate(fields) if f}
 
 
 def profile_table(profile: torch.Tensor) -> str:

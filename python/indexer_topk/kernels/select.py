@@ -301,6 +301,6 @@ def merge_lists_kernel(
     n_valid = tl.sum(tl.load(cnt_ptr + tl.arange(0, FANIN)), axis=0)
     select_into(
         src_key + base, src_pos + base, cnt_ptr, FANIN * TOPK, n_valid, TOPK, dst_key + p * TOPK,
-        dst_pos + p * TOPK, 1, TOPK, CHUNK, False, 0, 0,
+        dst_pos + p * TOPK, 1, TOPK, CHUNK, False, 0, 0,  # MODE 1: segment lists
     )
     tl.store(dst_cnt + p, tl.minimum(n_valid, TOPK))
