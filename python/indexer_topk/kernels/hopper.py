@@ -524,20 +524,25 @@ def _load_partition(
             src = gl.where(npass == 1, lead, r0 + p)
             pt_row = pt_ptr + src.to(gl.int64) * stride_pt + lo // PAGE
             if R == 1:
-                # a decode item: its page ids are read a selection step ahead, as a vector, then
-                # taken one per visit from registers. Read one visit ahead, each id's copy into the
-                # uniform register of its bulk-copy coordinate waited a global load's latency
-                # (the page table of a decode row is cold), and that latency set the item's pace
-                ids_layout: gl.constexpr = gl.BlockedLayout([G], [32], [1], [0])
-                kk = gl.arange(0, G, layout=ids_layout)
+                # a decode item: a selection step's page ids are read a step ahead, one per lane,
+                # and gathered into every lane when their step begins. A bulk copy's coordinate
+                # lives in a uniform register; an id loaded straight into a replicated layout was
+                # moved there right after its load, so each step waited a global load (a decode
+                # row's page table is cold). A per-lane id stays in a vector register until the
+                # gather of the next step, which waits only on what has not yet arrived
+                LANE: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+                HELD: gl.constexpr = gl.BlockedLayout([G], [32], [1], [0])
+                kl = gl.arange(0, G, layout=LANE)
+                kh = gl.arange(0, G, layout=HELD)
                 nn = gl.maximum(n, 1)
-                ids = gl.load(pt_row + (kk * step) % nn, mask=kk < n, other=0)
+                ids = gl.load(pt_row + (kl * step) % nn, mask=kl < n, other=0)
                 vs = (G * step) % nn  # the first visit of the next step
                 for i0 in range(0, n, G):
-                    nxt = gl.load(pt_row + (vs + kk * step) % nn, mask=i0 + G + kk < n, other=0)
+                    nxt = gl.load(pt_row + (vs + kl * step) % nn, mask=i0 + G + kl < n, other=0)
                     vs = (vs + G * step) % nn
+                    held = gl.convert_layout(ids, HELD)
                     for j in gl.static_range(G):
-                        page = gl.sum(gl.where(kk == j, ids, 0), axis=0)
+                        page = gl.sum(gl.where(kh == j, held, 0), axis=0)
                         t_kfree = _issue_visit(
                             page, i0 + j < n, it, k_desc, s_desc, kbuf, sbuf, kready, kfree, n_pages, t_kfree,
                             KSTAGES, KEY_ROWS, SCALE_COL, PROF,
