@@ -17,9 +17,10 @@ Variants (each bit-compared with legacy on the same batch):
 ``R = 1`` against ``R = 2`` (random pages, several score patterns): whether a row's score bits
 depend on the tile's width. ``--sweep`` times the Hopper stream's decode plan (``R = 1``) at the
 shapes with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
-stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides such as
+stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides or the
+call's ``pool``, such as
 ``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
-``--profile`` prints the stream's partition timers (its ``PROF`` compile) for the decode plan at
+``--profile`` prints the stream's partition timers (its ``PROF`` compile; ``--pool`` the call's) for the decode plan at
 the shapes, with and without its selection (``hopper_probe.py``'s table). Device time per kernel comes from ``torch.profiler`` over
 ``--iters`` warm calls; the table is printed last, the JSON goes to ``--out``.
 """
@@ -131,7 +132,8 @@ def profile(a, device) -> int:
                 for _ in range(2):  # compile and warm, then the counted run
                     prof.zero_()
                     torch.cuda.synchronize()
-                    hopper_indexer_topk(inputs, no_select=no_select, profile=prof, rows_per_request=per_request)
+                    hopper_indexer_topk(inputs, no_select=no_select, profile=prof, rows_per_request=per_request,
+                                        pool=a.pool)
                     torch.cuda.synchronize()
                 shape = f"{requests}x{tokens // 1024}K"
                 print(f"== {layout} {shape}, {per_request} row(s) per request"
@@ -158,16 +160,17 @@ def sweep(a, device) -> int:
             inputs = w.inputs()
             ref = legacy_backend.legacy_indexer_topk(inputs)
             wave = fused_backend.plan_fused(w.rows, w.topk, device, group_rows=1, one_wave=True).splits
-            ws = torch.empty(fused_backend.fused_workspace_size(w.rows, w.topk, layout, device, 64), dtype=torch.uint8,
-                             device=device)
             for mult in (int(x) for x in a.sweep_splits.split(",")):
                 splits = min(64, wave * mult)
                 for text in a.sweep_configs.split(";"):
                     over = {k: int(v) for k, v in (x.split("=") for x in text.split(",") if x)}
+                    pool = over.pop("pool", None)  # the call's candidate room, the rest HopperConfig fields
                     out = indexer_topk.allocate_result(w.rows, w.topk, device)
+                    ws = torch.empty(fused_backend.fused_workspace_size(w.rows, w.topk, layout, device, 64, pool),
+                                     dtype=torch.uint8, device=device)
 
                     def call():
-                        hopper_indexer_topk(inputs, out=out, workspace=ws, num_splits=splits,
+                        hopper_indexer_topk(inputs, out=out, workspace=ws, num_splits=splits, pool=pool,
                                             config=dataclasses.replace(base_cfg, **over), rows_per_request=1)
                     try:
                         call()
@@ -205,6 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true")
     p.add_argument("--sweep-splits", default="1,2,4", help="multiples of the one-wave plan's splits")
     p.add_argument("--sweep-configs", default=";key_stages=12", help="';'-separated HopperConfig overrides")
+    p.add_argument("--pool", type=int, help="--profile: the call's candidate room (default: the package's)")
     a = p.parse_args(argv)
     device = "cuda"
     if a.sweep:

@@ -7,7 +7,8 @@
 # KIT: the SGLang CUDA anchor kit (DeepGEMM sources and SGLang's topk_v2); when given, DeepGEMM
 # is built from it first (about 80 s on an H200, in the background while the tests run) and
 # decode_bench.py times SGLang's decode step beside ours. STEPS (default "tpb") picks the steps:
-# p probe, b benchmark, t tests (run in that order). LAYOUTS (default all three) the benchmark's layouts.
+# p probe, t tests, b benchmark (run in that order). LAYOUTS (default all three) the benchmark's
+# layouts; TESTS_K (default "decode") the GPU tests' -k expression.
 set -u -o pipefail
 OUT=${OUT:-/tmp/decode_out}
 mkdir -p "$OUT"
@@ -15,6 +16,7 @@ KIT=${1:-}
 STEPS=${STEPS:-tpb}
 LAYOUTS=${LAYOUTS:-sglang_fp8,sglang_mxfp4,aiter_mxfp4}
 SHAPES=${SHAPES:-8x768K,64x768K,256x128K,32x768Kx2}
+TESTS_K=${TESTS_K:-decode}
 export PYTHONPATH=${PYTHONPATH:-python}
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
@@ -35,6 +37,12 @@ if [[ $STEPS == *p* ]]; then
     --out "$OUT/decode_probe.json" > "$OUT/decode_probe.log" 2>&1
   stamp "probe rc $?"
 fi
+if [[ $STEPS == *t* ]]; then  # before the benchmark: the tests run while DeepGEMM builds
+  stamp "GPU tests -k '$TESTS_K'"
+  timeout 240 python3 -m pytest -m gpu -q test/test_hopper_stream.py test/test_graph_capture.py test/test_fused.py \
+    -k "$TESTS_K" > "$OUT/gpu_tests_decode.log" 2>&1
+  stamp "tests rc $? ($(tail -1 "$OUT/gpu_tests_decode.log"))"
+fi
 if [[ $STEPS == *b* ]]; then
   SGL=()
   if [ -n "$KIT" ]; then
@@ -46,12 +54,6 @@ if [[ $STEPS == *b* ]]; then
   timeout 300 python3 benchmark/decode_bench.py --layouts "$LAYOUTS" --shapes "$SHAPES" --out-dir "$OUT" ${SGL[@]+"${SGL[@]}"} \
     > "$OUT/decode_bench.log" 2>&1
   stamp "benchmark rc $?"
-fi
-if [[ $STEPS == *t* ]]; then
-  stamp "GPU decode tests"
-  timeout 240 python3 -m pytest -m gpu -q test/test_hopper_stream.py test/test_graph_capture.py test/test_fused.py \
-    -k "decode" > "$OUT/gpu_tests_decode.log" 2>&1
-  stamp "tests rc $? ($(tail -1 "$OUT/gpu_tests_decode.log"))"
 fi
 echo; grep -E "passed|failed" "$OUT/gpu_tests_decode.log" 2>/dev/null | tail -1
 tail -12 "$OUT/decode_probe.log" 2>/dev/null

@@ -189,11 +189,28 @@ def profile_means(profile: torch.Tensor) -> torch.Tensor:
     return profile[ran].double().mean(0).cpu()
 
 
+def profile_spans(profile: torch.Tensor) -> dict:
+    """Microseconds on the global timer (counters 5 and 6: each partition's start and end): the
+    kernel's span from the first start to the last end, the programs' spans (first partition start
+    to last partition end) on average and at most, and how far apart the programs start and end."""
+    ran = profile[:, :, 0].sum(1) > 0
+    t = profile[ran][:, :, 5:7].double().cpu() / 1e3
+    seen = t[:, :, 1] > 0  # partitions that recorded nothing are left out
+    start = torch.where(seen, t[:, :, 0], float("inf")).min(1).values
+    end = torch.where(seen, t[:, :, 1], float("-inf")).max(1).values
+    span = end - start
+    return {"kernel us": (end.max() - start.min()).item(), "program us": span.mean().item(),
+            "longest program us": span.max().item(), "start spread us": (start.max() - start.min()).item(),
+            "end spread us": (end.max() - end.min()).item()}
+
+
 def profile_fields(profile: torch.Tensor) -> dict:
-    """The ``PROF`` counters averaged over programs, as record fields ``"<partition>:<region>"``."""
+    """The ``PROF`` counters averaged over programs, as record fields ``"<partition>:<region>"``,
+    and the spans of :func:`profile_spans` as ``"timeline:<span>"``."""
     mean = profile_means(profile)
-    return {f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
-            for k, f in enumerate(fields) if f}
+    fields = {f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
+              for k, f in enumerate(fields) if f}
+    return {**fields, **{f"timeline:{k}": v for k, v in profile_spans(profile).items()}}
 
 
 def profile_table(profile: torch.Tensor) -> str:
@@ -212,6 +229,11 @@ def profile_table(profile: torch.Tensor) -> str:
             elif f:
                 cells.append(f"{f} {100 * mean[part, k].item() / max(total, 1):5.1f}%")
         lines.append("  ".join(cells))
+    lines.append("timeline " + "  ".join(f"{k} {v:.1f}" for k, v in profile_spans(profile).items()))
+    cut = mean[0, 2].item()
+    if cut > 0:  # counter 7 of the selection and of the loader: the step cuts' loads and threshold search
+        lines.append(f"step cuts  load {100 * mean[0, 7].item() / cut:5.1f}%  threshold {100 * mean[1, 7].item() / cut:5.1f}%"
+                     f"  per cut {cut / max(mean[0, 4].item(), 1e-9) / 1e3:.1f} Kcycles")
     return "\n".join(lines)
 
 

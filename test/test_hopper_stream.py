@@ -130,10 +130,23 @@ def test_profile_table_reports_shares_and_skips_absent_partitions():
     prof[:2, 0, :5] = torch.tensor([1000, 400, 200, 100, 3])  # selection: all, waits, cuts, ends, cuts
     prof[:2, 2, :5] = torch.tensor([1000, 50, 500, 100, 100])  # score 0
     prof[0, 2, 2] = 300  # programs are averaged: (300 + 500) / 2 = 400 cycles in the MMA
+    # global-timer starts and ends (ns): program 0 spans 1000..9000, program 1 3000..6000
+    prof[0, 0, 5:7] = torch.tensor([1000, 8000])
+    prof[0, 2, 5:7] = torch.tensor([2000, 9000])
+    prof[1, 0, 5:7] = torch.tensor([3000, 6000])
+    prof[1, 2, 5:7] = torch.tensor([3000, 5000])
+    prof[:2, 0, 7] = 50  # the step cuts' loads: 50 of their 200 cycles
+    prof[:2, 1, 7] = 100  # and their threshold search (counter 7 of the loader's row)
     table = hopper_probe.profile_table(prof).splitlines()
-    assert len(table) == 2  # the loader and the other score groups recorded nothing
+    assert len(table) == 4  # the loader and the other score groups recorded nothing
     assert table[0].startswith("select") and "wait tiles  40.0%" in table[0] and "cuts 3.0" in table[0]
     assert table[1].startswith("score 0") and "mma  40.0%" in table[1]
+    spans = hopper_probe.profile_spans(prof)
+    assert spans == {"kernel us": 8.0, "program us": 5.5, "longest program us": 8.0, "start spread us": 2.0,
+                     "end spread us": 3.0}
+    assert table[2].startswith("timeline kernel us 8.0")
+    assert table[3] == "step cuts  load  25.0%  threshold  50.0%  per cut 0.1 Kcycles"
+    assert hopper_probe.profile_fields(prof)["timeline:end spread us"] == 3.0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -191,15 +191,17 @@ def _add(a, b):
 
 
 @gluon.jit
-def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.constexpr):
+def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.constexpr, SLACK: gl.constexpr):
     """``(tb, shift)``: the ``k``-th largest of the valid biased composites ``b`` (int64, sign bit
     flipped), to the digit at ``shift``, by ``BITS``-bit radix digits in ``2 ** BITS`` bins from the
     highest digit in which two valid composites differ (the digits above it are every entry's),
-    until the boundary bucket is taken whole. It takes the same entries as the 8-bit radix from
-    the top byte of :func:`indexer_topk.kernels.select.tile_threshold`: a pass whose bucket already
-    holds every needed entry ends both, and a finer one would keep the whole bucket. A pass counts
-    the entries outside the boundary prefix in bin 0 and takes them out of it again: their count is
-    the last pass's boundary bucket (the valid entries before the first), so it costs no reduction."""
+    until the boundary bucket is taken whole. With ``SLACK`` 0 it takes the same entries as the
+    8-bit radix from the top byte of :func:`indexer_topk.kernels.select.tile_threshold`: a pass
+    whose bucket already holds every needed entry ends both, and a finer one would keep the whole
+    bucket. A ``SLACK`` above 0 ends the search at the first pass whose boundary bucket, taken
+    whole, keeps at most ``k + SLACK`` entries. A pass counts the entries outside the boundary
+    prefix in bin 0 and takes them out of it again: their count is the last pass's boundary bucket
+    (the valid entries before the first), so it costs no reduction."""
     NB: gl.constexpr = 1 << BITS
     TOP: gl.constexpr = 64 - BITS
     bins = gl.arange(0, NB, layout=HL)
@@ -231,21 +233,36 @@ def _threshold_from_top(b, comp, valid, k, count, HL: gl.constexpr, BITS: gl.con
             tb = tb | (digit.to(gl.int64) << sh)
             shift = sh
             n_match = bucket
-            if bucket == need:
+            if bucket - need <= SLACK:  # the bucket taken whole keeps k + (bucket - need) entries
                 done = 1
     return tb, shift
 
 
 @gluon.jit
-def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr):
+def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl.constexpr, HL: gl.constexpr,
+         SLACK: gl.constexpr = 0, PROF: gl.constexpr = False):
     """Cut a buffer of ``TOPK < count <= TILE`` entries to its best ``TOPK`` at the front (as
-    :func:`indexer_topk.kernels.candidates.cut`); returns the new gate ``(key, position)``."""
+    :func:`indexer_topk.kernels.candidates.cut`), or with ``SLACK`` to its best ``TOPK`` to
+    ``TOPK + SLACK`` (a superset of the best ``TOPK``: whatever it drops has ``TOPK`` better entries
+    kept). Returns the new gate ``(key, position)`` (the least kept entry), the entries kept and
+    (the ``PROF`` build) the cycles to the loaded buffer and in the threshold search."""
+    if PROF:
+        c0 = _clock()
     offs = gl.arange(0, TILE, layout=L1)
     valid = offs < count
     key = gl.load(buf_key + offs, mask=valid, other=0)
     pos = gl.load(buf_pos + offs, mask=valid, other=0)
     comp = (key.to(gl.int64) << 32) | (pos.to(gl.int64) ^ LOW32)
-    tb, shift = _threshold_from_top(comp ^ COMP_MIN, comp, valid, TOPK + count * 0, count, HL, CUT_BITS)
+    if PROF:
+        gl.thread_barrier()
+        c1 = _clock()
+    tb, shift = _threshold_from_top(comp ^ COMP_MIN, comp, valid, TOPK + count * 0, count, HL, CUT_BITS, SLACK)
+    t_load = 0
+    t_thr = 0
+    if PROF:
+        c2 = _clock()
+        t_load = c1 - c0
+        t_thr = c2 - c1
     t = tb ^ COMP_MIN
     take = valid & ((comp >> shift) >= (t >> shift))
     gate = gl.min(gl.where(take, comp, INT64_MAX), axis=0)
@@ -255,7 +272,15 @@ def _cut(buf_key, buf_pos, count, TOPK: gl.constexpr, TILE: gl.constexpr, L1: gl
     gl.store(buf_key + dst, key, mask=take)
     gl.store(buf_pos + dst, pos, mask=take)
     gl.thread_barrier()
-    return (gate >> 32).to(gl.int32), ((gate & LOW32) ^ LOW32).to(gl.int32)
+    kept = gl.sum(take_i, axis=0)
+    return (gate >> 32).to(gl.int32), ((gate & LOW32) ^ LOW32).to(gl.int32), kept, t_load, t_thr
+
+
+@triton.constexpr_function
+def _cut_slack(cap, topk, step_keys):
+    """Entries a step's cut may keep beyond ``topk``: an eighth of the pool, and no more than
+    leaves room for a step's keys."""
+    return max(0, min((cap - topk) // 8, cap - topk - step_keys))
 
 
 @triton.constexpr_function
@@ -294,16 +319,26 @@ def _free_step(sfree, it, SLOTS: gl.constexpr, G: gl.constexpr):
 
 
 @gluon.jit
-def _prof_start():
-    """The ``PROF`` build's start time and four zeroed counters of a partition."""
+def _globaltimer():
+    """The GPU's nanosecond timer, common to all SMs (the ``PROF`` build's program spans)."""
+    return gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=gl.int64, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _prof_start(prof, part):
+    """The ``PROF`` build's start time and four zeroed counters of partition ``part``; its start on
+    the global timer goes to counter 5."""
+    gl.store(prof + (gl.program_id(0) * 5 + part).to(gl.int64) * 8 + 5, _globaltimer())
     t = _clock()
     return t, t * 0, t * 0, t * 0, t * 0
 
 
 @gluon.jit
 def _prof_store(prof, part, a, b, c, d, e):
-    """The ``PROF`` build's five counters of partition ``part`` of this program."""
+    """The ``PROF`` build's five counters of partition ``part`` of this program, and its end on the
+    global timer (counter 6)."""
     base = prof + (gl.program_id(0) * 5 + part).to(gl.int64) * 8
+    gl.store(base + 6, _globaltimer())
     gl.store(base + 0, a)
     gl.store(base + 1, b)
     gl.store(base + 2, c)
@@ -357,6 +392,10 @@ def _select_partition(
     PRL: gl.constexpr = gl.BlockedLayout([PARTS, R], [32, 1], [NW, 1], [1, 0])  # [PARTS, R] in every thread
     L1: gl.constexpr = _vector_layout(TILE, NW)
     TL: gl.constexpr = _vector_layout(TOPK, NW)
+    # A step's cut may keep up to SLACK entries beyond TOPK: its threshold search ends passes
+    # earlier (a decode cut took 27 K cycles, not 31 K), for slightly less room until the next cut.
+    # The step's entrants (at most G pages) still fit beside what it keeps.
+    SLACK: gl.constexpr = _cut_slack(CAP, TOPK, G * PAGE)
     HL: gl.constexpr = _vector_layout(1 << CUT_BITS, NW)
     pid = gl.program_id(0)
     nprog = gl.num_programs(0)
@@ -374,7 +413,9 @@ def _select_partition(
     )
     it = 0
     if PROF:  # cycles: all, waiting for score tiles, in step cuts, in the item's final cuts; cuts
-        t_all, t_take, t_cut, t_end, n_cut = _prof_start()
+        t_all, t_take, t_cut, t_end, n_cut = _prof_start(prof, 0)
+        t_cload = t_all * 0
+        t_cthr = t_all * 0
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         n_pad = (n + G - 1) // G * G
@@ -420,10 +461,15 @@ def _select_partition(
                     for r in range(R):  # a loop, not unrolled: one copy of the cut
                         c = _pick(count, r, 0)
                         if c + _pick(n_take, r, 0) > CAP:
-                            gkr, gpr = _cut(key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL)
+                            gkr, gpr, kept, cl, ct = _cut(
+                                key_base + r * CAP, pos_base + r * CAP, c, TOPK, TILE, L1, HL, SLACK, PROF
+                            )
+                            if PROF:
+                                t_cload += cl
+                                t_cthr += ct
                             gate_key = gl.where(rr == r, gkr, gate_key)
                             gate_pos = gl.where(rr == r, gpr, gate_pos)
-                            count = gl.where(rr == r, TOPK, count)
+                            count = gl.where(rr == r, kept, count)
                     # the ring still holds the step (its slots are given back below): reloading it
                     # keeps the step's tiles out of registers across the cut
                     key = steps.index((cur // G) % (SLOTS // G)).load(SL)
@@ -462,6 +508,9 @@ def _select_partition(
                 t_end += _clock() - c0
     if PROF:
         _prof_store(prof, 0, _clock() - t_all, t_take, t_cut, t_end, n_cut)
+        # the step cuts' share loading their buffer and searching the threshold (the rest compacts)
+        gl.store(prof + (pid * 5).to(gl.int64) * 8 + 7, t_cload)
+        gl.store(prof + (pid * 5 + 1).to(gl.int64) * 8 + 7, t_cthr)
 
 
 @gluon.jit
@@ -506,7 +555,7 @@ def _load_partition(
     q_i = 0
     t_kfree = 0
     if PROF:  # cycles: all, waiting for a free key stage, waiting for a free query buffer
-        t_all, t_kfree, t_qfree, _, _ = _prof_start()
+        t_all, t_kfree, t_qfree, _, _ = _prof_start(prof, 1)
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
@@ -600,7 +649,7 @@ def _score_partition(
     it = 0
     q_i = 0
     if PROF:  # cycles: all, waiting for keys, in the MMA, waiting for a free score slot, in releases
-        t_all, t_kready, t_mma, t_sfree, t_rel = _prof_start()
+        t_all, t_kready, t_mma, t_sfree, t_rel = _prof_start(prof, 2 + PAR)
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
         npass = gl.load(group_pass + r0 // R)
