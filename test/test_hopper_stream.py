@@ -55,6 +55,18 @@ def test_default_config_is_the_measured_one():
     assert (cfg.score_regs, cfg.load_regs, cfg.select_regs) == (104, 24, 144)
 
 
+@pytest.mark.parametrize("pool, step_pages", [(1024, 8), (1024, 16), (64, 1), (128, 2), (192, 1), (4096, 8)])
+def test_step_cut_slack_leaves_room_for_a_step(pool, step_pages):
+    # after a step's cut the buffer holds at most topk + slack entries, and the step's entrants
+    # (step_pages pages of 64 keys) must still fit in topk + pool; the item's last cut is exact
+    topk = 1024
+    slack = kernels()._cut_slack.fn(topk + pool, topk, step_pages * 64)
+    assert 0 <= slack <= pool // 8
+    assert topk + slack + step_pages * 64 <= topk + pool
+    if pool == step_pages * 64:  # a pool of one step: every cut exact
+        assert slack == 0
+
+
 def test_mxfp4_config_runs_two_score_warpgroups():
     # the widened keys sit in registers beside the accumulator: two warpgroups of 160 registers
     cfg = kernels().HopperConfig.for_layout("sglang_mxfp4")
