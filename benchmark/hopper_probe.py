@@ -182,19 +182,27 @@ PROFILE_FIELDS = (
 )
 
 
+def _ran(profile: torch.Tensor) -> torch.Tensor:
+    """The rows of ``profile`` of programs that ran (rows beyond the grid stay zero)."""
+    return profile[profile[:, :, 0].sum(1) > 0]
+
+
 def profile_means(profile: torch.Tensor) -> torch.Tensor:
-    """``[5, 8]``: the ``PROF`` build's counters averaged over the programs that ran (rows of
-    ``profile`` beyond the grid stay zero and are left out)."""
-    ran = profile[:, :, 0].sum(1) > 0
-    return profile[ran].double().mean(0).cpu()
+    """``[5, 8]``: the ``PROF`` build's counters averaged over the programs that ran."""
+    return _ran(profile).double().mean(0).cpu()
+
+
+def _cut_detail(mean: torch.Tensor) -> dict:
+    """Cycles of the step cuts in loading their buffer and in the threshold search: counter 7 of
+    the selection's row and of the loader's (the selection's own counters are all taken)."""
+    return {"step cut loads": mean[0, 7].item(), "step cut threshold": mean[1, 7].item()}
 
 
 def profile_spans(profile: torch.Tensor) -> dict:
     """Microseconds on the global timer (counters 5 and 6: each partition's start and end): the
     kernel's span from the first start to the last end, the programs' spans (first partition start
     to last partition end) on average and at most, and how far apart the programs start and end."""
-    ran = profile[:, :, 0].sum(1) > 0
-    t = profile[ran][:, :, 5:7].double().cpu() / 1e3
+    t = _ran(profile)[:, :, 5:7].double().cpu() / 1e3
     seen = t[:, :, 1] > 0  # partitions that recorded nothing are left out
     start = torch.where(seen, t[:, :, 0], float("inf")).min(1).values
     end = torch.where(seen, t[:, :, 1], float("-inf")).max(1).values
@@ -205,11 +213,13 @@ def profile_spans(profile: torch.Tensor) -> dict:
 
 
 def profile_fields(profile: torch.Tensor) -> dict:
-    """The ``PROF`` counters averaged over programs, as record fields ``"<partition>:<region>"``,
-    and the spans of :func:`profile_spans` as ``"timeline:<span>"``."""
+    """The ``PROF`` counters averaged over programs, as record fields ``"<partition>:<region>"``
+    (the step cuts' detail under ``select``), and the spans of :func:`profile_spans` as
+    ``"timeline:<span>"``."""
     mean = profile_means(profile)
     fields = {f"{name}:{f}": mean[i, k].item() for i, (name, fields) in enumerate(PROFILE_FIELDS)
               for k, f in enumerate(fields) if f}
+    fields.update({f"select:{k}": v for k, v in _cut_detail(mean).items()})
     return {**fields, **{f"timeline:{k}": v for k, v in profile_spans(profile).items()}}
 
 
@@ -231,9 +241,10 @@ def profile_table(profile: torch.Tensor) -> str:
         lines.append("  ".join(cells))
     lines.append("timeline " + "  ".join(f"{k} {v:.1f}" for k, v in profile_spans(profile).items()))
     cut = mean[0, 2].item()
-    if cut > 0:  # counter 7 of the selection and of the loader: the step cuts' loads and threshold search
-        lines.append(f"step cuts  load {100 * mean[0, 7].item() / cut:5.1f}%  threshold {100 * mean[1, 7].item() / cut:5.1f}%"
-                     f"  per cut {cut / max(mean[0, 4].item(), 1e-9) / 1e3:.1f} Kcycles")
+    if cut > 0:
+        detail = _cut_detail(mean)
+        lines.append(f"step cuts  load {100 * detail['step cut loads'] / cut:5.1f}%  threshold "
+                     f"{100 * detail['step cut threshold'] / cut:5.1f}%  per cut {cut / max(mean[0, 4].item(), 1e-9) / 1e3:.1f} Kcycles")
     return "\n".join(lines)
 
 

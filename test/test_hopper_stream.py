@@ -158,7 +158,9 @@ def test_profile_table_reports_shares_and_skips_absent_partitions():
                      "end spread us": 3.0}
     assert table[2].startswith("timeline kernel us 8.0")
     assert table[3] == "step cuts  load  25.0%  threshold  50.0%  per cut 0.1 Kcycles"
-    assert hopper_probe.profile_fields(prof)["timeline:end spread us"] == 3.0
+    fields = hopper_probe.profile_fields(prof)
+    assert fields["timeline:end spread us"] == 3.0
+    assert (fields["select:step cut loads"], fields["select:step cut threshold"]) == (50.0, 100.0)
 
 
 # ---------------------------------------------------------------------------------------------
