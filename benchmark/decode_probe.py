@@ -15,8 +15,8 @@ Variants (each bit-compared with legacy on the same batch):
 
 ``--bits-layouts``: for each layout, the legacy key matrix of a decode batch scored with
 ``R = 1`` against ``R = 2`` (random pages, several score patterns): whether a row's score bits
-depend on the tile's width. ``--sweep`` times the Hopper stream's decode plan (``R = 1``) at the
-shapes with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
+depend on the tile's width. ``--sweep`` times the Hopper stream's plan at the shapes (``R = 1``
+for one row per request, else the two-row tile, as the package plans them) with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
 stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides or the
 call's ``pool``, such as
 ``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
@@ -153,13 +153,15 @@ def sweep(a, device) -> int:
     H = hopper_kernels()
     rows_out = []
     for layout in a.layouts.split(","):
-        base_cfg = H.HopperConfig.for_layout(layout)
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
+            # one row per request: the decode plan (R = 1); more (MTP, prefill): the two-row tile
+            group = fused_backend.group_rows_for(per_request, 2)
+            base_cfg = H.HopperConfig.for_layout(layout, rows=group)
             w = make_workload(layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
                               topk=a.topk, seed=a.seed, device=device)
             inputs = w.inputs()
             ref = legacy_backend.legacy_indexer_topk(inputs)
-            wave = fused_backend.plan_fused(w.rows, w.topk, device, group_rows=1, one_wave=True).splits
+            wave = fused_backend.plan_fused(w.rows, w.topk, device, group_rows=group, one_wave=group == 1).splits
             for mult in (int(x) for x in a.sweep_splits.split(",")):
                 splits = min(64, wave * mult)
                 for text in a.sweep_configs.split(";"):
@@ -171,7 +173,7 @@ def sweep(a, device) -> int:
 
                     def call():
                         hopper_indexer_topk(inputs, out=out, workspace=ws, num_splits=splits, pool=pool,
-                                            config=dataclasses.replace(base_cfg, **over), rows_per_request=1)
+                                            config=dataclasses.replace(base_cfg, **over), rows_per_request=per_request)
                     try:
                         call()
                         torch.cuda.synchronize()

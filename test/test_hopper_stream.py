@@ -74,6 +74,15 @@ def test_mxfp4_config_runs_two_score_warpgroups():
     assert kernels().HopperConfig.for_layout("sglang_fp8") == kernels().HopperConfig()
 
 
+def test_decode_config_gives_the_selection_the_registers_one_row_frees():
+    # one row's accumulator is half the prefill tile's: the score warpgroups shrink, the selection grows
+    decode = kernels().HopperConfig.for_layout("sglang_fp8", rows=1)
+    prefill = kernels().HopperConfig.for_layout("sglang_fp8", rows=2)
+    assert prefill == kernels().HopperConfig()
+    assert decode.score_regs < prefill.score_regs and decode.select_regs == 240 > prefill.select_regs
+    assert kernels().HopperConfig.for_layout("sglang_mxfp4", rows=1) == kernels().HopperConfig.for_layout("sglang_mxfp4")
+
+
 @pytest.mark.parametrize("groups, expected", [(3, 96), (2, 128)])
 def test_launch_registers_fill_the_register_file(groups, expected):
     regs = kernels().HopperConfig(score_groups=groups, score_regs=104).launch_regs()
@@ -98,6 +107,8 @@ def test_launch_registers_fill_the_register_file(groups, expected):
     (dict(score_groups=1), "score_groups"),
     (dict(score_groups=2, key_stages=3), "key_stages"),
     (dict(score_groups=2, score_regs=240), "leave the selection"),
+    (dict(finish_warps=3), "finish_warps"),
+    (dict(finish_warps=32), "finish_warps"),
 ])
 def test_config_refuses_what_the_kernel_cannot_run(bad, match):
     with pytest.raises(ValueError, match=match):

@@ -67,7 +67,7 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     use). Split rows are left in their split lists for the fused backend's merge.
     """
     kernels = hopper_kernels()
-    config = config or kernels.HopperConfig.for_layout(inputs.layout)
+    config = config or kernels.HopperConfig.for_layout(inputs.layout, plan.group_rows)
     descs = kernels.hopper_descriptors(inputs, cfg)
     buf_key, buf_pos, strip, seg_key, seg_pos, seg_cnt = buffers
     rows = ka.q.shape[0]
@@ -76,9 +76,10 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     out_bits = out.values.view(torch.int32)
     if plan.splits == 1:  # each row's entries go straight to its output slots
         seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
-    kernels.group_pass_kernel[(groups,)](
-        ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
-    )
+    if plan.group_rows > 1:  # a one-row group is one pass by definition: the stream does not read it
+        kernels.group_pass_kernel[(groups,)](
+            ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
+        )
     g = min(config.select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
     if profile is not None and (profile.shape[0] < programs or tuple(profile.shape[1:]) != (5, 8)):
@@ -98,7 +99,7 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     kernels.finish_rows_kernel[(rows * plan.splits,)](
         ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
         out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
-        num_warps=4,
+        num_warps=config.finish_warps,
     )
 
 

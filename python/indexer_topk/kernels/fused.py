@@ -125,11 +125,11 @@ def _flush(
 def _finish_row(
     buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-    TOPK: tl.constexpr, TILE: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, CUT: tl.constexpr = True,
 ):
     row64 = row.to(tl.int64)
     seq_len = tl.maximum(seq_len, 0)  # with the value checks off a length may be negative
-    if count > TOPK:
+    if CUT and count > TOPK:
         cut(buf_key, buf_pos, count, TOPK, TILE)
         count = tl.minimum(count, TOPK)
         tl.debug_barrier()

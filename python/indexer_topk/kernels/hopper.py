@@ -105,6 +105,16 @@ def _item(item, splits, split_span, seq_lens, n_rows, width, R: gl.constexpr):
 
 
 @gluon.jit
+def _passes(group_pass, r0, R: gl.constexpr):
+    """Score passes of the group at row ``r0``: ``group_pass`` of it, or 1 for one-row groups
+    (their table is not written: each row has its own pages by definition)."""
+    if R == 1:
+        return r0 * 0 + 1
+    else:
+        return gl.load(group_pass + r0 // R)
+
+
+@gluon.jit
 def tile_scores(acc, w, kscale_smem, weight_scale, R: gl.constexpr, MX: gl.constexpr):
     """``[64, R]`` scores from the MMA accumulator ``[64, R * 64]`` and, for the FP8 cache, the
     page's key scales (``[1, 64]`` fp32 in shared memory); see
@@ -422,7 +432,7 @@ def _select_partition(
         lens = gl.load(seq_lens + r0 + rr, mask=r0 + rr < n_rows, other=0)
         hi = gl.minimum(gl.minimum(lo + split_span, width), gl.max(lens, axis=0))
         ends = _row_vec(gl.maximum(gl.minimum(lens, hi), lo))
-        npass = gl.load(group_pass + r0 // R)
+        npass = _passes(group_pass, r0, R)
         if NO_SELECT:  # a timing probe: the selection's work taken out, outputs undefined
             for i in range(0, n_pad * npass, G):
                 _take_step(sready, it, SLOTS, G)
@@ -558,7 +568,7 @@ def _load_partition(
         t_all, t_kfree, t_qfree, _, _ = _prof_start(prof, 1)
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
-        npass = gl.load(group_pass + r0 // R)
+        npass = _passes(group_pass, r0, R)
         qs = q_i % 2
         if not MX:  # the MXFP4 queries are widened by the score warpgroups
             if PROF:
@@ -652,7 +662,7 @@ def _score_partition(
         t_all, t_kready, t_mma, t_sfree, t_rel = _prof_start(prof, 2 + PAR)
     for item in range(pid, n_items, nprog):
         r0, split, lo, n, step, lead = _item(item, splits, split_span, seq_lens, n_rows, width, R)
-        npass = gl.load(group_pass + r0 // R)
+        npass = _passes(group_pass, r0, R)
         wrow = r0 + cols // NHEADS
         w = gl.load(w_ptr + wrow.to(gl.int64) * NHEADS + cols % NHEADS, mask=wrow < n_rows, other=0.0)
         qs = q_i % 2
@@ -866,9 +876,11 @@ def finish_rows_kernel(
         buf_key = seg_key + i.to(tl.int64) * TOPK
         buf_pos = seg_pos + i.to(tl.int64) * TOPK
         count = tl.load(seg_cnt + i)
+    # the stream leaves at most TOPK entries per list (its item end cuts), so no cut here: the
+    # registers a cut's tile would hold would halve the programs an SM runs at once
     _finish_row(
-        buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
-        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE,
+        buf_key, buf_pos, tl.minimum(count, TOPK), seq_len, row, split, splits, pt_ptr, stride_pt,
+        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE, False,
     )
 
 
@@ -960,7 +972,9 @@ class HopperConfig:
     * ``score_groups`` (2 or 3): MMA warpgroups (for FP8 two taking turns left the tensor core idle a
       third of the time);
     * ``score_regs``, ``load_regs`` (multiples of 8): registers per thread of each score warpgroup
-      and of the loader; the selection warpgroup gets the rest of the register file.
+      and of the loader; the selection warpgroup gets the rest of the register file;
+    * ``finish_warps`` (1 to 16, a power of two): warps of each :func:`finish_rows_kernel` program
+      (one per row and split: a decode batch's few programs sort on few warps otherwise).
     """
 
     select_visits: int = 8
@@ -970,15 +984,21 @@ class HopperConfig:
     score_groups: int = 3
     score_regs: int = 104
     load_regs: int = 24
+    finish_warps: int = 16
 
     @classmethod
-    def for_layout(cls, layout) -> "HopperConfig":
-        """The default configuration for ``layout``. The MXFP4 tile holds its widened keys in
-        registers beside the accumulator, so it runs two score warpgroups with more registers each
-        (three would leave the selection too few), and a shorter score ring (the widened queries
-        take the shared memory)."""
+    def for_layout(cls, layout, rows: int = 2) -> "HopperConfig":
+        """The default configuration for ``layout`` and the tile's ``rows`` (``R``: 2 for prefill, 1
+        for decode). The MXFP4 tile holds its widened keys in registers beside the accumulator, so
+        it runs two score warpgroups with more registers each (three would leave the selection too
+        few), and a shorter score ring (the widened queries take the shared memory). The FP8 tile of
+        one row holds half the accumulator (``[64, 64]`` fp32: 32 registers a thread), so its score
+        warpgroups take 72 registers and the selection the rest (240, where 144 spilled in its cut:
+        the stream 0.360 -> 0.337 ms at 256 x 128K on an H200)."""
         if Layout(layout) is Layout.SGLANG_MXFP4:
             return cls(score_slots=128, score_groups=2, score_regs=160)
+        if rows == 1:
+            return cls(score_regs=72)
         return cls()
 
     def __post_init__(self):
@@ -1001,6 +1021,8 @@ class HopperConfig:
             regs = getattr(self, name)
             if regs < 24 or regs > 256 or regs % 8:
                 raise ValueError(f"{name}: expected a multiple of 8 from 24 to 256, got {regs}")
+        if self.finish_warps not in (1, 2, 4, 8, 16):
+            raise ValueError(f"finish_warps: expected 1, 2, 4, 8 or 16, got {self.finish_warps}")
         if self.select_regs < 24:
             raise ValueError(f"score_regs {self.score_regs} and load_regs {self.load_regs} leave the selection no registers")
 
