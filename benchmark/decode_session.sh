@@ -8,7 +8,8 @@
 # is built from it first (about 80 s on an H200, in the background while the tests run) and
 # decode_bench.py times SGLang's decode step beside ours. STEPS (default "tpb") picks the steps:
 # p probe, t tests, b benchmark (run in that order). LAYOUTS (default all three) the benchmark's
-# layouts; TESTS_K (default "decode") the GPU tests' -k expression.
+# layouts; TESTS_K (default "decode") the GPU tests' -k expression, TESTS_TIMEOUT (default 240) their
+# time limit in seconds.
 set -u -o pipefail
 OUT=${OUT:-/tmp/decode_out}
 mkdir -p "$OUT"
@@ -39,7 +40,7 @@ if [[ $STEPS == *p* ]]; then
 fi
 if [[ $STEPS == *t* ]]; then  # before the benchmark: the tests run while DeepGEMM builds
   stamp "GPU tests -k '$TESTS_K'"
-  timeout 240 python3 -m pytest -m gpu -q test/test_hopper_stream.py test/test_graph_capture.py test/test_fused.py \
+  timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -m gpu -q test/test_hopper_stream.py test/test_graph_capture.py test/test_fused.py \
     -k "$TESTS_K" > "$OUT/gpu_tests_decode.log" 2>&1
   stamp "tests rc $? ($(tail -1 "$OUT/gpu_tests_decode.log"))"
 fi
