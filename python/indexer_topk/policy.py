@@ -104,7 +104,7 @@ DECODE_MIN_C4 = 32768  # 128K tokens, the shortest measured context
 DECODE_MAX_ROWS = 256
 MEASURED_DECODE = (
     "decode steps of 128K tokens and up on sm_90 take the fused path, measured faster than the legacy path on "
-    "an H200 (FP8, one row per request: 0.28 vs 0.72 ms at 8 x 768K tokens, 0.54 vs 1.56 at 64 x 768K, 0.40 vs "
+    "an H200 (FP8, one row per request: 0.25 vs 0.71 ms at 8 x 768K tokens, 0.50 vs 1.55 at 64 x 768K, 0.35 vs "
     "0.75 at 256 x 128K), though slower than SGLang's own decode (0.07, 0.46, 0.30 ms)"
 )
 
