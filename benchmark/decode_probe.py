@@ -17,8 +17,8 @@ Variants (each bit-compared with legacy on the same batch):
 ``R = 1`` against ``R = 2`` (random pages, several score patterns): whether a row's score bits
 depend on the tile's width. ``--sweep`` times the Hopper stream's plan at the shapes (``R = 1``
 for one row per request, else the two-row tile, as the package plans them) with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
-stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides or the
-call's ``pool``, such as
+stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides, the
+call's ``pool`` or ``merge_warps`` (the fused backend's ``MERGE_WARPS``), such as
 ``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
 ``--profile`` prints the stream's partition timers (its ``PROF`` compile; ``--pool`` the call's) for the decode plan at
 the shapes, with and without its selection (``hopper_probe.py``'s table). Device time per kernel comes from ``torch.profiler`` over
@@ -151,6 +151,7 @@ def sweep(a, device) -> int:
     from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels
 
     H = hopper_kernels()
+    default_merge_warps = fused_backend.MERGE_WARPS
     rows_out = []
     for layout in a.layouts.split(","):
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
@@ -167,6 +168,8 @@ def sweep(a, device) -> int:
                 for text in a.sweep_configs.split(";"):
                     over = {k: int(v) for k, v in (x.split("=") for x in text.split(",") if x)}
                     pool = over.pop("pool", None)  # the call's candidate room, the rest HopperConfig fields
+                    # the few-program merge levels' warps (the fused backend's MERGE_WARPS)
+                    fused_backend.MERGE_WARPS = over.pop("merge_warps", default_merge_warps)
                     out = indexer_topk.allocate_result(w.rows, w.topk, device)
                     ws = torch.empty(fused_backend.fused_workspace_size(w.rows, w.topk, layout, device, 64, pool),
                                      dtype=torch.uint8, device=device)

@@ -41,6 +41,11 @@ MERGE_FANIN = 8
 # level's program over 8 lists took 0.087 ms with it and 0.076 with 1024-entry chunks, in runs
 # that differed in their plans too, so which is faster is open).
 MERGE_CHUNK = 8192
+# Warps of a merge program when the level has no more programs than the GPU has SMs (a decode
+# batch's few rows): each program then has an SM to itself, and 8 warps held a chunk of 8192 in
+# 255 registers and spilled (sm_90); 32 warps hold it in 64. Levels of more programs keep
+# SELECT_WARPS, as measured with the prefill grid.
+MERGE_WARPS = 32
 
 
 def _next_pow2(n: int) -> int:
@@ -318,19 +323,25 @@ def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_
     lists writes the outputs. The best ``topk`` of the best ``topk`` of each run are the row's
     best ``topk``, so every level keeps the bits."""
     lists = plan.splits
+    sms = device_sm_count(ka.kc.device)
     for (m_key, m_pos, m_cnt), after in zip(merge, plan.merge_levels):
         merge_lists_kernel[(plan.rows * after,)](
             seg_key, seg_pos, seg_cnt, m_key, m_pos, m_cnt,
             TOPK=plan.topk, FANIN=lists // after, CHUNK=_merge_chunk(lists // after, plan.topk),
-            num_warps=SELECT_WARPS,
+            num_warps=_merge_warps(plan.rows * after, sms),
         )
         seg_key, seg_pos, seg_cnt, lists = m_key, m_pos, m_cnt, after
     select_rows_kernel[(plan.rows,)](
         seg_key, seg_pos, seg_cnt, lists * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
         MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=lists, CHUNK=_merge_chunk(lists, plan.topk), KNOWN_T=False,
-        num_warps=SELECT_WARPS,
+        num_warps=_merge_warps(plan.rows, sms),
     )
+
+
+def _merge_warps(programs: int, sms: int) -> int:
+    """Warps per program of a merge level of ``programs`` programs (see ``MERGE_WARPS``)."""
+    return MERGE_WARPS if programs <= sms else SELECT_WARPS
 
 
 def _merge_chunk(lists: int, topk: int) -> int:
