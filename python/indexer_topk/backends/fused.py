@@ -43,9 +43,11 @@ MERGE_FANIN = 8
 MERGE_CHUNK = 8192
 # Warps of a merge program when the level has no more programs than the GPU has SMs (a decode
 # batch's few rows): each program then has an SM to itself, and 8 warps held a chunk of 8192 in
-# 255 registers and spilled (sm_90); 32 warps hold it in 64. Levels of more programs keep
-# SELECT_WARPS, as measured with the prefill grid.
-MERGE_WARPS = 32
+# 255 registers and spilled (sm_90). On an H200 at 8 rows x 768K (16 splits) the merge took
+# 0.121 / 0.091 / 0.110 ms on 8 / 16 / 32 warps, and the final merge of 64 rows 0.031 / 0.030 /
+# 0.040 (benchmark/results/decode/sweep_merge_warps_nvidia-h200.log). Levels of more programs
+# keep SELECT_WARPS, as measured with the prefill grid.
+MERGE_WARPS = 16
 
 
 def _next_pow2(n: int) -> int:
