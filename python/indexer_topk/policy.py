@@ -95,7 +95,8 @@ MEASURED_MXFP4_STREAM = (
     "and 64K tokens up, and slower at 8 rows (0.65 vs 0.29 ms at 64K), so it follows the FP8 stream's rule"
 )
 
-# Decode steps (benchmark/results/decode/decode_nvidia-h200.json: one query row per request,
+# Decode steps (benchmark/results/decode/decode_fc40b20_nvidia-h200.json, SGLang's own decode in
+# decode_nvidia-h200.json: one query row per request,
 # topk 1024, each backend replayed from a CUDA graph through the out operator). The fused path
 # wins against the legacy path at every measured shape (from 128K tokens, 8 to 256 requests) for
 # every layout, where sglang_mxfp4 runs on the Hopper stream; SGLang's own decode is faster still,
@@ -104,7 +105,7 @@ DECODE_MIN_C4 = 32768  # 128K tokens, the shortest measured context
 DECODE_MAX_ROWS = 256
 MEASURED_DECODE = (
     "decode steps of 128K tokens and up on sm_90 take the fused path, measured faster than the legacy path on "
-    "an H200 (FP8, one row per request: 0.25 vs 0.71 ms at 8 x 768K tokens, 0.50 vs 1.55 at 64 x 768K, 0.35 vs "
+    "an H200 (FP8, one row per request: 0.22 vs 0.71 ms at 8 x 768K tokens, 0.50 vs 1.55 at 64 x 768K, 0.35 vs "
     "0.75 at 256 x 128K), though slower than SGLang's own decode (0.07, 0.46, 0.30 ms)"
 )
 
