@@ -532,3 +532,13 @@ def test_gpu_guarded_outputs_and_workspace(num_splits, device):
     ws.assert_guards_intact()
     assert_contract(out.out, wl)
     assert_bitwise(out.out, legacy_result(case, device), "into guarded outputs")
+
+
+@pytest.mark.parametrize("programs, sms, wide", [(16, 132, True), (132, 132, True), (133, 132, False), (2048, 132, False)])
+def test_merge_levels_of_few_programs_take_more_warps(programs, sms, wide):
+    # a decode batch's merge has a program or less per SM: it gets the wider program; a prefill's keeps the select's
+    from indexer_topk.backends import fused
+    from indexer_topk.kernels.launch import SELECT_WARPS
+
+    assert fused.MERGE_WARPS > SELECT_WARPS
+    assert fused._merge_warps(programs, sms) == (fused.MERGE_WARPS if wide else SELECT_WARPS)
