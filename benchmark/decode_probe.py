@@ -16,8 +16,8 @@ Variants (each bit-compared with legacy on the same batch):
 ``--bits-layouts``: for each layout, the legacy key matrix of a decode batch scored with
 ``R = 1`` against ``R = 2`` (random pages, several score patterns): whether a row's score bits
 depend on the tile's width. ``--sweep`` times the Hopper stream's plan at the shapes (``R = 1``
-for one row per request, else the two-row tile, as the package plans them) with other split counts (``--sweep-splits``, multiples of the one-wave plan's) and
-stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides, the
+for one row per request, else the two-row tile, as the package plans them) with other split
+counts (``--sweep-splits``, multiples of the one-wave plan's) and stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides, the
 call's ``pool`` or ``merge_warps`` (the fused backend's ``MERGE_WARPS``), such as
 ``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
 ``--profile`` prints the stream's partition timers (its ``PROF`` compile; ``--pool`` the call's) for the decode plan at
@@ -191,6 +191,7 @@ def sweep(a, device) -> int:
                           f"{ms:.3f} ms eq={same} {kt}", flush=True)
             w = ref = inputs = None
             torch.cuda.empty_cache()
+    fused_backend.MERGE_WARPS = default_merge_warps
     Path(a.out).write_text(json.dumps({"sweep": rows_out}, indent=1) + "\n")
     print(f"\n{'layout':12s} {'shape':9s} {'splits':>6s} {'config':24s} {'device ms':>9s} eq")
     for r in rows_out:
