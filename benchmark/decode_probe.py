@@ -17,9 +17,10 @@ Variants (each bit-compared with legacy on the same batch):
 ``R = 1`` against ``R = 2`` (random pages, several score patterns): whether a row's score bits
 depend on the tile's width. ``--sweep`` times the Hopper stream's plan at the shapes (``R = 1``
 for one row per request, else the two-row tile, as the package plans them) with other split
-counts (``--sweep-splits``, multiples of the one-wave plan's) and stream configurations (``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides, the
-call's ``pool`` or ``merge_warps`` (the fused backend's ``MERGE_WARPS``), such as
-``key_stages=12,select_visits=16``; empty: the layout's default), each bit-compared with legacy.
+counts (``--sweep-splits``, multiples of the one-wave plan's) and stream configurations
+(``--sweep-configs``, ``;``-separated ``HopperConfig`` overrides, the call's ``pool`` or
+``merge_warps`` (the fused backend's ``MERGE_WARPS``), such as ``key_stages=12,select_visits=16``;
+empty: the layout's default), each bit-compared with legacy.
 ``--profile`` prints the stream's partition timers (its ``PROF`` compile; ``--pool`` the call's) for the decode plan at
 the shapes, with and without its selection (``hopper_probe.py``'s table). Device time per kernel comes from ``torch.profiler`` over
 ``--iters`` warm calls; the table is printed last, the JSON goes to ``--out``.
