@@ -157,7 +157,7 @@ def sweep(a, device) -> int:
     for layout in a.layouts.split(","):
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
             # one row per request: the decode plan (R = 1); more (MTP, prefill): the two-row tile
-            group = fused_backend.group_rows_for(per_request, 2)
+            group = fused_backend.group_rows_for(per_request, tile_config(layout).rows)
             base_cfg = H.HopperConfig.for_layout(layout, rows=group)
             w = make_workload(layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
                               topk=a.topk, seed=a.seed, device=device)
