@@ -26,6 +26,8 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
+from .replay import note_env
+
 logger = logging.getLogger("indexer_topk.envs")
 
 T = TypeVar("T")
@@ -85,6 +87,8 @@ class EnvField(Generic[T]):
         """
         env = os.environ if environ is None else environ
         raw = env.get(self.name)
+        if environ is None:
+            note_env(self.name, raw)  # a recorded backend call is replayed only while this value holds
         if raw is None or raw.strip() == "":
             return self.default_value()
         try:
@@ -222,6 +226,10 @@ class Envs:
     # fused kernel serves it, as every other layout and GPU). Read at each fused call; it fails
     # safe to the plain kernel.
     INDEXER_TOPK_HOPPER_STREAM = EnvBool(True, invalid=False, invalid_means="the plain-Triton fused kernel serves")
+    # Replay the recorded launches of a call signature seen before (the host path of every call
+    # after the first of its shape); 0 runs every call through validation, planning and Triton's
+    # own launch path.
+    INDEXER_TOPK_REPLAY = EnvBool(True, invalid=False, invalid_means="every call takes the full host path")
 
     # ============================================================
     # Legacy path

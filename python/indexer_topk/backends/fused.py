@@ -18,11 +18,12 @@ import torch
 import triton
 
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
-from ..kernels.fused import fused_topk_kernel
+from ..kernels.fused import clear_queue_kernel, fused_topk_kernel
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
 )
 from ..kernels.select import MODE_SEGMENTS, merge_lists_kernel, select_rows_kernel
+from ..replay import launch
 from .hopper import launch_stream, why_not_stream
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
@@ -301,9 +302,9 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
         if stream.get("no_select"):  # a timing probe: nothing to merge
             return out
     else:
-        queue.zero_()
-        fused_topk_kernel[(plan.programs,)](
-            ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
+        launch(clear_queue_kernel, (1,), queue)
+        launch(
+            fused_topk_kernel, (plan.programs,), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
             width, ka.seq_lens, rows, float(inputs.weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos,
             seg_cnt, plan.splits,
@@ -327,14 +328,14 @@ def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_
     lists = plan.splits
     sms = device_sm_count(ka.kc.device)
     for (m_key, m_pos, m_cnt), after in zip(merge, plan.merge_levels):
-        merge_lists_kernel[(plan.rows * after,)](
-            seg_key, seg_pos, seg_cnt, m_key, m_pos, m_cnt,
+        launch(
+            merge_lists_kernel, (plan.rows * after,), seg_key, seg_pos, seg_cnt, m_key, m_pos, m_cnt,
             TOPK=plan.topk, FANIN=lists // after, CHUNK=_merge_chunk(lists // after, plan.topk),
             num_warps=_merge_warps(plan.rows * after, sms),
         )
         seg_key, seg_pos, seg_cnt, lists = m_key, m_pos, m_cnt, after
-    select_rows_kernel[(plan.rows,)](
-        seg_key, seg_pos, seg_cnt, lists * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
+    launch(
+        select_rows_kernel, (plan.rows,), seg_key, seg_pos, seg_cnt, lists * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
         MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=lists, CHUNK=_merge_chunk(lists, plan.topk), KNOWN_T=False,
         num_warps=_merge_warps(plan.rows, sms),

@@ -20,6 +20,7 @@ import triton
 from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, as_inputs
 from ..envs import envs
 from ..kernels.launch import bulk_copies_available, device_sm_count, launches_kernels
+from ..replay import launch
 
 logger = logging.getLogger(__name__)
 
@@ -77,15 +78,15 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     if plan.splits == 1:  # each row's entries go straight to its output slots
         seg_key, seg_pos, seg_cnt = out_bits, out.raw_indices, out.counts
     if plan.group_rows > 1:  # a one-row group is one pass by definition: the stream does not read it
-        kernels.group_pass_kernel[(groups,)](
-            ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
+        launch(
+            kernels.group_pass_kernel, (groups,), ka.page_table, ka.page_table.stride(0), width, ka.seq_lens, rows, group_pass, R=plan.group_rows,
         )
     g = min(config.select_visits, plan.pool // PAGE_SIZE)
     programs = min(device_sm_count(ka.kc.device), n_items)
     if profile is not None and (profile.shape[0] < programs or tuple(profile.shape[1:]) != (5, 8)):
         raise ValueError(f"profile: expected int64 [at least {programs}, 5, 8], got {tuple(profile.shape)}")
-    kernels.hopper_stream_kernel[(programs,)](
-        descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
+    launch(
+        kernels.hopper_stream_kernel, (programs,), descs.queries, descs.keys, descs.scales, ka.w, ka.page_table, ka.page_table.stride(0), ka.pages, width,
         ka.seq_lens, rows, float(inputs.weight_scale), group_pass, buf_key, buf_pos, seg_key, seg_pos, seg_cnt,
         n_items, span, plan.splits, ka.q, ka.qs,
         R=plan.group_rows, TOPK=plan.topk, CAP=plan.cap, TILE=plan.tile, KSTAGES=config.key_stages,
@@ -96,8 +97,8 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     )
     if no_select:
         return
-    kernels.finish_rows_kernel[(rows * plan.splits,)](
-        ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
+    launch(
+        kernels.finish_rows_kernel, (rows * plan.splits,), ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
         out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
         num_warps=config.finish_warps,
     )

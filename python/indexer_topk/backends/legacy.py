@@ -24,6 +24,12 @@ from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_res
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
+from ..replay import launch
+
+# How the top-k stage learns each row's k-th key: "torch" runs torch.topk over the key matrix
+# first; "radix" lets the select kernel search it (radix passes over the row), so the call is
+# launches only and its host work can be replayed (indexer_topk.replay). Same selection, same bits.
+KTH_SEARCH = "torch"
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -82,8 +88,8 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     cfg = tile_config(inputs.layout)
     span = SCORE_SPAN
     grid = (triton.cdiv(row_count, cfg.rows), triton.cdiv(width, span))
-    logits_kernel[grid](
-        ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
+    launch(
+        logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
         ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
         width, span, LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
@@ -114,11 +120,12 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if row_count == 0:
         return
     check_runnable(keys.device)
-    kth, need = kth_keys(keys, topk)
-    select_rows_kernel[(row_count,)](
-        keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
+    known_t = KTH_SEARCH == "torch"
+    kth, need = kth_keys(keys, topk) if known_t else (seq_lens, seq_lens)  # unread without KNOWN_T
+    launch(
+        select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
-        MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=True, num_warps=SELECT_WARPS,
+        MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=known_t, num_warps=SELECT_WARPS,
     )
 
 

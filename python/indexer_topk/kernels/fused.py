@@ -215,3 +215,10 @@ def fused_topk_kernel(
                 )
                 tl.debug_barrier()
         item = tl.atomic_add(queue, 1)
+
+
+@triton.jit
+def clear_queue_kernel(queue):
+    """Reset the work queue of :func:`fused_topk_kernel` (a Triton launch rather than a torch
+    ``zero_``, so the call's host work stays a replayable sequence of launches)."""
+    tl.store(queue, 0)

@@ -5,7 +5,6 @@ goes through."""
 from __future__ import annotations
 
 import functools
-import threading
 from dataclasses import dataclass
 from typing import Optional
 
@@ -14,6 +13,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from ..contract import HEAD_DIM, PAGE_SIZE, IndexerInputs, Layout
 from ..errors import BackendUnavailable
+from ..replay import INTERPRETER_LOCK
 from .common import layout_id, ordered_key
 from .geometry import GEOMETRY
 
@@ -21,11 +21,6 @@ try:  # host-side tensor descriptors (bulk tensor copies on Hopper and later)
     from triton.tools.tensor_descriptor import TensorDescriptor
 except ImportError:  # older Triton: every layout gathers keys with pointer loads
     TensorDescriptor = None
-
-# The interpreter patches triton.language's module state for the length of a launch, so two
-# interpreted launches at once (threads) break each other; this serialises them process-wide.
-_INTERPRETER_LOCK = threading.RLock()
-
 
 def kernels_interpreted() -> bool:
     """Whether this process's kernels run on the Triton interpreter: Triton decides when a
@@ -55,7 +50,7 @@ def launches_kernels(fn):
     def run(*args, **kwargs):
         if not kernels_interpreted():
             return fn(*args, **kwargs)
-        with _INTERPRETER_LOCK:
+        with INTERPRETER_LOCK:
             return fn(*args, **kwargs)
 
     return run

@@ -1,0 +1,129 @@
+"""What the public entry point remembers between calls: validated signatures and their replays.
+
+A serving engine calls the operator once per layer with the same shapes: 61 calls of one
+batch differ only in where their tensors are (each layer has its own cache, queries and
+weights). Validation, routing and the backend's host work depend on the shapes, not on the
+addresses, so the first call of a *signature* pays for them and the others skip them:
+
+- :func:`signature` reads the metadata every check depends on (type, dtype, shape, strides,
+  device and the address modulo 16 of each tensor; the scalar arguments and their types)
+  into a hashable key. Building it costs a few attribute reads per tensor.
+- A :class:`KnownCall` holds what full validation established for that key: the parsed
+  layout, the rows, the C4 positions of the page table, and per backend the
+  :class:`~indexer_topk.replay.Replay` of its recorded launches (or ``None`` where the backend's
+  host work is not a replayable sequence of launches).
+- A later call of the key still checks what depends on addresses (that no two of its tensors
+  share a byte: :func:`disjoint`), routes (the policy may answer differently during graph
+  capture), runs the value checks when asked, and then replays.
+
+Anything unusual (a tensor subclass, an unhashable argument, tensors that overlap) takes the
+full path, which gives the precise error or the correct result.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+# Signatures remembered at once: an engine's forward reuses one per batch shape, so a few
+# dozen cover prefill and decode with room to spare; the oldest is forgotten first.
+MAX_KNOWN = 64
+
+_TENSOR = torch.Tensor
+
+
+class KnownCall:
+    """What full validation established for one call signature (see the module docstring)."""
+
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "replays")
+
+    def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device):
+        self.layout = layout
+        self.scale = scale  # weight_scale as the fp32 value the kernels multiply by
+        self.rows = rows
+        self.c4_len = c4_len
+        self.device = device
+        # backend name -> Replay, or None when its calls cannot be replayed
+        self.replays: Dict[str, object] = {}
+
+
+def signature(tensors: Sequence, scalars: tuple) -> Tuple[Optional[tuple], List[Optional[int]], List[int]]:
+    """``(key, addresses, byte lengths)`` of a call's tensors (``None`` entries allowed); the key
+    is ``None`` when a tensor is not a plain ``torch.Tensor`` (subclasses take the full path).
+
+    ``scalars``: the call's other arguments, each preceded by its type, so that ``1`` and
+    ``True`` (equal as keys) are told apart the way validation tells them apart.
+    """
+    parts: list = [scalars]
+    ptrs: List[Optional[int]] = []
+    lens: List[int] = []
+    for t in tensors:
+        if t is None:
+            parts.append(None)
+            ptrs.append(None)
+            lens.append(0)
+            continue
+        if type(t) is not _TENSOR:
+            return None, ptrs, lens
+        p = t.data_ptr()
+        ptrs.append(p)
+        lens.append(t.numel() * t.element_size())
+        parts.append((t.dtype, t.shape, t.stride(), t.device, t.storage_offset() & 15, p & 15))
+    return tuple(parts), ptrs, lens
+
+
+def disjoint(ptrs: Sequence[Optional[int]], lens: Sequence[int]) -> bool:
+    """Whether no two of the tensors share a byte (empty tensors share none).
+
+    Validation allows inputs to overlap one another; such calls simply take the full path.
+    """
+    spans = sorted((p, p + n) for p, n in zip(ptrs, lens) if p is not None and n)
+    end = -1
+    for start, stop in spans:
+        if start < end:
+            return False
+        end = stop
+    return True
+
+
+class KnownCalls:
+    """A bounded, thread-safe map from :func:`signature` keys to :class:`KnownCall`."""
+
+    def __init__(self, limit: int = MAX_KNOWN):
+        self.limit = limit
+        self._calls: "OrderedDict[tuple, KnownCall]" = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key) -> Optional[KnownCall]:
+        try:
+            return self._calls.get(key)
+        except TypeError:  # an unhashable argument: nothing to remember it by
+            return None
+
+    def add(self, key, call: KnownCall) -> None:
+        try:
+            hash(key)
+        except TypeError:
+            return
+        with self._lock:
+            self._calls[key] = call
+            while len(self._calls) > self.limit:
+                self._calls.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._calls.clear()
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+
+def raw_stream(device: torch.device) -> int:
+    """The current CUDA (or HIP) stream of the current device, as the launcher takes it."""
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if device.type == "cuda" else 0
+
+
+__all__ = ["KnownCall", "KnownCalls", "MAX_KNOWN", "disjoint", "raw_stream", "signature"]
