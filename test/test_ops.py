@@ -117,3 +117,20 @@ def test_torch_compile_traces_both_operators_in_one_graph():
     assert torch.equal(counts, want.counts)
     finite = torch.isfinite(want.values)
     assert torch.equal(diff[finite], torch.zeros_like(diff[finite]))
+
+
+@pytest.mark.parametrize("meta_arg", [0, 4, 6], ids=["q", "weights", "seq_lens"])
+def test_operators_refuse_meta_tensors_mixed_with_real_ones(meta_arg):
+    """The dispatcher sends a call with any meta tensor to the fake implementation; among real
+    tensors it must refuse, not return uninitialised outputs or skip writing them."""
+    w = small()
+    args = list(w.args())
+    args[meta_arg] = args[meta_arg].to("meta")
+    with pytest.raises(ValueError, match="meta"):
+        OPS.indexer_topk(*args, w.topk, w.layout.value)
+    out = allocate_result(w.rows, w.topk, "cpu")
+    with pytest.raises(ValueError, match="meta"):
+        OPS.indexer_topk_out(*args, w.topk, w.layout.value, *out)
+    meta_out = allocate_result(w.rows, w.topk, "meta")  # real inputs, meta outputs
+    with pytest.raises(ValueError, match="meta"):
+        OPS.indexer_topk_out(*w.args(), w.topk, w.layout.value, *meta_out)

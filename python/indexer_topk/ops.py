@@ -33,8 +33,23 @@ NAMESPACE = "indexer_topk"
 
 _OUTPUTS = ("values", "raw_indices", "physical_indices", "counts")
 
+# Defined with torch.library.Library rather than torch.library.custom_op: the decorator's
+# Python wrapper costs several microseconds per call, which an eager prefill pays on every
+# layer (the operator's own host path is a few tens of microseconds).
+_LIB = torch.library.Library(NAMESPACE, "DEF")
+_LIB.define(
+    "indexer_topk(Tensor q, Tensor? q_scale, Tensor k_cache, Tensor? k_scale, Tensor weights, Tensor page_table, "
+    "Tensor seq_lens, SymInt topk, str layout, float weight_scale=1., str backend=\"auto\", bool check_values=True, "
+    "SymInt? rows_per_request=None) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+_LIB.define(
+    "indexer_topk_out(Tensor q, Tensor? q_scale, Tensor k_cache, Tensor? k_scale, Tensor weights, Tensor page_table, "
+    "Tensor seq_lens, SymInt topk, str layout, Tensor(a9!) values, Tensor(a10!) raw_indices, "
+    "Tensor(a11!) physical_indices, Tensor(a12!) counts, Tensor(a13!)? workspace=None, float weight_scale=1., "
+    "str backend=\"auto\", bool check_values=False, SymInt? rows_per_request=None) -> ()"
+)
 
-@torch.library.custom_op(f"{NAMESPACE}::indexer_topk", mutates_args=())
+
 def indexer_topk_op(
     q: torch.Tensor,
     q_scale: Optional[torch.Tensor],
@@ -57,19 +72,6 @@ def indexer_topk_op(
     return tuple(res)
 
 
-@indexer_topk_op.register_fake
-def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto",
-      check_values=True, rows_per_request=None):
-    rows = q.shape[0]
-    return (
-        q.new_empty((rows, topk), dtype=torch.float32),
-        q.new_empty((rows, topk), dtype=torch.int32),
-        q.new_empty((rows, topk), dtype=torch.int32),
-        q.new_empty((rows,), dtype=torch.int32),
-    )
-
-
-@torch.library.custom_op(f"{NAMESPACE}::indexer_topk_out", mutates_args=_OUTPUTS + ("workspace",))
 def indexer_topk_out_op(
     q: torch.Tensor,
     q_scale: Optional[torch.Tensor],
@@ -97,10 +99,46 @@ def indexer_topk_out_op(
     )
 
 
-@indexer_topk_out_op.register_fake
+for _key in ("CPU", "CUDA"):  # ROCm builds dispatch HIP tensors under the CUDA key
+    _LIB.impl("indexer_topk", indexer_topk_op, _key)
+    _LIB.impl("indexer_topk_out", indexer_topk_out_op, _key)
+
+
+def _only_fake_or_meta(*tensors) -> None:
+    """The fake implementations stand in for the operator where no data exists: under fake
+    tensors (``torch.compile``) or on meta tensors alone. A call that mixes meta tensors with
+    real ones reaches them too (the dispatcher picks the meta kernel); it would get
+    uninitialised outputs, so it is refused as the Python API refuses it."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and not isinstance(t, FakeTensor) and t.device.type != "meta":
+            devices = sorted({str(x.device) for x in tensors if isinstance(x, torch.Tensor)})
+            raise ValueError(
+                f"indexer_topk: tensors on {' and '.join(devices)} in one call: a meta tensor has no data to "
+                "read; pass every tensor on one GPU (or the CPU), or all on the meta device for shapes alone"
+            )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::indexer_topk")
+def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto",
+      check_values=True, rows_per_request=None):
+    _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
+    rows = q.shape[0]
+    return (
+        q.new_empty((rows, topk), dtype=torch.float32),
+        q.new_empty((rows, topk), dtype=torch.int32),
+        q.new_empty((rows, topk), dtype=torch.int32),
+        q.new_empty((rows,), dtype=torch.int32),
+    )
+
+
+@torch.library.register_fake(f"{NAMESPACE}::indexer_topk_out")
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices,
       physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False,
       rows_per_request=None):
+    _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, values, raw_indices,
+                       physical_indices, counts, workspace)
     return None
 
 

@@ -1,0 +1,200 @@
+"""The host path after a signature's first call (:mod:`indexer_topk.calls`, :mod:`indexer_topk.replay`):
+replayed launches give the full path's bits on new tensors, and everything that depends on
+addresses, values or the environment is still checked on every call."""
+
+import pytest
+import torch
+
+import indexer_topk
+from indexer_topk import api
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.calls import disjoint, signature
+from indexer_topk.contract import allocate_result
+from indexer_topk.envs import envs
+from indexer_topk.replay import Recorder, launch
+from indexer_topk.workload import make_workload
+
+from kernel_cases import assert_bitwise
+
+POISON = -12345
+
+
+@pytest.fixture(autouse=True)
+def fresh_signatures():
+    api._KNOWN.clear()
+    yield
+    api._KNOWN.clear()
+
+
+def batch(layout="sglang_fp8", seed=1, rows=3, tokens=3000, topk=512, pattern="random"):
+    return make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=topk, seed=seed, device="cpu",
+                         pattern=pattern)
+
+
+def poisoned(w):
+    out = allocate_result(w.rows, w.topk, "cpu")
+    for t in out:
+        t.view(torch.int32).fill_(POISON)
+    return out
+
+
+def full_path(w, backend):
+    with envs.INDEXER_TOPK_REPLAY.override(False):
+        return indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
+
+
+def replays_of(backend):
+    return [c.replays.get(backend) for c in api._KNOWN._calls.values() if backend in c.replays]
+
+
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+@pytest.mark.parametrize("backend,kth", [("fused", "torch"), ("legacy", "radix")])
+def test_replayed_calls_give_the_full_paths_bits_on_new_tensors(layout, backend, kth, monkeypatch):
+    """Three calls of one signature on fresh tensors (new addresses, new values), into poisoned
+    outputs with a caller's workspace: the second and third are replays, bit for bit the full path."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", kth)
+    for seed, pattern in ((1, "random"), (2, "equal"), (3, "increasing")):
+        w = batch(layout, seed=seed, pattern=pattern)
+        out = poisoned(w)
+        workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, layout), dtype=torch.uint8)
+        indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out, workspace=workspace,
+                                  check_values=False)
+        assert_bitwise(out, full_path(w, backend), f"{backend} call {seed}, {layout}")
+    replays = replays_of(backend)
+    assert len(replays) == 1 and replays[0] is not None, "one signature, replayed"
+
+
+def test_a_call_without_out_or_workspace_replays_into_fresh_tensors(monkeypatch):
+    """The functional form: each call returns its own outputs (the replay allocates them, and the
+    fused backend's scratch, anew)."""
+    first = indexer_topk.indexer_topk(*batch(seed=1).args(), **batch(seed=1).kwargs(), backend="fused")
+    w = batch(seed=2)
+    second = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused")
+    assert replays_of("fused")[0] is not None
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second))
+    assert_bitwise(second, full_path(w, "fused"), "functional replay")
+    assert_bitwise(first, full_path(batch(seed=1), "fused"), "the first call's outputs are not overwritten")
+
+
+def test_host_work_beyond_launches_is_not_replayed(monkeypatch):
+    """legacy with torch.topk on the host: recorded as not replayable, and every call still right."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "torch")
+    for seed in (1, 2):
+        w = batch(seed=seed)
+        out = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="legacy", out=poisoned(w))
+        assert_bitwise(out, full_path(w, "legacy"), f"call {seed}")
+    assert replays_of("legacy") == [None]
+
+
+def test_aliasing_is_checked_on_every_call():
+    """A signature replayed before: an output that shares bytes with an input is still refused,
+    with validation's message."""
+    w = batch(seed=1)
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
+    out = poisoned(w)
+    args = list(w.args())
+    args[6] = out.counts  # seq_lens is the counts output: same dtype, shape and alignment
+    out.counts.copy_(w.args()[6])
+    with pytest.raises(ValueError, match="aliases an input"):
+        indexer_topk.indexer_topk(*args, **w.kwargs(), backend="fused", out=out)
+
+
+def test_values_are_checked_on_a_replayed_signature():
+    w = batch(seed=1)
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
+    args = list(w.args())
+    args[5] = args[5].clone()
+    args[5][0, 0] = 10**6  # a page id past the cache
+    with pytest.raises(ValueError, match="page_table"):
+        indexer_topk.indexer_topk(*args, **w.kwargs(), backend="fused", out=poisoned(w))
+
+
+def test_argument_types_are_told_apart_from_equal_values():
+    """``check_values=1`` equals ``True`` as a key, but validation refuses it: so must a call of
+    a signature first seen with ``True``."""
+    w = batch(seed=1)
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w), check_values=True)
+    with pytest.raises(ValueError, match="check_values"):
+        indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w), check_values=1)
+    kwargs = w.kwargs()
+    kwargs["topk"] = float(w.topk)
+    with pytest.raises(ValueError, match="topk"):
+        indexer_topk.indexer_topk(*w.args(), **kwargs, backend="fused", out=poisoned(w))
+
+
+def test_an_environment_flag_the_recorded_call_read_invalidates_its_replay(monkeypatch):
+    """A flag the backend read while recorded, changed since: the call is recorded again."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "radix")
+    w = batch(seed=1)
+    want = full_path(w, "legacy")
+    calls = []
+    real = legacy_backend.legacy_score
+
+    def score(*a, **k):  # a backend that reads a flag on its host path
+        calls.append(envs.INDEXER_TOPK_HOPPER_STREAM.get())
+        return real(*a, **k)
+
+    monkeypatch.setattr(legacy_backend, "legacy_score", score)
+    for flag in ("1", "1", "0", "0"):
+        with envs.INDEXER_TOPK_HOPPER_STREAM.override(flag):
+            out = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="legacy", out=poisoned(w))
+        assert_bitwise(out, want, f"flag {flag}")
+    assert calls == [True, False], "recorded, replayed, recorded again under the new value, replayed"
+
+
+def test_replay_can_be_switched_off():
+    w = batch(seed=1)
+    with envs.INDEXER_TOPK_REPLAY.override("0"):
+        for _ in range(2):
+            indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
+    assert len(api._KNOWN) == 0
+
+
+def test_unusual_arguments_take_the_full_path():
+    w = batch(seed=1)
+
+    class Sub(torch.Tensor):
+        pass
+
+    args = list(w.args())
+    args[4] = args[4].as_subclass(Sub)
+    key, _, _ = signature(args, ())
+    assert key is None
+    out = indexer_topk.indexer_topk(*args, **w.kwargs(), backend="fused", out=poisoned(w))
+    assert_bitwise(out, full_path(w, "fused"), "tensor subclass")
+    with pytest.raises(ValueError, match="layout"):
+        indexer_topk.indexer_topk(*w.args(), topk=w.topk, layout=["sglang_fp8"], backend="fused")
+
+
+def test_disjoint():
+    assert disjoint([0, 10, None], [10, 5, 0])
+    assert not disjoint([0, 9], [10, 5])
+    assert disjoint([0, 0], [10, 0])  # an empty tensor shares no byte
+
+
+def test_recorder_marks_host_work_and_stray_arguments():
+    """Views are free and allocations are steps; any other torch operation, or a kernel argument
+    outside the call's tensors, makes the call not replayable."""
+    root = torch.zeros(64, dtype=torch.uint8)
+    with Recorder([root]) as rec:
+        root.view(torch.int32)[:4]
+        torch.empty(8, dtype=torch.int32)
+    assert rec.why_not is None and len(rec.steps) == 1
+    with Recorder([root]) as rec:
+        root.zero_()
+    assert "zero_" in rec.why_not and rec.replay() is None
+
+    class Kernel:  # what the recorder reads of a kernel, and a launch that does nothing
+        arg_names = ["x"]
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: None
+
+    with Recorder([root]) as rec:
+        launch(Kernel(), (1,), root[8:])
+    assert rec.why_not is None and rec.steps[0].tensors[0][1:3] == (0, 8)
+    stray = torch.zeros(4)
+    with Recorder([root]) as rec:
+        launch(Kernel(), (1,), stray)
+    assert "lies in 0" in rec.why_not
