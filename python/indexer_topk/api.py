@@ -158,28 +158,31 @@ def indexer_topk(
     outs = tuple(out) if isinstance(out, tuple) and len(out) == 4 else (None,) * 4
     scalars = (type(topk), topk, type(layout), layout, type(weight_scale), weight_scale, backend, type(check_values),
                check_values, rows_per_request, out is None, torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
-    key, ptrs, lens = signature((q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace), scalars)
+    tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
+    key, ptrs = signature(tensors, scalars)
     known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None
-    if known is None or not disjoint(ptrs, lens):
-        return _first_call(key, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
+    if known is None or not disjoint(ptrs, known.lengths):
+        return _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
                            weight_scale=weight_scale, backend=backend, out=out, workspace=workspace,
                            check_values=check_values, rows_per_request=rows_per_request)
     # a signature validated before: only what depends on addresses and values is checked again
-    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, known.layout, topk,
-                           known.scale)
     if check_values and known.rows > 0:
-        _check_values(inputs)
+        _check_values(known.inputs(tensors, topk))
+    fresh_out = None
     if out is None:
-        out = allocate_result(known.rows, topk, known.device)
+        out = fresh_out = allocate_result(known.rows, topk, known.device)
     elif not isinstance(out, IndexerTopKResult):
         out = IndexerTopKResult(*out)
     name = resolve_backend(backend, layout=known.layout, topk=topk, rows=known.rows, c4_len=known.c4_len)
     replay = known.replays.get(name, _UNSEEN)
     if replay is not None and replay is not _UNSEEN and replay.matches_env():
-        roots = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *out, workspace)
-        replay.run(roots, (*ptrs[:7], *(t.data_ptr() for t in out), ptrs[11]), raw_stream(known.device))
+        if fresh_out is None:  # the caller's outputs, whose addresses the signature read
+            replay.run(tensors, ptrs, raw_stream(known.device))
+        else:
+            replay.run((*tensors[:7], *out, workspace), (*ptrs[:7], *(t.data_ptr() for t in out), ptrs[11]),
+                       raw_stream(known.device))
         return out
-    return _run(known, name, inputs, out, workspace, rows_per_request)
+    return _run(known, name, known.inputs(tensors, topk), out, workspace, rows_per_request)
 
 
 _KNOWN = KnownCalls()
@@ -188,15 +191,16 @@ _UNSEEN = object()
 _REPLAYABLE = ("legacy", "fused")
 
 
-def _first_call(key, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale, backend,
+def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale, backend,
                 out, workspace, check_values, rows_per_request) -> IndexerTopKResult:
     """The full path: validate everything, remember the signature, route and run."""
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
+    lengths = [0 if t is None else t.numel() * t.element_size() for t in tensors]
     known = KnownCall(inputs.layout, inputs.weight_scale, inputs.rows, inputs.page_table.shape[1] * PAGE_SIZE,
-                      inputs.device)
+                      inputs.device, lengths)
     if out is None:
         out = allocate_result(inputs.rows, inputs.topk, inputs.device)
     if key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get():

@@ -28,6 +28,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .contract import IndexerInputs
+
 # Signatures remembered at once: an engine's forward reuses one per batch shape, so a few
 # dozen cover prefill and decode with room to spare; the oldest is forgotten first.
 MAX_KNOWN = 64
@@ -38,41 +40,49 @@ _TENSOR = torch.Tensor
 class KnownCall:
     """What full validation established for one call signature (see the module docstring)."""
 
-    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "replays")
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "replays")
 
-    def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device):
+    def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int]):
         self.layout = layout
         self.scale = scale  # weight_scale as the fp32 value the kernels multiply by
         self.rows = rows
         self.c4_len = c4_len
         self.device = device
+        self.lengths = tuple(lengths)  # bytes of each tensor of the signature, for :func:`disjoint`
         # backend name -> Replay, or None when its calls cannot be replayed
         self.replays: Dict[str, object] = {}
 
+    def inputs(self, tensors: Sequence, topk: int) -> IndexerInputs:
+        """The backends' :class:`~indexer_topk.contract.IndexerInputs` of a call of this signature
+        (``tensors``: its seven input tensors first)."""
+        return IndexerInputs(*tensors[:7], self.layout, topk, self.scale)
 
-def signature(tensors: Sequence, scalars: tuple) -> Tuple[Optional[tuple], List[Optional[int]], List[int]]:
-    """``(key, addresses, byte lengths)`` of a call's tensors (``None`` entries allowed); the key
-    is ``None`` when a tensor is not a plain ``torch.Tensor`` (subclasses take the full path).
+
+def signature(tensors: Sequence, scalars: tuple) -> Tuple[Optional[tuple], List[Optional[int]]]:
+    """``(key, addresses)`` of a call's tensors (``None`` entries allowed); the key is ``None``
+    when a tensor is not a plain ``torch.Tensor`` (subclasses take the full path).
 
     ``scalars``: the call's other arguments, each preceded by its type, so that ``1`` and
-    ``True`` (equal as keys) are told apart the way validation tells them apart.
+    ``True`` (equal as keys) are told apart the way validation tells them apart. Per tensor the
+    key holds dtype, shape, strides, device and the address modulo 16 (Triton specialises
+    kernels on 16-byte alignment; validation checks 4- and 16-byte alignment); for the third
+    tensor (the key cache) also its storage offset modulo 16, which validation checks too.
     """
     parts: list = [scalars]
     ptrs: List[Optional[int]] = []
-    lens: List[int] = []
     for t in tensors:
         if t is None:
             parts.append(None)
             ptrs.append(None)
-            lens.append(0)
             continue
         if type(t) is not _TENSOR:
-            return None, ptrs, lens
+            return None, ptrs
         p = t.data_ptr()
         ptrs.append(p)
-        lens.append(t.numel() * t.element_size())
-        parts.append((t.dtype, t.shape, t.stride(), t.device, t.storage_offset() & 15, p & 15))
-    return tuple(parts), ptrs, lens
+        parts.append((t.dtype, t.shape, t.stride(), t.device, p & 15))
+    if len(ptrs) > 2 and ptrs[2] is not None:
+        parts.append(tensors[2].storage_offset() & 15)
+    return tuple(parts), ptrs
 
 
 def disjoint(ptrs: Sequence[Optional[int]], lens: Sequence[int]) -> bool:
