@@ -1,0 +1,380 @@
+"""The serving mix: every shape a DeepSeek-V4 server runs, ours beside the serving engine's path.
+
+A *shape* (:class:`MixShape`) is one indexer call as a server makes it: a prefill chunk (the
+last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decode step
+(``requests`` requests of one or a few rows each, each with its own pages). For each shape
+:func:`run_mix` times, on the same bytes, in one process:
+
+- **ours**: ``backend="auto"`` through the out operator
+  (``torch.ops.indexer_topk.indexer_topk_out``) with a caller-owned workspace and
+  ``check_values=False``, and the backend it took (``route``);
+- each of our exact backends (``candidates``: ``fused``, ``legacy``, and ``aiter`` where it
+  runs) the same way, each compared with legacy bit for bit;
+- the serving engine's own path where it has one (SGLang's: DeepGEMM's MQA logits, then its
+  ``topk_v2``; see :class:`SGLangPath`), and how much of its selection ours shares.
+
+Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time
+of single calls, host time included where the GPU waits for it; ``host_us`` the mean host wall
+time per call over back-to-back calls without a sync (the calls after a shape's first, which
+replay its launches); ``host_us_first`` the host time of a shape's first call with warm
+kernels (validation, planning and recording); ``host_us_checked`` the wall time per call with
+``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .timing import median_ms, synchronize
+
+DECODE_FLOOR_BYTES = {"sglang_fp8": 132, "sglang_mxfp4": 68, "aiter_mxfp4": 68}  # key bytes a position
+HBM_BYTES_PER_S = 4.8e12
+
+
+@dataclass(frozen=True)
+class MixShape:
+    """One indexer call of the serving mix.
+
+    ``context_tokens``: raw tokens of each request (C4 positions are a quarter); with
+    ``spread`` the requests' lengths run evenly from 4K tokens up to it (a mixed decode batch).
+    ``rows_per_request``: query rows per request (prefill: the chunk; decode: 1, or 2 with an
+    MTP draft row).
+    """
+
+    kind: str
+    layout: str
+    topk: int
+    requests: int
+    rows_per_request: int
+    context_tokens: int
+    spread: bool = False
+
+    @property
+    def rows(self) -> int:
+        return self.requests * self.rows_per_request
+
+    @property
+    def label(self) -> str:
+        ctx = f"{self.context_tokens // 1024}K"
+        if self.kind == "prefill":
+            text = f"prefill {self.rows} x {ctx}"
+        else:
+            text = f"decode {self.requests} x {'4K..' if self.spread else ''}{ctx}"
+            text += f" x {self.rows_per_request} rows" if self.rows_per_request > 1 else ""
+        extra = [x for x in (self.layout if self.layout != "sglang_fp8" else "",
+                             f"topk {self.topk}" if self.topk != 1024 else "") if x]
+        return text + (f" ({', '.join(extra)})" if extra else "")
+
+    def context_lengths(self) -> List[int]:
+        if not self.spread or self.requests == 1:
+            return [self.context_tokens] * self.requests
+        lo = 4096
+        step = (self.context_tokens - lo) / (self.requests - 1)
+        return [int(lo + i * step) // 256 * 256 for i in range(self.requests)]
+
+
+def default_shapes(smoke: bool = False) -> List[MixShape]:
+    """The serving mix: FP8 prefill chunks of 128 / 1024 / 8192 rows at 16K-768K tokens, 1024 x
+    256K at topk 512, the MXFP4 caches at 1024 x 64K / 768K; FP8 decode at 1-64 requests x 128K /
+    768K and 256 x 32K / 128K, MTP, topk 512, a mixed batch, and MXFP4 decode. ``smoke``: two
+    tiny shapes for a CPU under the interpreter."""
+    if smoke:
+        return [MixShape("prefill", "sglang_fp8", 512, 1, 3, 3000), MixShape("decode", "sglang_fp8", 512, 2, 1, 3000)]
+    K = 1024
+    shapes = [MixShape("prefill", "sglang_fp8", 1024, 1, rows, ctx * K)
+              for rows in (128, 1024, 8192) for ctx in (16, 64, 256, 768)]
+    shapes.append(MixShape("prefill", "sglang_fp8", 512, 1, 1024, 256 * K))
+    shapes += [MixShape("prefill", layout, 1024, 1, 1024, ctx * K)
+               for layout in ("sglang_mxfp4", "aiter_mxfp4") for ctx in (64, 768)]
+    shapes += [MixShape("decode", "sglang_fp8", 1024, n, 1, ctx * K) for n in (1, 8, 32, 64) for ctx in (128, 768)]
+    shapes += [MixShape("decode", "sglang_fp8", 1024, 256, 1, ctx * K) for ctx in (32, 128)]
+    shapes += [
+        MixShape("decode", "sglang_fp8", 1024, 32, 2, 768 * K),
+        MixShape("decode", "sglang_fp8", 512, 8, 1, 768 * K),
+        MixShape("decode", "sglang_fp8", 1024, 64, 1, 768 * K, spread=True),
+    ]
+    shapes += [MixShape("decode", "sglang_mxfp4", 1024, n, 1, 768 * K) for n in (8, 32, 64)]
+    return shapes
+
+
+def make_inputs(shape: MixShape, device, seed: int = 0):
+    """The shape's workload (:func:`indexer_topk.workload.make_workload`), same bytes for every path."""
+    from ..workload import make_workload
+
+    return make_workload(shape.layout, context_tokens=shape.context_lengths(),
+                         rows_per_request=[shape.rows_per_request] * shape.requests, topk=shape.topk, seed=seed,
+                         device=device, page_table_pad=0)
+
+
+def decode_floor_ms(shape: MixShape) -> Optional[float]:
+    """The time to read every key of a decode step once at HBM bandwidth."""
+    if shape.kind != "decode":
+        return None
+    positions = sum(t // 4 for t in shape.context_lengths())
+    return positions * DECODE_FLOOR_BYTES[shape.layout] / HBM_BYTES_PER_S * 1e3
+
+
+def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
+    """Median ms of ``step`` replayed from a CUDA graph: run once on a side stream (compiles and
+    records outside the capture), captured, timed; replayed once more last, so the outputs left
+    behind are the graph's."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = median_ms(graph.replay, warmup=3, iters=iters, device=device)
+    graph.replay()
+    synchronize(device)
+    return ms
+
+
+def host_us(step: Callable[[], None], calls: int, device) -> float:
+    """Mean host wall time per call of ``calls`` back-to-back calls (no sync between them)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        step()
+    elapsed = time.perf_counter() - t0
+    synchronize(device)
+    return elapsed / calls * 1e6
+
+
+def selection_overlap(theirs: torch.Tensor, ours: torch.Tensor) -> float:
+    """Fraction of the entries ``theirs`` selects (``>= 0``, ``[rows, k]``) that ``ours`` selects too."""
+    mine = ours.long().sort(dim=1).values
+    other = theirs.long()
+    at = torch.searchsorted(mine, other).clamp(max=mine.shape[1] - 1)
+    hit = (mine.gather(1, at) == other) & (other >= 0)
+    total = int((other >= 0).sum())
+    return float(hit.sum()) / total if total else 1.0
+
+
+class OurPath:
+    """One of our backends on one workload through the out operator, as an engine calls it."""
+
+    def __init__(self, w, backend: str, workspace: Optional[torch.Tensor], device, rows_per_request: Optional[int]):
+        from ..contract import allocate_result
+
+        self.w, self.backend, self.device = w, backend, device
+        self.out = allocate_result(w.rows, w.topk, device)
+        self.workspace = workspace
+        self.args = w.args()
+        self.rpr = rows_per_request
+
+    def step(self, check_values: bool = False) -> None:
+        w = self.w
+        torch.ops.indexer_topk.indexer_topk_out(*self.args, w.topk, w.layout.value, *self.out, self.workspace,
+                                                w.weight_scale, self.backend, check_values, self.rpr)
+
+
+def route_of(w, shape: MixShape) -> str:
+    """The backend ``auto`` takes for this shape: a decode step as captured in a CUDA graph."""
+    from ..policy import default_policy
+
+    return default_policy().route(layout=w.layout, topk=w.topk, is_decode=shape.kind == "decode",
+                                  capturing=shape.kind == "decode", rows=w.rows, c4_len=w.page_table.shape[1] * 64)
+
+
+def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int) -> Dict[str, float]:
+    """The timing fields of one of our paths on one shape (see the module docstring)."""
+    from .. import api
+
+    dev = path.device
+    if shape.kind == "decode" and torch.device(dev).type == "cuda":
+        path.step()  # compiles and records outside the capture
+        return {"ms": graph_ms(path.step, iters=iters, device=dev)}
+    path.step()
+    synchronize(dev)
+    api._KNOWN.clear()  # the shape's first call again, kernels warm
+    t0 = time.perf_counter()
+    path.step()
+    first = (time.perf_counter() - t0) * 1e6
+    ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
+    fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev)}
+    synchronize(dev)
+    t0 = time.perf_counter()
+    checked = max(5, host_calls // 20)
+    for _ in range(checked):
+        path.step(check_values=True)
+    synchronize(dev)
+    fields["host_us_checked"] = (time.perf_counter() - t0) / checked * 1e6
+    return fields
+
+
+def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[str] = ("fused", "legacy", "aiter"),
+            sglang: Optional["SGLangPath"] = None, iters: int = 10, host_calls: int = 200, seed: int = 0,
+            progress: Optional[Callable[[int, int, MixShape], None]] = None,
+            on_record: Optional[Callable[[dict], None]] = None) -> List[dict]:
+    """Time every shape (see the module docstring); one record per shape.
+
+    ``candidates``: our backends timed beside ``auto`` (those that cannot run here are left
+    out); ``sglang``: the engine's path, or ``None``; ``progress(i, n, shape)`` before each
+    shape; ``on_record(record)`` after each (the caller may save as it goes). A shape that
+    fails is recorded with its ``error`` and the run goes on.
+    """
+    import indexer_topk
+
+    from ..compare import bitwise_equal
+    from ..errors import BackendUnavailable, failure_reason
+
+    records = []
+    for i, shape in enumerate(shapes):
+        if progress is not None:
+            progress(i, len(shapes), shape)
+        graphs = shape.kind == "decode" and torch.device(device).type == "cuda"
+        rec = {**asdict(shape), "rows": shape.rows, "timing": "graph" if graphs else "eager",
+               "route": None, "ours_ms": None, "sglang_ms": None, "host_us": None, "matches_legacy": None,
+               "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape)}
+        try:
+            w = make_inputs(shape, device, seed)
+            hint = shape.rows_per_request if shape.kind == "decode" else None
+            workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
+                                    dtype=torch.uint8, device=device)
+            base = OurPath(w, "legacy", workspace, device, hint)
+            base.step()
+            synchronize(device)
+            legacy_bits = [t.clone() for t in base.out]
+            outs = {}
+            for name in ["auto", *candidates]:
+                path = base if name == "legacy" else OurPath(w, name, workspace, device, hint)
+                try:
+                    fields = time_ours(path, shape, iters=iters, host_calls=host_calls)
+                except BackendUnavailable as exc:
+                    rec.setdefault("unavailable", {})[name] = str(exc)[:200]
+                    continue
+                same = bitwise_equal(path.out, type(path.out)(*legacy_bits))
+                outs[name] = path.out
+                if name == "auto":
+                    rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=same,
+                        **{k: v for k, v in fields.items() if k.startswith("host_us")})
+                else:
+                    rec.setdefault("candidates_all", {})[name] = {"ms": fields["ms"], "matches_legacy": same}
+                    if same:
+                        rec["candidates"][name] = fields["ms"]
+                    if name == "legacy":
+                        rec["legacy_ms"] = fields["ms"]
+            if sglang is not None and sglang.serves(shape):
+                try:
+                    ms, selected = sglang.time(w, shape, iters=iters)
+                    rec["sglang_ms"] = ms
+                    ours = outs["auto"].raw_indices if shape.kind == "prefill" else outs["auto"].physical_indices
+                    rec["sglang_overlap"] = selection_overlap(selected, ours)
+                except Exception as exc:  # noqa: BLE001 - the engine's path failing is a finding, not a stop
+                    rec["sglang_error"] = failure_reason(exc)
+            base = path = outs = workspace = w = None
+        except Exception as exc:  # noqa: BLE001 - one broken shape must not lose the rest of the run
+            rec["error"] = failure_reason(exc)
+        if device != "cpu" and torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        records.append(rec)
+        if on_record is not None:
+            on_record(rec)
+    return records
+
+
+class SGLangPath:
+    """SGLang 0.5.23's own NVIDIA path for the FP8 cache, from the SGLang CUDA anchor kit.
+
+    Prefill: DeepGEMM's paged MQA logits (non-paged, after gathering the request's keys, from
+    8192 rows, as SGLang does), then ``topk_v2``'s plan and ``transform_paged`` with raw
+    indices. Decode: the same paged logits with their schedule built once per batch, then the
+    plan (once per batch) and ``transform_paged``, replayed from a CUDA graph.
+    ``deep_gemm`` must be importable (the kit builds it) and ``kit`` is the kit's folder.
+    """
+
+    NONPAGED_MIN_ROWS = 8192
+
+    def __init__(self, kit: str):
+        import sys
+        from pathlib import Path
+        from types import SimpleNamespace
+
+        kit = str(Path(kit).resolve())
+        if kit not in sys.path:
+            sys.path.insert(0, kit)
+        import deep_gemm
+        import sglang_cuda_anchor as anchor
+
+        self.dg, self.anchor = deep_gemm, anchor
+        self.topk = anchor.load_topk_v2(SimpleNamespace(topk_v2=str(Path(kit) / "sglang_topk_v2"), topk_v2_build_dir=None),
+                                        {}, [])
+        self.paged, self.ragged, _, _ = anchor.dg_api(deep_gemm, False)
+        self.nsm = deep_gemm.get_num_sms()
+
+    def serves(self, shape: MixShape) -> bool:
+        return shape.layout == "sglang_fp8"
+
+    def time(self, w, shape: MixShape, *, iters: int):
+        """``(ms, selection)``: eager prefill or graph-replayed decode; the selection is raw
+        positions (prefill) or page indices (decode), ``[rows, topk]`` int32, ``-1`` padded."""
+        dev = w.q.device
+        q, _qs, kc, _ks, wts, pt, sl = w.args()
+        width = pt.shape[1] * 64
+        kv = kc.view(kc.shape[0], 64, 1, kc.shape[1] // 64)
+        wd = (wts.float() * w.weight_scale).contiguous()
+        pages = torch.full((w.rows, w.topk), -7, dtype=torch.int32, device=dev)
+        raw = torch.full((w.rows, w.topk), -7, dtype=torch.int32, device=dev)
+        if shape.kind == "decode":
+            next_n = shape.rows_per_request  # SGLang's next_n: 2 with one MTP draft row
+            qd = q.view(shape.requests, next_n, *q.shape[1:])
+            cl = sl.view(shape.requests, next_n)
+            table = pt.view(shape.requests, next_n, -1)[:, 0].contiguous()
+            schedule = self.dg.get_paged_mqa_logits_metadata(cl, 64, self.nsm)  # once per batch in SGLang
+            plan = self.topk.plan(sl)  # once per batch in SGLang
+
+            def step():
+                logits = self.paged(qd, kv, wd, cl, table, schedule, width)
+                self.topk.transform(logits, sl, pt, pages, 64, plan)
+
+            step()
+            return graph_ms(step, iters=iters, device=dev), pages
+        cl = sl.view(-1, 1)
+        plan = self.topk.plan(sl)  # SGLang plans once per forward batch, for every layer
+        if w.rows < self.NONPAGED_MIN_ROWS:
+            qd = q.unsqueeze(1)
+            schedule = self.dg.get_paged_mqa_logits_metadata(cl, 64, self.nsm)
+
+            def step():
+                logits = self.paged(qd, kv, wd, cl, pt, schedule, width)
+                self.topk.transform(logits, sl, pt, pages, 64, plan, raw)
+        else:
+            final = int(sl.max())
+            npg = -(-final // 64)
+            rows_pages = pt[int(sl.argmax()), :npg].long()
+            starts = torch.zeros_like(sl)
+            ends = torch.where(sl > w.topk, sl, starts)
+
+            def step():
+                blk = kc[rows_pages]  # SGLang gathers the request's keys contiguously first
+                k8 = blk[:, : 64 * 128].reshape(-1, 128)[:final].view(torch.float8_e4m3fn)
+                ks = blk[:, 64 * 128:].contiguous().view(torch.float32).reshape(-1)[:final]
+                logits = self.ragged(q, (k8, ks), wd, starts, ends, npg * 64)
+                self.topk.transform(logits, sl, pt, pages, 64, plan, raw)
+
+        step()
+        synchronize(dev)
+        return median_ms(step, warmup=2, iters=iters, device=dev), raw
+
+
+def summarize(records: Sequence[dict]) -> dict:
+    """Ratios of the mix: ours / SGLang per record that has both, their geometric means per kind."""
+    out = {}
+    for kind in ("prefill", "decode"):
+        r = [x["ours_ms"] / x["sglang_ms"] for x in records if x.get("kind") == kind and x.get("ours_ms")
+             and x.get("sglang_ms")]
+        out[kind] = {"shapes_with_sglang": len(r), "geomean_ours_over_sglang":
+                     statistics.geometric_mean(r) if r else None, "worst": max(r) if r else None}
+    return out
+
+
+__all__ = ["MixShape", "OurPath", "SGLangPath", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
+           "route_of", "selection_overlap", "summarize", "time_ours"]
