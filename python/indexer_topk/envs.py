@@ -240,6 +240,9 @@ class Envs:
     # Legacy path
     # ============================================================
     # MiB of FP32 logits the legacy path materialises at once; larger batches run in row chunks.
+    # A chunk is at least two rows, so this is a bound only above two rows of the matrix (4 bytes
+    # per C4 position, 1.5 MiB at a 768K-token context); a smaller budget takes two rows, with a
+    # warning.
     INDEXER_TOPK_LOGITS_BUDGET_MB = EnvInt(2048, min_value=1)
 
     # ============================================================

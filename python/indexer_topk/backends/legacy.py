@@ -15,6 +15,7 @@ under the contract's order.
 
 from __future__ import annotations
 
+import logging
 from typing import Optional
 
 import torch
@@ -29,6 +30,11 @@ from ..kernels.select import MODE_KEYS, select_rows_kernel
 # a few rows over every SM.
 SCORE_SPAN = 8192
 
+logger = logging.getLogger(__name__)
+# Budgets already warned about as below the two-row floor: a server calls this per layer, so
+# each budget is said once.
+_BELOW_FLOOR_WARNED: set = set()
+
 
 def key_matrix_width(page_table: torch.Tensor) -> int:
     """Columns of the key matrix: the page table's width in C4 positions, as SGLang pads its
@@ -38,14 +44,34 @@ def key_matrix_width(page_table: torch.Tensor) -> int:
 
 def rows_per_chunk(width: int, budget_bytes: int) -> int:
     """Rows of the key matrix (4 bytes per position) that fit the budget (an even number, at
-    least 2)."""
-    rows = max(2, budget_bytes // max(1, width * 4))
+    least 2). The select pass works on pairs of rows, so a budget below two rows is exceeded:
+    the chunk is two rows, with one warning per such budget."""
+    row_bytes = max(1, width * 4)
+    if budget_bytes < 2 * row_bytes:
+        _warn_below_floor(budget_bytes, width)
+    rows = max(2, budget_bytes // row_bytes)
     return rows - rows % 2
+
+
+def _warn_below_floor(budget_bytes: int, width: int) -> None:
+    if budget_bytes in _BELOW_FLOOR_WARNED:
+        return
+    _BELOW_FLOOR_WARNED.add(budget_bytes)
+    floor = 2 * max(1, width * 4)
+    logger.warning(
+        "INDEXER_TOPK_LOGITS_BUDGET_MB: the legacy score-matrix budget of %s is below two rows of the matrix "
+        "(%s at %s positions per row); a chunk holds at least two rows, so the matrix takes %s, above the budget",
+        _size(budget_bytes), _size(floor), f"{width:,}", _size(floor))
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.4g} MiB" if nbytes >= 2**20 else f"{nbytes:,} bytes"
 
 
 def chunk_rows(rows: int, width: int, budget_bytes: Optional[int] = None) -> int:
     """Rows of the key matrix one call allocates: every row (rounded up to a pair) or, past the
-    budget (default ``INDEXER_TOPK_LOGITS_BUDGET_MB``), as many as fit."""
+    budget (default ``INDEXER_TOPK_LOGITS_BUDGET_MB``), as many as fit, and never fewer than
+    two (see :func:`rows_per_chunk`)."""
     if budget_bytes is None:
         from ..envs import envs
 
@@ -135,7 +161,7 @@ def legacy_indexer_topk(
     smaller one, e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a
     call the policy sent here, is left untouched. Without one, a ``[chunk_rows, width]``
     buffer is allocated for the call, ``budget_bytes`` (default
-    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it.
+    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it down to two rows.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     page_table, seq_lens = inputs.page_table, inputs.seq_lens
