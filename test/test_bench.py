@@ -288,3 +288,139 @@ def test_decode_bench_smoke_records_decode_batches(tmp_path):
         assert (r["context_tokens"], r["topk"]) == (4096, 512)
         assert r["matches_legacy"] is True and r["graph_ms"] is None and r["eager_ms"] > 0
         assert {"gpu", "torch_version", "triton_version", "source_revision", "command"} <= set(r)
+
+
+# ============================================================================================
+# Where a run writes: never over an earlier run, never half a file
+# ============================================================================================
+
+FAKE_ENV = {"gpu": "NVIDIA H200", "device": "cuda:0", "torch_version": "2.13.0", "triton_version": "3.6.0",
+            "indexer_topk_version": "0", "source_revision": None, "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+@pytest.fixture
+def fake_gpu_run(monkeypatch):
+    """``bench_cli.main`` as on a GPU, with the sweep replaced by :func:`fake_records` (reported
+    through ``on_case`` as the real sweep does)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(bench_cli, "environment", lambda device: dict(FAKE_ENV))
+
+    def fake_cases(cases, backends, *, on_case=None, **kw):
+        recs = fake_records()
+        if on_case is not None:
+            on_case(cases[0], recs[:1])
+        return recs
+
+    monkeypatch.setattr(bench_cli, "run_cases", fake_cases)
+    return bench_cli.main
+
+
+COMMITTED = {".json": b'[{"committed": true}]\n', ".md": b"# committed\n", ".png": b"\x89PNG committed"}
+
+
+def _commit_results(folder):
+    for suffix, data in COMMITTED.items():
+        (folder / f"bench_nvidia-h200{suffix}").write_bytes(data)
+
+
+def _assert_committed_intact(folder):
+    for suffix, data in COMMITTED.items():
+        assert (folder / f"bench_nvidia-h200{suffix}").read_bytes() == data, suffix
+
+
+def test_bench_writes_new_dated_files_never_the_committed_ones(fake_gpu_run, tmp_path):
+    _commit_results(tmp_path)
+    assert fake_gpu_run(["--quick", "--out-dir", str(tmp_path)]) == 1  # fake_records hold a disagreement
+    assert fake_gpu_run(["--quick", "--out-dir", str(tmp_path)]) == 1  # a second run, maybe the same second
+    _assert_committed_intact(tmp_path)
+    runs_json = sorted(p for p in tmp_path.glob("bench_nvidia-h200_*.json"))
+    assert len(runs_json) == 2, sorted(p.name for p in tmp_path.iterdir())
+    for path in runs_json:
+        assert path.stem.split("_")[-1][:8].isdigit()  # dated: bench_<gpu>_<YYYYmmdd>-...
+        assert json.loads(path.read_text()) == fake_records()
+        assert path.with_suffix(".md").read_text().startswith("# indexer-topk benchmark")
+        assert _is_png(path.with_suffix(".png"))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("name", ["mine", "mine.json", "sub/mine"])
+def test_bench_output_option_names_the_files(fake_gpu_run, tmp_path, name):
+    _commit_results(tmp_path)
+    fake_gpu_run(["--quick", "--output", str(tmp_path / name)])
+    stem = tmp_path / name.replace(".json", "")
+    assert json.loads(stem.with_suffix(".json").read_text()) == fake_records()
+    assert stem.with_suffix(".md").exists() and _is_png(stem.with_suffix(".png"))
+    _assert_committed_intact(tmp_path)
+    assert not list(tmp_path.glob("bench_nvidia-h200_*"))
+    # Naming the committed files is the one way to replace them, and it is explicit.
+    fake_gpu_run(["--quick", "--output", str(tmp_path / "bench_nvidia-h200")])
+    assert json.loads((tmp_path / "bench_nvidia-h200.json").read_text()) == fake_records()
+
+
+def test_bench_rejects_output_with_out_dir(capsys):
+    assert bench_cli.main(["--output", "x", "--out-dir", "y"]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+class _CutShort(KeyboardInterrupt):
+    pass
+
+
+def _cut_short_open(real_open):
+    """``Path.open`` whose files take half of the first write, then the process is interrupted."""
+
+    def cut_open(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        if "w" not in mode and "x" not in mode:
+            return f
+
+        class Half:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                f.close()
+
+            def write(self, data):
+                f.write(data[: max(1, len(data) // 2)])
+                f.flush()
+                raise _CutShort()
+
+            def __getattr__(self, name):
+                return getattr(f, name)
+
+        return Half()
+
+    return cut_open
+
+
+@pytest.mark.parametrize("writer", ["json", "markdown", "plot"])
+def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypatch, writer):
+    import pathlib
+
+    import matplotlib.figure
+
+    suffix = {"json": ".json", "markdown": ".md", "plot": ".png"}[writer]
+    path = tmp_path / f"bench_nvidia-h200{suffix}"
+    path.write_bytes(COMMITTED[suffix])
+    monkeypatch.setattr(pathlib.Path, "open", _cut_short_open(pathlib.Path.open))
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def cut_savefig(fig, fname, *args, **kwargs):
+        if isinstance(fname, (str, pathlib.PurePath)):  # a path: matplotlib opens it itself
+            with open(fname, "wb") as f:
+                f.write(b"\x89PNG half")
+            raise _CutShort()
+        return real_savefig(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", cut_savefig)
+    with pytest.raises(_CutShort):
+        if writer == "json":
+            report.write_json(fake_records(), path)
+        elif writer == "markdown":
+            report.write_markdown(fake_records(), path, env=FAKE_ENV, command="bench")
+        else:
+            report.write_plot(fake_records(), path)
+    assert path.read_bytes() == COMMITTED[suffix]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the partial file is gone
