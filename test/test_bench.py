@@ -424,3 +424,12 @@ def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypat
             report.write_plot(fake_records(), path)
     assert path.read_bytes() == COMMITTED[suffix]
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the partial file is gone
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "-1"])
+def test_bench_refuses_a_seed_torch_cannot_take(fake_gpu_run, tmp_path, seed, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fake_gpu_run(["--quick", "--out-dir", str(tmp_path), "--seed", seed])
+    assert exc.value.code == 2
+    assert "--seed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything is written

@@ -236,6 +236,37 @@ def test_bad_values_are_one_line_errors(cli, argv, needles, capsys):
         assert n in err
 
 
+@pytest.mark.parametrize("command", ["demo", "check"])
+@pytest.mark.parametrize(
+    "option, needles",
+    [
+        (["--device", "meta"], ("--device", "meta", "cpu", "cuda")),
+        (["--device", "xpu"], ("--device", "xpu")),
+        (["--device", "mps"], ("--device", "mps")),
+        (["--device", "cuda:x"], ("--device", "cuda:x")),
+        (["--device", "gpu"], ("--device", "gpu")),
+        (["--seed", str(2**64)], ("--seed", str(2**64), "2**64")),
+        (["--seed", "-1"], ("--seed", "-1")),
+        (["--seed", "1e3"], ("--seed", "1e3")),
+    ],
+)
+def test_unsupported_device_or_seed_is_a_usage_error(cli, command, option, needles, capsys):
+    try:
+        rc = cli.main([command, *option])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    for n in needles:
+        assert n in captured.err, (n, captured.err)
+    assert captured.out == ""
+
+
+def test_the_largest_seed_runs(cli, capsys):
+    assert cli.main([*TINY_DEMO, "--backends", "reference", "--seed", str(2**64 - 1)]) == 0
+
+
 def test_bench_without_a_gpu_is_a_clear_error():
     p = run_cli("bench", "--quick", env_extra=no_gpu_env())
     assert_one_line_error(p, 2, "needs a CUDA or ROCm GPU")

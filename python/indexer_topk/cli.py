@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import List, Optional, Sequence
 
 from .contract import PAGE_SIZE
 from .errors import describe_exception, failure_reason, failure_status
-from .options import LAYOUTS, one_of, parse_list, parse_tokens
+from .options import LAYOUTS, argparse_type, one_of, parse_list, parse_seed, parse_tokens
 
 PROG = "indexer-topk"
 KERNEL_BACKENDS = ("legacy", "fused", "aiter")
@@ -64,16 +65,25 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------
 
 def _resolve_device(name: str):
+    """``--device``: auto, cpu, cuda or cuda:N. The kernels run on CUDA/ROCm GPUs (ROCm's torch
+    calls them cuda) and on a CPU under the Triton interpreter; torch's other device types
+    (meta, xpu, mps, ...) would fail deep inside a kernel, so they are refused here."""
     import torch
 
-    if name == "auto":
+    text = name.strip().lower()
+    if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", text)
+    if not m or (m.group(1) == "cpu" and m.group(2) not in (None, "0")):
+        raise CliError(f"--device: {name!r} is not supported; expected auto, cpu, cuda or cuda:N "
+                       "(the kernels run on CUDA/ROCm GPUs, and on a CPU under the Triton interpreter)")
+    if m.group(1) == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise CliError(f"--device {name}: no CUDA/ROCm GPU is visible to torch {torch.__version__}")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise CliError(f"--device: unknown device {name!r}; expected auto, cpu or cuda") from None
+    if m.group(2) is not None and int(m.group(2)) >= torch.cuda.device_count():
+        raise CliError(f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0")
+    return torch.device(text)
 
 
 def _policy_summary(layout=None, topk=None, rows=None, c4_len=None) -> dict:
@@ -163,6 +173,9 @@ def _tolerance(name: str):
 
     parse.__name__ = name  # argparse names the type in its message
     return parse
+
+
+_SEED = argparse_type(parse_seed, "seed")
 
 
 def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
@@ -588,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rows", type=int, help="query rows per request, at the end of its context (default: CPU 2; GPU 1024)")
     d.add_argument("--topk", type=int, choices=(512, 1024, 2048), help="positions kept per row (default: CPU 512; GPU 1024)")
     d.add_argument("--pattern", default="random", choices=PATTERNS, help="score pattern (default random)")
-    d.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    d.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
     d.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     d.add_argument("--backends", help="comma list from reference,legacy,fused,aiter (default: all that can run)")
     d.add_argument("--warmup", type=int, help="warm-up calls before timing (default: GPU 3, CPU 0)")
@@ -613,7 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--context", help="raw context tokens per request, comma list (default: small on CPU, up to 64K on GPU)")
     c.add_argument("--rows", type=int, help="query rows per request")
     c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
-    c.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    c.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
     c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     c.add_argument("--rtol", type=_tolerance("rtol"), default=None,
                    help="relative score tolerance, at most 0.01 (default: 1e-5, and for sglang_fp8 on a GPU the fp8 "

@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..options import LAYOUTS, format_tokens, one_of, parse_list, parse_tokens
+from ..options import LAYOUTS, argparse_type, format_tokens, one_of, parse_list, parse_seed, parse_tokens
 from ..workload import PATTERNS
 from .environment import environment, gpu_slug
 from .grid import (
@@ -54,7 +54,8 @@ def build_parser(prog: Optional[str] = None, parser_class=argparse.ArgumentParse
                         "('none' to skip; default: increasing)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up calls before timing (default 3)")
     p.add_argument("--iters", type=int, default=10, help="timed calls; the median is reported (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--seed", type=argparse_type(parse_seed, "seed"), default=0,
+                   help="workload seed, 0 to 2**64 - 1 (default 0)")
     p.add_argument("--out-dir", default="benchmark/results",
                    help="folder of the run's new, dated files bench_<gpu>_<YYYYmmdd-HHMMSS>.json/.md/.png; "
                         "an earlier run's files are never replaced (default benchmark/results)")
