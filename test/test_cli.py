@@ -143,6 +143,22 @@ def test_demo_is_the_default_and_prints_the_table(cli, capsys):
     assert "n/a" in out  # no CPU peak memory
 
 
+def test_demo_with_nothing_run_fails_and_claims_no_agreement(cli, capsys):
+    """AITER reads only aiter_mxfp4: on the FP8 layout nothing runs, and that is no pass."""
+    rc = cli.main([*TINY_DEMO, "--backends", "aiter"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "unavailable" in out and "FAILED" in out and "nothing ran" in out
+    assert "bitwise equal" not in out and "identical to legacy:" not in out
+
+
+def test_demo_json_with_nothing_run_is_not_ok(cli, capsys):
+    rc = cli.main([*TINY_DEMO, "--backends", "aiter", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["ok"] is False
+    assert any("nothing ran" in f for f in doc["failures"]), doc["failures"]
+
+
 # ============================================================================================
 # check
 # ============================================================================================
@@ -183,10 +199,44 @@ def test_check_reports_unavailable_backends(cli, monkeypatch, capsys):
         raise indexer_topk.BackendUnavailable("backend 'aiter' is not available: No module named 'aiter'")
 
     monkeypatch.setattr(indexer_topk, "indexer_topk", missing)
-    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter", "--layout", "aiter_mxfp4", "--patterns", "equal"])
+    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter,legacy", "--layout", "aiter_mxfp4", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1"])
     out = capsys.readouterr().out
-    assert rc == 0
-    assert "unavailable" in out and "No module named 'aiter'" in out and "0 run(s) compared" in out
+    assert "unavailable" in out and "No module named 'aiter'" in out
+    # Nothing ran, so nothing passed: exit 1, saying why.
+    assert rc == 1
+    assert "FAILED" in out and "nothing was compared" in out and "OK" not in out
+
+
+def test_check_json_with_nothing_run_is_not_ok(cli, monkeypatch, capsys):
+    import indexer_topk
+
+    def missing(*args, **kw):
+        raise indexer_topk.BackendUnavailable("backend 'legacy' is not available: Triton is not installed")
+
+    monkeypatch.setattr(indexer_topk, "indexer_topk", missing)
+    rc = cli.main(["check", "--device", "cpu", "--backend", "legacy", "--layout", "sglang_fp8", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["ok"] is False and "nothing was compared" in doc["reason"]
+
+
+def test_check_with_one_backend_unavailable_still_passes_on_the_others(cli, monkeypatch, capsys):
+    """Some runs compared and none failed: a backend that cannot run here is listed, not failed."""
+    import indexer_topk
+    from indexer_topk.reference import reference_indexer_topk
+
+    def aiter_missing(*args, backend, out=None, workspace=None, check_values=True, **kw):
+        if backend == "aiter":
+            raise indexer_topk.BackendUnavailable("backend 'aiter' is not available: No module named 'aiter'")
+        return reference_indexer_topk(*args, **kw)
+
+    monkeypatch.setattr(indexer_topk, "indexer_topk", aiter_missing)
+    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter,legacy", "--layout", "sglang_fp8", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "OK: 1 run(s) compared" in out and "not checked (unavailable)" in out
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("CUDA error: an illegal memory access was encountered"),
