@@ -159,6 +159,24 @@ def test_demo_json_with_nothing_run_is_not_ok(cli, capsys):
     assert any("nothing ran" in f for f in doc["failures"]), doc["failures"]
 
 
+def run_without(module, *argv, timeout=240):
+    """The CLI in a fresh process in which ``import <module>`` fails, as when it is not installed."""
+    code = (f"import sys; sys.modules[{module!r}] = None; from indexer_topk.cli import main; "
+            f"sys.exit(main({list(argv)!r}))")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TRITON_INTERPRET="1", **no_gpu_env())
+    env.pop("SGLANG_DSV4_FP4_FUSED_TOPK", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_demo_without_triton_runs_the_reference_and_prints_its_footer():
+    p = run_without("triton", "demo", *TINY_DEMO)
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Triton is not installed" in p.stdout
+    assert "memory" in p.stdout and "score matrix" in p.stdout and "policy:" in p.stdout
+
+
 # ============================================================================================
 # check
 # ============================================================================================

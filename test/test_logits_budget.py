@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from indexer_topk.backends import legacy
+from indexer_topk.backends import key_matrix, legacy
 from indexer_topk.envs import envs
 
 MIB = 1 << 20
@@ -14,7 +14,7 @@ WIDTH_768K = 768 * 1024 // 4  # C4 positions of a 768K-token row
 
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
-    monkeypatch.setattr(legacy, "_BELOW_FLOOR_WARNED", set(), raising=False)
+    monkeypatch.setattr(key_matrix, "_BELOW_FLOOR_WARNED", set(), raising=False)
 
 
 def _floor_warnings(caplog):
