@@ -177,6 +177,28 @@ def test_demo_without_triton_runs_the_reference_and_prints_its_footer():
     assert "memory" in p.stdout and "score matrix" in p.stdout and "policy:" in p.stdout
 
 
+def test_demo_and_check_without_numpy_say_which_package_is_missing():
+    """Triton's interpreter imports numpy: without it, our Triton backends cannot run here,
+    and say so by the package's name instead of a traceback."""
+    p = run_without("numpy", "demo", *TINY_DEMO, "--backends", "legacy,fused", "--json")
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    results = {r["backend"]: r for r in doc["results"]}
+    for b in ("legacy", "fused"):
+        assert results[b]["status"] == "unavailable", results[b]
+        assert "numpy" in results[b]["reason"] and results[b]["reason"].startswith("BackendUnavailable"), results[b]
+    assert p.returncode == 1 and doc["ok"] is False  # nothing ran
+    p = run_without("numpy", "check", "--device", "cpu", "--layout", "sglang_fp8", "--patterns", "equal",
+                    "--context", "2200", "--rows", "1")
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    assert p.returncode == 1 and "numpy" in p.stdout and "nothing was compared" in p.stdout
+
+
+def test_a_missing_dependency_of_the_command_is_one_line_naming_it():
+    p = run_without("rich", "demo", *TINY_DEMO, "--backends", "reference")
+    assert_one_line_error(p, 1, "'rich'", "pip install rich")
+
+
 # ============================================================================================
 # check
 # ============================================================================================

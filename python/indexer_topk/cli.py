@@ -27,7 +27,7 @@ import sys
 from typing import List, Optional, Sequence
 
 from .contract import PAGE_SIZE
-from .errors import describe_exception, failure_reason, failure_status
+from .errors import describe_exception, failure_reason, failure_status, missing_dependency, missing_dependency_words
 from .options import LAYOUTS, argparse_type, one_of, parse_list, parse_seed, parse_tokens
 
 PROG = "indexer-topk"
@@ -673,6 +673,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.code
     except (ValueError, RuntimeError) as exc:
         print(f"{PROG}: error: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        print(f"{PROG}: error: {PROG} {a.command or 'demo'}: {missing_dependency_words(missing)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
