@@ -433,3 +433,51 @@ def test_bench_refuses_a_seed_torch_cannot_take(fake_gpu_run, tmp_path, seed, ca
     assert exc.value.code == 2
     assert "--seed" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+# ============================================================================================
+# The CPU demo's cost, estimated before it runs
+# ============================================================================================
+
+ALL = ("reference", "legacy", "fused", "aiter")
+
+
+def _demo_cost(contexts, rows, layout="sglang_fp8", topk=512, backends=ALL):
+    from indexer_topk.bench import cost
+    from indexer_topk.cli import REFERENCE_MAX_PAIRS
+
+    return cost.demo_cost(layout, contexts, [rows] * len(contexts), topk, backends, reference_max_pairs=REFERENCE_MAX_PAIRS)
+
+
+def test_demo_cost_of_the_default_cpu_demo_is_seconds_and_little_memory():
+    c = _demo_cost([3000, 5000], 2)
+    assert 0.5 < c.seconds < 60 and c.memory_bytes < 2 << 30
+
+
+def test_demo_cost_grows_with_rows_context_and_backends():
+    base = _demo_cost([4400], 4)
+    for bigger in (_demo_cost([4400], 16), _demo_cost([70400], 4), _demo_cost([4400, 4400], 4)):
+        assert bigger.seconds > base.seconds and bigger.memory_bytes > base.memory_bytes
+    assert _demo_cost([4400], 4, backends=("legacy",)).seconds < base.seconds
+    assert _demo_cost([4400], 4, backends=("aiter",)).seconds == 0  # AITER never runs on a CPU
+    # Within a small factor of what the interpreter took for 4 rows x 17,600 C4 positions
+    # (15-19 s of CPU time per kernel backend): the estimate is rough, not made up.
+    assert 5 < _demo_cost([70400], 4, backends=("legacy",)).seconds < 60
+
+
+def test_demo_cost_of_the_runs_that_hurt():
+    """100,000 rows per request held 24 GB before it was killed; 768K tokens on a CPU ran for
+    minutes: the estimates say so."""
+    huge = _demo_cost([3000, 5000], 100_000)
+    assert huge.memory_bytes > 20 << 30 and huge.seconds > 3600
+    long = _demo_cost([768 * 1024], 2)
+    assert 60 < long.seconds < 3600 and long.memory_bytes < 4 << 30
+    assert "GiB" in str(huge) and ("h" in str(huge) or "days" in str(huge))
+
+
+@pytest.mark.parametrize("seconds, text", [(0.2, "1 s"), (40, "40 s"), (200, "3.3 min"), (7200, "2 h"),
+                                           (125_000, "35 h"), (10 * 86400, "10 days")])
+def test_format_seconds(seconds, text):
+    from indexer_topk.bench.cost import format_seconds
+
+    assert format_seconds(seconds) == text

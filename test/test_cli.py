@@ -199,6 +199,63 @@ def test_a_missing_dependency_of_the_command_is_one_line_naming_it():
     assert_one_line_error(p, 1, "'rich'", "pip install rich")
 
 
+# --------------------------------------------------------------------------------------------
+# The CPU demo's size guard: estimated before anything is built
+# --------------------------------------------------------------------------------------------
+
+
+class _Built(Exception):
+    """Raised where the demo would build its batch: the guard has let the run through."""
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    import indexer_topk.workload as workload
+
+    def refuse(*args, **kwargs):
+        raise _Built()
+
+    monkeypatch.setattr(workload, "make_workload", refuse)
+
+
+def _demo_guard(cli, argv, capsys):
+    try:
+        rc = cli.main(argv)
+    except _Built:
+        rc = "built"
+    return rc, capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv", [["--rows", "100000"], ["--rows", "100000", "--context", "768K"],
+                                  ["--context", "64M"], ["--rows", str(10**12)]])
+def test_cpu_demo_too_large_is_refused_before_building_with_the_estimate(cli, no_build, argv, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", *argv], capsys)
+    assert rc == 2, captured
+    [line] = captured.err.strip().splitlines()
+    for needle in ("estimated", "about", "memory", "--force", "--rows", "--context"):
+        assert needle in line, (needle, line)
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_cpu_demo_refusal_can_be_overridden(cli, no_build, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--rows", "100000", "--force"], capsys)
+    assert rc == "built"  # past the guard
+    assert "estimated" in captured.err and "warning" in captured.err  # still told what it costs
+
+
+def test_cpu_demo_at_768k_is_warned_with_the_estimate(cli, no_build, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--context", "768K", "--json"], capsys)
+    assert rc == "built"  # warned, not refused
+    assert "warning" in captured.err and "estimated" in captured.err and "min" in captured.err
+    assert captured.out == ""  # stdout stays for the JSON document
+
+
+@pytest.mark.parametrize("argv", [[], TINY_DEMO[2:], ["--backends", "aiter"]])
+def test_small_cpu_demo_is_neither_warned_nor_refused(cli, no_build, argv, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", *argv], capsys)
+    assert rc == "built" and "warning" not in captured.err and captured.err.strip() == "", captured.err
+
+
 # ============================================================================================
 # check
 # ============================================================================================

@@ -42,6 +42,13 @@ REFERENCE_MAX_PAIRS = 1 << 22
 CPU_DEMO = {"layout": "sglang_fp8", "context": "3000,5000", "rows": 2, "topk": 512}
 GPU_DEMO = {"layout": "sglang_fp8", "context": "768K", "rows": 1024, "topk": 1024}
 CPU_CHECK = {"context": (4100, 1000), "rows": (1, 1)}  # one long row, one short (seq_len < topk)
+# The CPU demo's size guard (indexer_topk.bench.cost estimates a run before it is built): a
+# run estimated beyond these is refused unless --force, one beyond the warning levels warned.
+CPU_DEMO_MAX_SECONDS = 600
+CPU_DEMO_WARN_SECONDS = 60
+CPU_DEMO_MAX_MEMORY_SHARE = 0.5  # of the machine's physical memory
+CPU_DEMO_MAX_MEMORY_FALLBACK = 8 << 30  # where the system does not say how much it has
+CPU_DEMO_WARN_MEMORY = 2 << 30
 GPU_CHECK = {"context": (64 * 1024, 16 * 1024, 2000), "rows": (32, 16, 4)}
 
 
@@ -208,6 +215,32 @@ def _demo_workload_args(a, device) -> dict:
     }
 
 
+def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool) -> None:
+    """Refuse (``CliError``, exit 2) a CPU demo estimated beyond :data:`CPU_DEMO_MAX_SECONDS` or
+    half the machine's memory unless ``force``; warn on stderr above the warning levels."""
+    from .backends import triton_problem
+    from .bench.cost import demo_cost, format_bytes, format_seconds, physical_memory_bytes
+
+    if triton_problem(wargs["device"]) is not None:  # our kernels will not run: they cost nothing
+        backends = [b for b in backends if b not in ("legacy", "fused")]
+    cost = demo_cost(wargs["layout"], wargs["context_tokens"], wargs["rows_per_request"], wargs["topk"], backends,
+                     reference_max_pairs=REFERENCE_MAX_PAIRS)
+    physical = physical_memory_bytes()
+    max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK
+    rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
+    shape = f"{len(contexts)} request(s), {sum(rows):,} rows, up to {max(contexts):,} tokens"
+    limits = (f"the CPU demo's limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} "
+              f"({'half this machine' if physical else 'a machine'}'s memory)")
+    if cost.seconds > CPU_DEMO_MAX_SECONDS or cost.memory_bytes > max_memory:
+        if not force:
+            raise CliError(f"--rows/--context: this CPU demo ({shape}) is estimated at {cost} under the Triton "
+                           f"interpreter; {limits}. Use smaller --rows/--context, a GPU, or --force to run it anyway")
+    elif cost.seconds <= CPU_DEMO_WARN_SECONDS and cost.memory_bytes <= CPU_DEMO_WARN_MEMORY:
+        return
+    print(f"{PROG}: warning: this CPU demo ({shape}) is estimated at {cost} under the Triton interpreter "
+          "(a rough estimate); smaller --rows/--context run faster", file=sys.stderr)
+
+
 def _memory_statement(runs: dict, w, device) -> dict:
     """Memory saved by the fused path: measured on GPU, exact arithmetic on CPU."""
     legacy, fused = runs.get("legacy"), runs.get("fused")
@@ -273,6 +306,8 @@ def cmd_demo(a, device) -> int:
         raise CliError("--warmup and --iters must be >= 0")
     wargs = _demo_workload_args(a, device)
     requested = _choice_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
+    if not on_gpu:
+        _cpu_demo_guard(wargs, requested or ("reference",) + KERNEL_BACKENDS, a.force)
 
     runs: dict = {}
     with _progress(not a.json) as progress:
@@ -620,6 +655,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--iters", type=int, help="timed calls, median reported; 0 times the first, checked call "
                                               "(default: GPU 10, CPU 0)")
     d.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    d.add_argument("--force", action="store_true",
+                   help="on a CPU, run a demo estimated beyond the size guard's limits (10 min, or half this "
+                        "machine's memory) instead of refusing it")
     d.set_defaults(func=cmd_demo)
 
     sub.add_parser("bench", add_help=False, help="GPU benchmark; `indexer-topk bench --help` for its options")
