@@ -262,6 +262,13 @@ def test_exit_status_fails_on_errors_and_disagreement_not_on_unavailable():
     assert bench_cli.exit_status([ok, {"status": "error", "matches_legacy": None}]) == 1
 
 
+def test_exit_status_fails_when_nothing_ran():
+    """A sweep in which no backend could run has measured nothing: that is no pass."""
+    unavailable = {"status": "unavailable", "matches_legacy": None}
+    assert bench_cli.exit_status([unavailable, unavailable]) == 1
+    assert bench_cli.exit_status([]) == 1
+
+
 def test_decode_bench_smoke_records_decode_batches(tmp_path):
     """``benchmark/decode_bench.py --smoke``: one row per request, legacy then fused through the
     out operator, eager on a CPU; records with the grid's fields plus ``requests``."""

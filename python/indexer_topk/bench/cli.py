@@ -90,8 +90,9 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     """Run the benchmark from command-line arguments; returns the exit status.
 
     2 without a GPU or on a bad option; 1 if any backend disagreed with legacy or failed
-    (status ``"error"``: a crash, a CUDA fault, out of memory); else 0. Backends that cannot
-    run here (status ``"unavailable"``) do not fail the run.
+    (status ``"error"``: a crash, a CUDA fault, out of memory), or if no backend ran at all;
+    else 0. Backends that cannot run here (status ``"unavailable"``) do not fail a run in
+    which others ran.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog, parser_class)
@@ -155,9 +156,11 @@ def _output_stem(text: str) -> Path:
 
 
 def exit_status(records: Sequence[dict]) -> int:
-    """1 if a record disagrees with legacy or failed with an error, else 0."""
+    """1 if a record disagrees with legacy or failed with an error, or if none ran (nothing
+    measured is no pass); else 0."""
     bad = [r for r in records if r.get("matches_legacy") is False or r.get("status") == "error"]
-    return 1 if bad else 0
+    ran = [r for r in records if r.get("status") == "ok"]
+    return 1 if bad or not ran else 0
 
 
 __all__ = ["NO_GPU_MESSAGE", "build_parser", "exit_status", "grid_from_args", "main"]
