@@ -42,6 +42,7 @@ REFERENCE_MAX_PAIRS = 1 << 22
 CPU_DEMO = {"layout": "sglang_fp8", "context": "3000,5000", "rows": 2, "topk": 512}
 GPU_DEMO = {"layout": "sglang_fp8", "context": "768K", "rows": 1024, "topk": 1024}
 CPU_CHECK = {"context": (4100, 1000), "rows": (1, 1)}  # one long row, one short (seq_len < topk)
+GPU_CHECK = {"context": (64 * 1024, 16 * 1024, 2000), "rows": (32, 16, 4)}
 # The CPU demo's size guard (indexer_topk.bench.cost estimates a run before it is built): a
 # run estimated beyond these is refused unless --force, one beyond the warning levels warned.
 CPU_DEMO_MAX_SECONDS = 600
@@ -49,7 +50,6 @@ CPU_DEMO_WARN_SECONDS = 60
 CPU_DEMO_MAX_MEMORY_SHARE = 0.5  # of the machine's physical memory
 CPU_DEMO_MAX_MEMORY_FALLBACK = 8 << 30  # where the system does not say how much it has
 CPU_DEMO_WARN_MEMORY = 2 << 30
-GPU_CHECK = {"context": (64 * 1024, 16 * 1024, 2000), "rows": (32, 16, 4)}
 
 
 class CliError(Exception):
@@ -229,8 +229,8 @@ def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool) -> None:
     max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK
     rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
     shape = f"{len(contexts)} request(s), {sum(rows):,} rows, up to {max(contexts):,} tokens"
-    limits = (f"the CPU demo's limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} "
-              f"({'half this machine' if physical else 'a machine'}'s memory)")
+    where = "half this machine's memory" if physical else "this system does not say how much memory it has"
+    limits = f"the CPU demo's limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} ({where})"
     if cost.seconds > CPU_DEMO_MAX_SECONDS or cost.memory_bytes > max_memory:
         if not force:
             raise CliError(f"--rows/--context: this CPU demo ({shape}) is estimated at {cost} under the Triton "
@@ -649,7 +649,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--topk", type=int, choices=(512, 1024, 2048), help="positions kept per row (default: CPU 512; GPU 1024)")
     d.add_argument("--pattern", default="random", choices=PATTERNS, help="score pattern (default random)")
     d.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
-    d.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    d.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     d.add_argument("--backends", help="comma list from reference,legacy,fused,aiter (default: all that can run)")
     d.add_argument("--warmup", type=int, help="warm-up calls before timing (default: GPU 3, CPU 0)")
     d.add_argument("--iters", type=int, help="timed calls, median reported; 0 times the first, checked call "
@@ -677,7 +677,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--rows", type=int, help="query rows per request")
     c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
     c.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
-    c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     c.add_argument("--rtol", type=_tolerance("rtol"), default=None,
                    help="relative score tolerance, at most 0.01 (default: 1e-5, and for sglang_fp8 on a GPU the fp8 "
                         "MMA tolerance)")
