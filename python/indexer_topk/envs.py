@@ -4,11 +4,10 @@ Read a flag with ``envs.NAME.get()``; override it in a test with
 ``with envs.NAME.override(value): ...``. A value that does not parse logs a warning and the
 default is used instead, so a typo in a deployment never crashes a server; a switch that
 turns a path off declares its own fail-safe value instead (``invalid=``), so a typo in it
-never leaves the path on. An empty value
-counts as unset (``FOO= cmd`` is the shell idiom for clearing a variable), except in a field
-with a fail-safe value: there it says nothing the switch can read, so it reads as the
-fail-safe value, with the warning. Truth-testing a
-field (``if envs.NAME:``) raises, because a field object is always truthy and that bug would
+never leaves the path on. An empty value counts as unset (``FOO= cmd`` is the shell idiom for
+clearing a variable), except in a field with a fail-safe value: there it says nothing the
+switch can read, so it reads as the fail-safe value, with the warning. Truth-testing a field
+(``if envs.NAME:``) raises, because a field object is always truthy and that bug would
 silently ignore the variable.
 
 Example::
