@@ -262,6 +262,13 @@ def test_exit_status_fails_on_errors_and_disagreement_not_on_unavailable():
     assert bench_cli.exit_status([ok, {"status": "error", "matches_legacy": None}]) == 1
 
 
+def test_exit_status_fails_when_nothing_ran():
+    """A sweep in which no backend could run has measured nothing: that is no pass."""
+    unavailable = {"status": "unavailable", "matches_legacy": None}
+    assert bench_cli.exit_status([unavailable, unavailable]) == 1
+    assert bench_cli.exit_status([]) == 1
+
+
 def test_decode_bench_smoke_records_decode_batches(tmp_path):
     """``benchmark/decode_bench.py --smoke``: one row per request, legacy then fused through the
     out operator, eager on a CPU; records with the grid's fields plus ``requests``."""
@@ -288,3 +295,196 @@ def test_decode_bench_smoke_records_decode_batches(tmp_path):
         assert (r["context_tokens"], r["topk"]) == (4096, 512)
         assert r["matches_legacy"] is True and r["graph_ms"] is None and r["eager_ms"] > 0
         assert {"gpu", "torch_version", "triton_version", "source_revision", "command"} <= set(r)
+
+
+# ============================================================================================
+# Where a run writes: never over an earlier run, never half a file
+# ============================================================================================
+
+FAKE_ENV = {"gpu": "NVIDIA H200", "device": "cuda:0", "torch_version": "2.13.0", "triton_version": "3.6.0",
+            "indexer_topk_version": "0", "source_revision": None, "timestamp": "2026-01-01T00:00:00+00:00"}
+
+
+@pytest.fixture
+def fake_gpu_run(monkeypatch):
+    """``bench_cli.main`` as on a GPU, with the sweep replaced by :func:`fake_records` (reported
+    through ``on_case`` as the real sweep does)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(bench_cli, "environment", lambda device: dict(FAKE_ENV))
+
+    def fake_cases(cases, backends, *, on_case=None, **kw):
+        recs = fake_records()
+        if on_case is not None:
+            on_case(cases[0], recs[:1])
+        return recs
+
+    monkeypatch.setattr(bench_cli, "run_cases", fake_cases)
+    return bench_cli.main
+
+
+COMMITTED = {".json": b'[{"committed": true}]\n', ".md": b"# committed\n", ".png": b"\x89PNG committed"}
+
+
+def _commit_results(folder):
+    for suffix, data in COMMITTED.items():
+        (folder / f"bench_nvidia-h200{suffix}").write_bytes(data)
+
+
+def _assert_committed_intact(folder):
+    for suffix, data in COMMITTED.items():
+        assert (folder / f"bench_nvidia-h200{suffix}").read_bytes() == data, suffix
+
+
+def test_bench_writes_new_dated_files_never_the_committed_ones(fake_gpu_run, tmp_path):
+    _commit_results(tmp_path)
+    assert fake_gpu_run(["--quick", "--out-dir", str(tmp_path)]) == 1  # fake_records hold a disagreement
+    assert fake_gpu_run(["--quick", "--out-dir", str(tmp_path)]) == 1  # a second run, maybe the same second
+    _assert_committed_intact(tmp_path)
+    runs_json = sorted(p for p in tmp_path.glob("bench_nvidia-h200_*.json"))
+    assert len(runs_json) == 2, sorted(p.name for p in tmp_path.iterdir())
+    for path in runs_json:
+        assert path.stem.split("_")[-1][:8].isdigit()  # dated: bench_<gpu>_<YYYYmmdd>-...
+        assert json.loads(path.read_text()) == fake_records()
+        assert path.with_suffix(".md").read_text().startswith("# indexer-topk benchmark")
+        assert _is_png(path.with_suffix(".png"))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("name", ["mine", "mine.json", "sub/mine"])
+def test_bench_output_option_names_the_files(fake_gpu_run, tmp_path, name):
+    _commit_results(tmp_path)
+    fake_gpu_run(["--quick", "--output", str(tmp_path / name)])
+    stem = tmp_path / name.replace(".json", "")
+    assert json.loads(stem.with_suffix(".json").read_text()) == fake_records()
+    assert stem.with_suffix(".md").exists() and _is_png(stem.with_suffix(".png"))
+    _assert_committed_intact(tmp_path)
+    assert not list(tmp_path.glob("bench_nvidia-h200_*"))
+    # Naming the committed files is the one way to replace them, and it is explicit.
+    fake_gpu_run(["--quick", "--output", str(tmp_path / "bench_nvidia-h200")])
+    assert json.loads((tmp_path / "bench_nvidia-h200.json").read_text()) == fake_records()
+
+
+def test_bench_rejects_output_with_out_dir(capsys):
+    assert bench_cli.main(["--output", "x", "--out-dir", "y"]) == 2
+    assert "--output" in capsys.readouterr().err
+
+
+class _CutShort(KeyboardInterrupt):
+    pass
+
+
+def _cut_short_open(real_open):
+    """``Path.open`` whose files take half of the first write, then the process is interrupted."""
+
+    def cut_open(self, mode="r", *args, **kwargs):
+        f = real_open(self, mode, *args, **kwargs)
+        if "w" not in mode and "x" not in mode:
+            return f
+
+        class Half:
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                f.close()
+
+            def write(self, data):
+                f.write(data[: max(1, len(data) // 2)])
+                f.flush()
+                raise _CutShort()
+
+            def __getattr__(self, name):
+                return getattr(f, name)
+
+        return Half()
+
+    return cut_open
+
+
+@pytest.mark.parametrize("writer", ["json", "markdown", "plot"])
+def test_an_interrupted_write_leaves_the_previous_file_whole(tmp_path, monkeypatch, writer):
+    import pathlib
+
+    import matplotlib.figure
+
+    suffix = {"json": ".json", "markdown": ".md", "plot": ".png"}[writer]
+    path = tmp_path / f"bench_nvidia-h200{suffix}"
+    path.write_bytes(COMMITTED[suffix])
+    monkeypatch.setattr(pathlib.Path, "open", _cut_short_open(pathlib.Path.open))
+    real_savefig = matplotlib.figure.Figure.savefig
+
+    def cut_savefig(fig, fname, *args, **kwargs):
+        if isinstance(fname, (str, pathlib.PurePath)):  # a path: matplotlib opens it itself
+            with open(fname, "wb") as f:
+                f.write(b"\x89PNG half")
+            raise _CutShort()
+        return real_savefig(fig, fname, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", cut_savefig)
+    with pytest.raises(_CutShort):
+        if writer == "json":
+            report.write_json(fake_records(), path)
+        elif writer == "markdown":
+            report.write_markdown(fake_records(), path, env=FAKE_ENV, command="bench")
+        else:
+            report.write_plot(fake_records(), path)
+    assert path.read_bytes() == COMMITTED[suffix]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the partial file is gone
+
+
+@pytest.mark.parametrize("seed", [str(2**64), "-1"])
+def test_bench_refuses_a_seed_torch_cannot_take(fake_gpu_run, tmp_path, seed, capsys):
+    with pytest.raises(SystemExit) as exc:
+        fake_gpu_run(["--quick", "--out-dir", str(tmp_path), "--seed", seed])
+    assert exc.value.code == 2
+    assert "--seed" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())  # refused before anything is written
+
+
+# ============================================================================================
+# The CPU demo's cost, estimated before it runs
+# ============================================================================================
+
+ALL = ("reference", "legacy", "fused", "aiter")
+
+
+def _demo_cost(contexts, rows, layout="sglang_fp8", topk=512, backends=ALL):
+    from indexer_topk.bench import cost
+    from indexer_topk.cli import REFERENCE_MAX_PAIRS
+
+    return cost.demo_cost(layout, contexts, [rows] * len(contexts), topk, backends, reference_max_pairs=REFERENCE_MAX_PAIRS)
+
+
+def test_demo_cost_of_the_default_cpu_demo_is_seconds_and_little_memory():
+    c = _demo_cost([3000, 5000], 2)
+    assert 0.5 < c.seconds < 60 and c.memory_bytes < 2 << 30
+
+
+def test_demo_cost_grows_with_rows_context_and_backends():
+    base = _demo_cost([4400], 4)
+    for bigger in (_demo_cost([4400], 16), _demo_cost([70400], 4), _demo_cost([4400, 4400], 4)):
+        assert bigger.seconds > base.seconds and bigger.memory_bytes > base.memory_bytes
+    assert _demo_cost([4400], 4, backends=("legacy",)).seconds < base.seconds
+    assert _demo_cost([4400], 4, backends=("aiter",)).seconds == 0  # AITER never runs on a CPU
+    # Within a small factor of what the interpreter took for 4 rows x 17,600 C4 positions
+    # (15-19 s of CPU time per kernel backend): the estimate is rough, not made up.
+    assert 5 < _demo_cost([70400], 4, backends=("legacy",)).seconds < 60
+
+
+def test_demo_cost_of_the_runs_that_hurt():
+    """100,000 rows per request held 24 GB before it was killed; 768K tokens on a CPU ran for
+    minutes: the estimates say so."""
+    huge = _demo_cost([3000, 5000], 100_000)
+    assert huge.memory_bytes > 20 << 30 and huge.seconds > 3600
+    long = _demo_cost([768 * 1024], 2)
+    assert 60 < long.seconds < 3600 and long.memory_bytes < 4 << 30
+    assert "GiB" in str(huge) and ("h" in str(huge) or "days" in str(huge))
+
+
+@pytest.mark.parametrize("seconds, text", [(0.2, "1 s"), (40, "40 s"), (200, "3.3 min"), (7200, "2 h"),
+                                           (125_000, "35 h"), (10 * 86400, "10 days")])
+def test_format_seconds(seconds, text):
+    from indexer_topk.bench.cost import format_seconds
+
+    assert format_seconds(seconds) == text

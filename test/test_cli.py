@@ -143,6 +143,119 @@ def test_demo_is_the_default_and_prints_the_table(cli, capsys):
     assert "n/a" in out  # no CPU peak memory
 
 
+def test_demo_with_nothing_run_fails_and_claims_no_agreement(cli, capsys):
+    """AITER reads only aiter_mxfp4: on the FP8 layout nothing runs, and that is no pass."""
+    rc = cli.main([*TINY_DEMO, "--backends", "aiter"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    assert "unavailable" in out and "FAILED" in out and "nothing ran" in out
+    assert "bitwise equal" not in out and "identical to legacy:" not in out
+
+
+def test_demo_json_with_nothing_run_is_not_ok(cli, capsys):
+    rc = cli.main([*TINY_DEMO, "--backends", "aiter", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["ok"] is False
+    assert any("nothing ran" in f for f in doc["failures"]), doc["failures"]
+
+
+def run_without(module, *argv, timeout=240):
+    """The CLI in a fresh process in which ``import <module>`` fails, as when it is not installed."""
+    code = (f"import sys; sys.modules[{module!r}] = None; from indexer_topk.cli import main; "
+            f"sys.exit(main({list(argv)!r}))")
+    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), TRITON_INTERPRET="1", **no_gpu_env())
+    env.pop("SGLANG_DSV4_FP4_FUSED_TOPK", None)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_demo_without_triton_runs_the_reference_and_prints_its_footer():
+    p = run_without("triton", "demo", *TINY_DEMO)
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "Triton is not installed" in p.stdout
+    assert "memory" in p.stdout and "score matrix" in p.stdout and "policy:" in p.stdout
+
+
+def test_demo_and_check_without_numpy_say_which_package_is_missing():
+    """Triton's interpreter imports numpy: without it, our Triton backends cannot run here,
+    and say so by the package's name instead of a traceback."""
+    p = run_without("numpy", "demo", *TINY_DEMO, "--backends", "legacy,fused", "--json")
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    doc = json.loads(p.stdout)
+    results = {r["backend"]: r for r in doc["results"]}
+    for b in ("legacy", "fused"):
+        assert results[b]["status"] == "unavailable", results[b]
+        assert "numpy" in results[b]["reason"] and results[b]["reason"].startswith("BackendUnavailable"), results[b]
+    assert p.returncode == 1 and doc["ok"] is False  # nothing ran
+    p = run_without("numpy", "check", "--device", "cpu", "--layout", "sglang_fp8", "--patterns", "equal",
+                    "--context", "2200", "--rows", "1")
+    assert "Traceback" not in p.stderr + p.stdout, p.stderr[-3000:]
+    assert p.returncode == 1 and "numpy" in p.stdout and "nothing was compared" in p.stdout
+
+
+def test_a_missing_dependency_of_the_command_is_one_line_naming_it():
+    p = run_without("rich", "demo", *TINY_DEMO, "--backends", "reference")
+    assert_one_line_error(p, 1, "'rich'", "pip install rich")
+
+
+# --------------------------------------------------------------------------------------------
+# The CPU demo's size guard: estimated before anything is built
+# --------------------------------------------------------------------------------------------
+
+
+class _Built(Exception):
+    """Raised where the demo would build its batch: the guard has let the run through."""
+
+
+@pytest.fixture
+def no_build(monkeypatch):
+    import indexer_topk.workload as workload
+
+    def refuse(*args, **kwargs):
+        raise _Built()
+
+    monkeypatch.setattr(workload, "make_workload", refuse)
+
+
+def _demo_guard(cli, argv, capsys):
+    try:
+        rc = cli.main(argv)
+    except _Built:
+        rc = "built"
+    return rc, capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv", [["--rows", "100000"], ["--rows", "100000", "--context", "768K"],
+                                  ["--context", "64M"], ["--rows", str(10**12)]])
+def test_cpu_demo_too_large_is_refused_before_building_with_the_estimate(cli, no_build, argv, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", *argv], capsys)
+    assert rc == 2, captured
+    [line] = captured.err.strip().splitlines()
+    for needle in ("estimated", "about", "memory", "--force", "--rows", "--context"):
+        assert needle in line, (needle, line)
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_cpu_demo_refusal_can_be_overridden(cli, no_build, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--rows", "100000", "--force"], capsys)
+    assert rc == "built"  # past the guard
+    assert "estimated" in captured.err and "warning" in captured.err  # still told what it costs
+
+
+def test_cpu_demo_at_768k_is_warned_with_the_estimate(cli, no_build, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--context", "768K", "--json"], capsys)
+    assert rc == "built"  # warned, not refused
+    assert "warning" in captured.err and "estimated" in captured.err and "min" in captured.err
+    assert captured.out == ""  # stdout stays for the JSON document
+
+
+@pytest.mark.parametrize("argv", [[], TINY_DEMO[2:], ["--backends", "aiter"]])
+def test_small_cpu_demo_is_neither_warned_nor_refused(cli, no_build, argv, capsys):
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", *argv], capsys)
+    assert rc == "built" and "warning" not in captured.err and captured.err.strip() == "", captured.err
+
+
 # ============================================================================================
 # check
 # ============================================================================================
@@ -183,10 +296,44 @@ def test_check_reports_unavailable_backends(cli, monkeypatch, capsys):
         raise indexer_topk.BackendUnavailable("backend 'aiter' is not available: No module named 'aiter'")
 
     monkeypatch.setattr(indexer_topk, "indexer_topk", missing)
-    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter", "--layout", "aiter_mxfp4", "--patterns", "equal"])
+    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter,legacy", "--layout", "aiter_mxfp4", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1"])
     out = capsys.readouterr().out
-    assert rc == 0
-    assert "unavailable" in out and "No module named 'aiter'" in out and "0 run(s) compared" in out
+    assert "unavailable" in out and "No module named 'aiter'" in out
+    # Nothing ran, so nothing passed: exit 1, saying why.
+    assert rc == 1
+    assert "FAILED" in out and "nothing was compared" in out and "OK" not in out
+
+
+def test_check_json_with_nothing_run_is_not_ok(cli, monkeypatch, capsys):
+    import indexer_topk
+
+    def missing(*args, **kw):
+        raise indexer_topk.BackendUnavailable("backend 'legacy' is not available: Triton is not installed")
+
+    monkeypatch.setattr(indexer_topk, "indexer_topk", missing)
+    rc = cli.main(["check", "--device", "cpu", "--backend", "legacy", "--layout", "sglang_fp8", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 1 and doc["ok"] is False and "nothing was compared" in doc["reason"]
+
+
+def test_check_with_one_backend_unavailable_still_passes_on_the_others(cli, monkeypatch, capsys):
+    """Some runs compared and none failed: a backend that cannot run here is listed, not failed."""
+    import indexer_topk
+    from indexer_topk.reference import reference_indexer_topk
+
+    def aiter_missing(*args, backend, out=None, workspace=None, check_values=True, **kw):
+        if backend == "aiter":
+            raise indexer_topk.BackendUnavailable("backend 'aiter' is not available: No module named 'aiter'")
+        return reference_indexer_topk(*args, **kw)
+
+    monkeypatch.setattr(indexer_topk, "indexer_topk", aiter_missing)
+    rc = cli.main(["check", "--device", "cpu", "--backend", "aiter,legacy", "--layout", "sglang_fp8", "--patterns", "equal",
+                   "--context", "2200", "--rows", "1"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "OK: 1 run(s) compared" in out and "not checked (unavailable)" in out
 
 
 @pytest.mark.parametrize("exc", [RuntimeError("CUDA error: an illegal memory access was encountered"),
@@ -234,6 +381,37 @@ def test_bad_values_are_one_line_errors(cli, argv, needles, capsys):
     assert len(err.strip().splitlines()) == 1, err
     for n in needles:
         assert n in err
+
+
+@pytest.mark.parametrize("command", ["demo", "check"])
+@pytest.mark.parametrize(
+    "option, needles",
+    [
+        (["--device", "meta"], ("--device", "meta", "cpu", "cuda")),
+        (["--device", "xpu"], ("--device", "xpu")),
+        (["--device", "mps"], ("--device", "mps")),
+        (["--device", "cuda:x"], ("--device", "cuda:x")),
+        (["--device", "gpu"], ("--device", "gpu")),
+        (["--seed", str(2**64)], ("--seed", str(2**64), "2**64")),
+        (["--seed", "-1"], ("--seed", "-1")),
+        (["--seed", "1e3"], ("--seed", "1e3")),
+    ],
+)
+def test_unsupported_device_or_seed_is_a_usage_error(cli, command, option, needles, capsys):
+    try:
+        rc = cli.main([command, *option])
+    except SystemExit as exc:  # argparse's own errors
+        rc = exc.code
+    captured = capsys.readouterr()
+    assert rc == 2, captured.err
+    assert len(captured.err.strip().splitlines()) == 1, captured.err
+    for n in needles:
+        assert n in captured.err, (n, captured.err)
+    assert captured.out == ""
+
+
+def test_the_largest_seed_runs(cli, capsys):
+    assert cli.main([*TINY_DEMO, "--backends", "reference", "--seed", str(2**64 - 1)]) == 0
 
 
 def test_bench_without_a_gpu_is_a_clear_error():

@@ -18,15 +18,14 @@ def test_kill_switch_spellings_disable(raw):
 
 
 @pytest.mark.parametrize("env", [{}, {"SGLANG_DSV4_FP4_FUSED_TOPK": "true"}, {"SGLANG_DSV4_FP4_FUSED_TOPK": "1"},
-                                 {"SGLANG_DSV4_FP4_FUSED_TOPK": "ON"}, {"SGLANG_DSV4_FP4_FUSED_TOPK": " yes"},
-                                 {"SGLANG_DSV4_FP4_FUSED_TOPK": ""}])
+                                 {"SGLANG_DSV4_FP4_FUSED_TOPK": "ON"}, {"SGLANG_DSV4_FP4_FUSED_TOPK": " yes"}])
 def test_kill_switch_unset_or_true_enables(env, caplog):
     with caplog.at_level(logging.WARNING, logger="indexer_topk"):
         assert envs.SGLANG_DSV4_FP4_FUSED_TOPK.get(env) is True
     assert not caplog.records
 
 
-@pytest.mark.parametrize("raw", ["maybe", "disable", "n", "2", "truee", "enable"])
+@pytest.mark.parametrize("raw", ["maybe", "disable", "n", "2", "truee", "enable", "", "  "])
 def test_kill_switch_unreadable_value_fails_safe(raw, caplog):
     """A kill switch fails safe: a value it cannot read turns the fused path off (the proven
     path, SGLang's own inside SGLang), with one warning naming the variable and the value."""
@@ -44,6 +43,27 @@ def test_kill_switch_unreadable_value_fails_safe(raw, caplog):
     assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]  # one warning, one path line
     assert p.route(layout="sglang_fp8", capturing=False) == "legacy"
     assert f"SGLANG_DSV4_FP4_FUSED_TOPK={raw!r} is not a recognised value" in p.reason
+
+
+@pytest.mark.parametrize("raw", ["", " \t"])
+def test_fail_safe_switch_set_but_empty_is_unreadable(raw, caplog):
+    """Set but empty (``SGLANG_DSV4_FP4_FUSED_TOPK= cmd``) says nothing a switch can read: it
+    means the fail-safe value, with the warning, not the default that turns the path on."""
+    for field in (envs.SGLANG_DSV4_FP4_FUSED_TOPK, envs.INDEXER_TOPK_HOPPER_STREAM):
+        assert field.invalid is False and field.default_value() is True
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+            assert field.get({field.name: raw}) is False
+        [record] = caplog.records
+        assert field.name in record.getMessage() and repr(raw) in record.getMessage()
+        assert not field.readable({field.name: raw})
+        assert field.get({}) is True and field.readable({})
+    # A field without a fail-safe value still reads empty as unset, silently.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+        assert envs.INDEXER_TOPK_TRITON_ROCM.get({"INDEXER_TOPK_TRITON_ROCM": raw}) is False
+        assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get({"INDEXER_TOPK_LOGITS_BUDGET_MB": raw}) == 2048
+    assert not caplog.records
 
 
 def test_env_field_truth_test_raises():

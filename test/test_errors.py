@@ -72,3 +72,64 @@ def test_triton_backends_without_triton(monkeypatch):
         it.workspace_size(16, 512, "sglang_fp8")
     require_runnable("reference", "cpu")
     require_runnable("aiter", "cpu")  # AITER brings its own Triton; the adapter judges itself
+
+
+def _import_fails_with(monkeypatch, exc):
+    import indexer_topk.backends as backends
+
+    def fail(name):
+        raise exc
+
+    monkeypatch.setattr(backends, "_import_backend", fail, raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _no_module(name):
+    return ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+@pytest.mark.parametrize("backend", ["legacy", "fused"])
+def test_a_missing_dependency_makes_a_backend_unavailable_naming_it(monkeypatch, backend):
+    """Triton's interpreter imports numpy; without it our Triton backends cannot run here, and
+    say which package is missing instead of raising a bare ModuleNotFoundError."""
+    _import_fails_with(monkeypatch, _no_module("numpy"))
+    with pytest.raises(BackendUnavailable, match=f"backend '{backend}' is not available: .*'numpy'.*pip install numpy"):
+        require_runnable(backend, torch.device("cpu"))
+    w = _tiny()
+    with pytest.raises(BackendUnavailable, match="numpy"):
+        it.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
+    if backend == "fused":
+        with pytest.raises(BackendUnavailable, match="numpy"):
+            it.workspace_size(16, 512, "sglang_fp8")
+    assert failure_status(_catch(lambda: require_runnable(backend, "cpu"))) == "unavailable"
+
+
+def test_a_missing_submodule_of_a_dependency_names_the_module(monkeypatch):
+    _import_fails_with(monkeypatch, _no_module("triton.tools.tensor_descriptor"))
+    with pytest.raises(BackendUnavailable, match="'triton.tools.tensor_descriptor'.*'triton'"):
+        require_runnable("fused", "cpu")
+
+
+@pytest.mark.parametrize("exc", [_no_module("indexer_topk.kernels.gone"), ImportError("cannot import name 'launch'"),
+                                 ModuleNotFoundError("no name")])
+def test_a_broken_install_stays_a_failure(monkeypatch, exc):
+    """Our own module missing, or a name missing from a module, is a bug or a broken install:
+    it is raised as it is (a failure), never passed off as "cannot run here"."""
+    _import_fails_with(monkeypatch, exc)
+    with pytest.raises(type(exc)) as info:
+        require_runnable("legacy", "cpu")
+    assert info.value is exc and failure_status(info.value) == "error"
+
+
+def test_the_reference_and_aiter_do_not_import_our_kernels(monkeypatch):
+    _import_fails_with(monkeypatch, _no_module("numpy"))
+    require_runnable("reference", "cpu")
+    require_runnable("aiter", "cpu")
+
+
+def _catch(fn):
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001
+        return exc
+    raise AssertionError("no exception")

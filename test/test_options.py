@@ -33,3 +33,14 @@ def test_one_of_accepts_only_the_choices():
         options.parse_list("legacy,warp", options.one_of(("legacy", "fused")), name="--backends")
     with pytest.raises(ValueError, match="--layouts: empty list"):
         options.parse_list(" , ", name="--layouts")
+
+
+@pytest.mark.parametrize("text, seed", [("0", 0), (" 7 ", 7), (str(2**64 - 1), 2**64 - 1), (5, 5)])
+def test_parse_seed(text, seed):
+    assert options.parse_seed(text) == seed
+
+
+@pytest.mark.parametrize("text", ["", "-1", str(2**64), "1e3", "0x10", "seven", "1.0", None])
+def test_parse_seed_rejects(text):
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        options.parse_seed(text)

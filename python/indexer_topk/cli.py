@@ -22,12 +22,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from typing import List, Optional, Sequence
 
 from .contract import PAGE_SIZE
-from .errors import describe_exception, failure_reason, failure_status
-from .options import LAYOUTS, one_of, parse_list, parse_tokens
+from .errors import describe_exception, failure_reason, failure_status, missing_dependency, missing_dependency_words
+from .options import LAYOUTS, argparse_type, one_of, parse_list, parse_seed, parse_tokens
 
 PROG = "indexer-topk"
 KERNEL_BACKENDS = ("legacy", "fused", "aiter")
@@ -42,6 +43,13 @@ CPU_DEMO = {"layout": "sglang_fp8", "context": "3000,5000", "rows": 2, "topk": 5
 GPU_DEMO = {"layout": "sglang_fp8", "context": "768K", "rows": 1024, "topk": 1024}
 CPU_CHECK = {"context": (4100, 1000), "rows": (1, 1)}  # one long row, one short (seq_len < topk)
 GPU_CHECK = {"context": (64 * 1024, 16 * 1024, 2000), "rows": (32, 16, 4)}
+# The CPU demo's size guard (indexer_topk.bench.cost estimates a run before it is built): a
+# run estimated beyond these is refused unless --force, one beyond the warning levels warned.
+CPU_DEMO_MAX_SECONDS = 600
+CPU_DEMO_WARN_SECONDS = 60
+CPU_DEMO_MAX_MEMORY_SHARE = 0.5  # of the machine's physical memory
+CPU_DEMO_MAX_MEMORY_FALLBACK = 8 << 30  # where the system does not say how much it has
+CPU_DEMO_WARN_MEMORY = 2 << 30
 
 
 class CliError(Exception):
@@ -64,16 +72,25 @@ class _Parser(argparse.ArgumentParser):
 # ---------------------------------------------------------------------------------------------
 
 def _resolve_device(name: str):
+    """``--device``: auto, cpu, cuda or cuda:N. The kernels run on CUDA/ROCm GPUs (ROCm's torch
+    calls them cuda) and on a CPU under the Triton interpreter; torch's other device types
+    (meta, xpu, mps, ...) would fail deep inside a kernel, so they are refused here."""
     import torch
 
-    if name == "auto":
+    text = name.strip().lower()
+    if text == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
+    m = re.fullmatch(r"(cpu|cuda)(?::(\d+))?", text)
+    if not m or (m.group(1) == "cpu" and m.group(2) not in (None, "0")):
+        raise CliError(f"--device: {name!r} is not supported; expected auto, cpu, cuda or cuda:N "
+                       "(the kernels run on CUDA/ROCm GPUs, and on a CPU under the Triton interpreter)")
+    if m.group(1) == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
         raise CliError(f"--device {name}: no CUDA/ROCm GPU is visible to torch {torch.__version__}")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise CliError(f"--device: unknown device {name!r}; expected auto, cpu or cuda") from None
+    if m.group(2) is not None and int(m.group(2)) >= torch.cuda.device_count():
+        raise CliError(f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), numbered from 0")
+    return torch.device(text)
 
 
 def _policy_summary(layout=None, topk=None, rows=None, c4_len=None) -> dict:
@@ -165,6 +182,9 @@ def _tolerance(name: str):
     return parse
 
 
+_SEED = argparse_type(parse_seed, "seed")
+
+
 def _choice_list(text: str, allowed: Sequence[str], name: str) -> List[str]:
     """A comma-list option whose items must be among ``allowed``."""
     return _option_list(text, one_of(allowed), name)
@@ -195,10 +215,36 @@ def _demo_workload_args(a, device) -> dict:
     }
 
 
+def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool) -> None:
+    """Refuse (``CliError``, exit 2) a CPU demo estimated beyond :data:`CPU_DEMO_MAX_SECONDS` or
+    half the machine's memory unless ``force``; warn on stderr above the warning levels."""
+    from .backends import triton_problem
+    from .bench.cost import demo_cost, format_bytes, format_seconds, physical_memory_bytes
+
+    if triton_problem(wargs["device"]) is not None:  # our kernels will not run: they cost nothing
+        backends = [b for b in backends if b not in ("legacy", "fused")]
+    cost = demo_cost(wargs["layout"], wargs["context_tokens"], wargs["rows_per_request"], wargs["topk"], backends,
+                     reference_max_pairs=REFERENCE_MAX_PAIRS)
+    physical = physical_memory_bytes()
+    max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK
+    rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
+    shape = f"{len(contexts)} request(s), {sum(rows):,} rows, up to {max(contexts):,} tokens"
+    where = "half this machine's memory" if physical else "this system does not say how much memory it has"
+    limits = f"the CPU demo's limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} ({where})"
+    if cost.seconds > CPU_DEMO_MAX_SECONDS or cost.memory_bytes > max_memory:
+        if not force:
+            raise CliError(f"--rows/--context: this CPU demo ({shape}) is estimated at {cost} under the Triton "
+                           f"interpreter; {limits}. Use smaller --rows/--context, a GPU, or --force to run it anyway")
+    elif cost.seconds <= CPU_DEMO_WARN_SECONDS and cost.memory_bytes <= CPU_DEMO_WARN_MEMORY:
+        return
+    print(f"{PROG}: warning: this CPU demo ({shape}) is estimated at {cost} under the Triton interpreter "
+          "(a rough estimate); smaller --rows/--context run faster", file=sys.stderr)
+
+
 def _memory_statement(runs: dict, w, device) -> dict:
     """Memory saved by the fused path: measured on GPU, exact arithmetic on CPU."""
     legacy, fused = runs.get("legacy"), runs.get("fused")
-    from .backends.legacy import key_matrix_bytes
+    from .backends.key_matrix import key_matrix_bytes  # arithmetic only: no Triton needed
 
     logits_bytes = key_matrix_bytes(w.rows, w.page_table.shape[1])
     ws = _workspace_bytes(w.rows, w.topk, w.layout.value, device)
@@ -260,6 +306,8 @@ def cmd_demo(a, device) -> int:
         raise CliError("--warmup and --iters must be >= 0")
     wargs = _demo_workload_args(a, device)
     requested = _choice_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
+    if not on_gpu:
+        _cpu_demo_guard(wargs, requested or ("reference",) + KERNEL_BACKENDS, a.force)
 
     runs: dict = {}
     with _progress(not a.json) as progress:
@@ -315,6 +363,8 @@ def cmd_demo(a, device) -> int:
             failures.append(f"{b}: outputs differ from legacy")
         if r.get("matches_reference") is False:
             failures.append(f"{b}: outputs differ from the reference ({r.get('reference_comparison')})")
+    if not any(run.ok for run in runs.values()):
+        failures.append("nothing ran: no requested backend could run here, so nothing was compared")
 
     display = [b for b in ("reference", "legacy", "fused", "aiter") if b in runs]
     if a.json:
@@ -376,10 +426,14 @@ def cmd_demo(a, device) -> int:
     console.print(table)
     for n in notes:
         console.print(n, highlight=False)
-    console.print(
-        "[dim]identical to legacy: all four outputs bitwise equal. The reference is the fp64-accurate spec "
-        f"and kernels use MMA precision, so 'matches' means: {rule}.[/dim]"
-    )
+    # Say what a comparison means only where one was made: a legend over no run reads as a pass.
+    legend = []
+    if any(runs[b].record.get("matches_legacy") is not None for b in display if b not in ("legacy", "reference")):
+        legend.append("identical to legacy: all four outputs bitwise equal.")
+    if ref is not None and ref.ok:
+        legend.append(f"The reference is the fp64-accurate spec and kernels use MMA precision, so 'matches' means: {rule}.")
+    if legend:
+        console.print("[dim]" + " ".join(legend) + "[/dim]")
     if not on_gpu:
         console.print("[dim]CPU: the Triton kernels run under the interpreter; times show the run, not kernel speed.[/dim]")
     console.print(mem["line"], highlight=False)
@@ -545,9 +599,16 @@ def cmd_check(a, device) -> int:
     checked = [r for r in results if r["status"] in ("ok", "mismatch")]
     unavailable = sorted({f"{r['backend']} ({r['detail']})" for r in results if r["status"] == "unavailable"})
     rule = comparison_rule(a.rtol, a.atol, device)
+    summary = f"{len(checked)} run(s) compared, {len(bad)} failed"
+    if unavailable:
+        summary += "; not checked (unavailable): " + "; ".join(unavailable)
+    # A check that compared nothing has shown nothing: it is no pass.
+    reason = "nothing was compared: no chosen backend could run here" if not checked and not bad else None
+    failed = bool(bad) or reason is not None
     if a.json:
-        print(json.dumps({"device": str(device), "rule": rule, "results": results, "ok": not bad}, indent=1, default=str))
-        return 1 if bad else 0
+        print(json.dumps({"device": str(device), "rule": rule, "results": results, "ok": not failed,
+                          "reason": reason}, indent=1, default=str))
+        return 1 if failed else 0
     t = Table(title=f"reference vs {', '.join(backends)} on {device}", title_justify="left")
     for c in ("layout", "pattern", "backend", "rows", "C4 len", "result"):
         t.add_column(c, justify="right" if c in ("rows", "C4 len") else "left")
@@ -558,11 +619,10 @@ def cmd_check(a, device) -> int:
     console = _console()
     console.print(t)
     console.print(f"[dim]rule: {rule}[/dim]")
-    summary = f"{len(checked)} run(s) compared, {len(bad)} failed"
-    if unavailable:
-        summary += "; not checked (unavailable): " + "; ".join(unavailable)
-    console.print(("[bold red]FAILED[/bold red]: " if bad else "OK: ") + summary)
-    return 1 if bad else 0
+    if reason is not None:
+        summary = f"{reason}; {summary}"
+    console.print(("[bold red]FAILED[/bold red]: " if failed else "OK: ") + summary, highlight=False)
+    return 1 if failed else 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -588,13 +648,16 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--rows", type=int, help="query rows per request, at the end of its context (default: CPU 2; GPU 1024)")
     d.add_argument("--topk", type=int, choices=(512, 1024, 2048), help="positions kept per row (default: CPU 512; GPU 1024)")
     d.add_argument("--pattern", default="random", choices=PATTERNS, help="score pattern (default random)")
-    d.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    d.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    d.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
+    d.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     d.add_argument("--backends", help="comma list from reference,legacy,fused,aiter (default: all that can run)")
     d.add_argument("--warmup", type=int, help="warm-up calls before timing (default: GPU 3, CPU 0)")
     d.add_argument("--iters", type=int, help="timed calls, median reported; 0 times the first, checked call "
                                               "(default: GPU 10, CPU 0)")
     d.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    d.add_argument("--force", action="store_true",
+                   help="on a CPU, run a demo estimated beyond the size guard's limits (10 min, or half this "
+                        "machine's memory) instead of refusing it")
     d.set_defaults(func=cmd_demo)
 
     sub.add_parser("bench", add_help=False, help="GPU benchmark; `indexer-topk bench --help` for its options")
@@ -613,8 +676,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--context", help="raw context tokens per request, comma list (default: small on CPU, up to 64K on GPU)")
     c.add_argument("--rows", type=int, help="query rows per request")
     c.add_argument("--topk", type=int, default=512, choices=(512, 1024, 2048), help="default 512")
-    c.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    c.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
+    c.add_argument("--seed", type=_SEED, default=0, help="workload seed, 0 to 2**64 - 1 (default 0)")
+    c.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
     c.add_argument("--rtol", type=_tolerance("rtol"), default=None,
                    help="relative score tolerance, at most 0.01 (default: 1e-5, and for sglang_fp8 on a GPU the fp8 "
                         "MMA tolerance)")
@@ -648,6 +711,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.code
     except (ValueError, RuntimeError) as exc:
         print(f"{PROG}: error: {exc}".splitlines()[0], file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as exc:
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        print(f"{PROG}: error: {PROG} {a.command or 'demo'}: {missing_dependency_words(missing)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)

@@ -4,9 +4,10 @@ Read a flag with ``envs.NAME.get()``; override it in a test with
 ``with envs.NAME.override(value): ...``. A value that does not parse logs a warning and the
 default is used instead, so a typo in a deployment never crashes a server; a switch that
 turns a path off declares its own fail-safe value instead (``invalid=``), so a typo in it
-never leaves the path on. An empty value
-counts as unset (``FOO= cmd`` is the shell idiom for clearing a variable). Truth-testing a
-field (``if envs.NAME:``) raises, because a field object is always truthy and that bug would
+never leaves the path on. An empty value counts as unset (``FOO= cmd`` is the shell idiom for
+clearing a variable), except in a field with a fail-safe value: there it says nothing the
+switch can read, so it reads as the fail-safe value, with the warning. Truth-testing a field
+(``if envs.NAME:``) raises, because a field object is always truthy and that bug would
 silently ignore the variable.
 
 Example::
@@ -83,16 +84,16 @@ class EnvField(Generic[T]):
 
         Unset or empty gives the default silently; an invalid value logs a warning naming the
         variable and its value and gives the field's fail-safe value if it declares one, else
-        the default.
+        the default. A field with a fail-safe value reads a set but empty value as invalid.
         """
         env = os.environ if environ is None else environ
         raw = env.get(self.name)
         if environ is None:
             note_env(self.name, raw)  # a recorded backend call is replayed only while this value holds
-        if raw is None or raw.strip() == "":
+        if self._unset(raw):
             return self.default_value()
         try:
-            return self.parse(raw)
+            return self._parse_set(raw)
         except ValueError as exc:
             if self.invalid is not EnvField._UNSET:
                 logger.warning("%s=%r is not valid (%s); read as %r, the fail-safe value: %s",
@@ -103,15 +104,26 @@ class EnvField(Generic[T]):
             return default
 
     def readable(self, environ: Optional[Mapping[str, str]] = None) -> bool:
-        """Whether the variable is unset, empty or a value :meth:`parse` accepts."""
+        """Whether the variable is unset, a value :meth:`parse` accepts, or empty in a field
+        without a fail-safe value."""
         raw = self.raw(environ)
-        if raw is None or raw.strip() == "":
+        if self._unset(raw):
             return True
         try:
-            self.parse(raw)
+            self._parse_set(raw)
         except ValueError:
             return False
         return True
+
+    def _unset(self, raw: Optional[str]) -> bool:
+        # A switch that fails safe must not read an empty value as its default: the default
+        # is the path it guards, on.
+        return raw is None or (raw.strip() == "" and self.invalid is EnvField._UNSET)
+
+    def _parse_set(self, raw: str) -> T:
+        if raw.strip() == "":
+            raise ValueError("set but empty")
+        return self.parse(raw)
 
     def is_set(self, environ: Optional[Mapping[str, str]] = None) -> bool:
         """Whether the variable is present in ``environ`` (default ``os.environ``), even if invalid."""
@@ -206,7 +218,7 @@ class Envs:
     # Path policy (read once, when the policy is built)
     # ============================================================
     # Kill switch of the fused score + top-k path (SGLang's name): false/0/off/no sends every call to legacy.
-    # It fails safe: a value it cannot read turns the fused path off too.
+    # It fails safe: a value it cannot read, or set but empty, turns the fused path off too.
     SGLANG_DSV4_FP4_FUSED_TOPK = EnvBool(True, invalid=False, invalid_means="the fused top-k path is off")
     # Opt-in of our Triton fused path on AMD GPUs (off: AMD hosts use AITER's kernel or the legacy path).
     INDEXER_TOPK_TRITON_ROCM = EnvBool(False)
@@ -235,6 +247,9 @@ class Envs:
     # Legacy path
     # ============================================================
     # MiB of FP32 logits the legacy path materialises at once; larger batches run in row chunks.
+    # A chunk is at least two rows, so this is a bound only above two rows of the matrix (4 bytes
+    # per C4 position, 1.5 MiB at a 768K-token context); a smaller budget takes two rows, with a
+    # warning.
     INDEXER_TOPK_LOGITS_BUDGET_MB = EnvInt(2048, min_value=1)
 
     # ============================================================

@@ -10,6 +10,8 @@ check`` and ``demo`` exit non-zero on an error.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
@@ -45,4 +47,41 @@ def failure_status(exc: BaseException) -> str:
     return "unavailable" if isinstance(exc, BackendUnavailable) else "error"
 
 
-__all__ = ["BackendUnavailable", "describe_exception", "failure_reason", "failure_status", "is_out_of_memory"]
+def missing_dependency(exc: BaseException) -> Optional[str]:
+    """The module that ``exc`` says is not installed, when ``exc`` is a ``ModuleNotFoundError``
+    for another package's module (a dependency missing here, e.g. ``"numpy"``, which Triton's
+    interpreter imports); ``None`` otherwise, and for this package's own modules, whose absence
+    is a broken installation rather than a missing dependency."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    if exc.name.split(".")[0] == __name__.split(".")[0]:
+        return None
+    return exc.name
+
+
+def missing_dependency_words(module: str) -> str:
+    """What to tell a user about a missing ``module`` (see :func:`missing_dependency`)."""
+    package = module.split(".")[0]
+    if package == module or not _importable(package):
+        return f"it needs the Python package {package!r}, which is not installed here (pip install {package})"
+    return f"it needs the module {module!r}, which the installed {package!r} does not have (another version may)"
+
+
+def _importable(package: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a package set to None in sys.modules, or a broken one
+        return False
+
+
+__all__ = [
+    "BackendUnavailable",
+    "describe_exception",
+    "failure_reason",
+    "failure_status",
+    "is_out_of_memory",
+    "missing_dependency",
+    "missing_dependency_words",
+]

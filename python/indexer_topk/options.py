@@ -1,8 +1,9 @@
 """Command-line values shared by ``indexer-topk`` and the benchmark: token counts with K/M
-suffixes, comma lists, and the names a list may hold."""
+suffixes, comma lists, the names a list may hold, and workload seeds."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from typing import Callable, Sequence
 
@@ -63,4 +64,31 @@ def one_of(choices: Sequence[str]) -> Callable[[str], str]:
     return convert
 
 
-__all__ = ["K", "LAYOUTS", "format_tokens", "one_of", "parse_list", "parse_tokens"]
+def parse_seed(text) -> int:
+    """A workload seed: an integer from 0 to 2**64 - 1 (torch's generators take 64-bit seeds).
+
+    Anything else raises ``ValueError``.
+    """
+    try:
+        value = int(str(text).strip(), 10)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value < 2**64:
+        raise ValueError(f"expected an integer from 0 to 2**64 - 1, got {str(text)!r}")
+    return value
+
+
+def argparse_type(convert: Callable, name: str) -> Callable[[str], object]:
+    """``convert`` as an argparse ``type``: its ``ValueError`` message becomes the usage error."""
+
+    def parse(text: str):
+        try:
+            return convert(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = name  # argparse names the type in some messages
+    return parse
+
+
+__all__ = ["K", "LAYOUTS", "argparse_type", "format_tokens", "one_of", "parse_list", "parse_seed", "parse_tokens"]

@@ -407,7 +407,8 @@ def _decode_measured(layout, p: Probe, rows: Optional[int], c4_len: Optional[int
 
 def _kill_switch_off(p: Probe) -> str:
     """Why the kill switch is off, in words: set off, or set to a value it cannot read."""
-    if not envs.SGLANG_DSV4_FP4_FUSED_TOPK.readable({KILL_SWITCH: p.kill_switch_raw or ""}):
+    raw = {} if p.kill_switch_raw is None else {KILL_SWITCH: p.kill_switch_raw}
+    if not envs.SGLANG_DSV4_FP4_FUSED_TOPK.readable(raw):
         return f"kill switch {KILL_SWITCH}={p.kill_switch_raw!r} is not a recognised value, so the fused path is off"
     return f"kill switch {KILL_SWITCH} is off"
 

@@ -6,8 +6,9 @@ where ``inputs`` is the :class:`~indexer_topk.contract.IndexerInputs` validation
 package never imports Triton kernels or vendor libraries.
 
 A backend that cannot run raises :class:`indexer_topk.errors.BackendUnavailable` before it
-computes anything; :func:`require_runnable` says so for our Triton backends before their
-modules (and Triton) are imported.
+computes anything; :func:`require_runnable` says so for our Triton backends: before their
+modules (and Triton) are imported when Triton or the interpreter is missing, and when a
+dependency their import needs is not installed (numpy, which Triton's interpreter imports).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Optional
 import torch
 
 from ..envs import interpreting
-from ..errors import BackendUnavailable
+from ..errors import BackendUnavailable, missing_dependency, missing_dependency_words
 
 # Ours, written in Triton: they need Triton, and a GPU or the Triton interpreter.
 TRITON_BACKENDS = ("legacy", "fused")
@@ -47,13 +48,27 @@ def triton_problem(device=None) -> Optional[str]:
     return None
 
 
+def _import_backend(backend: str) -> None:
+    importlib.import_module(f"{__name__}.{backend}")
+
+
 def require_runnable(backend: str, device=None) -> None:
     """Raise :class:`BackendUnavailable` if ``backend`` is one of :data:`TRITON_BACKENDS` and
-    :func:`triton_problem` names a reason it cannot run on ``device``."""
-    if backend in TRITON_BACKENDS:
-        problem = triton_problem(device)
-        if problem:
-            raise BackendUnavailable(f"backend {backend!r} is not available: {problem}")
+    cannot run on ``device``: :func:`triton_problem` names a reason, or importing its module
+    needs a package that is not installed (the message names it). Any other import error is
+    raised as it is: a broken installation is a failure, not "cannot run here"."""
+    if backend not in TRITON_BACKENDS:
+        return
+    problem = triton_problem(device)
+    if problem:
+        raise BackendUnavailable(f"backend {backend!r} is not available: {problem}")
+    try:
+        _import_backend(backend)
+    except ModuleNotFoundError as exc:
+        missing = missing_dependency(exc)
+        if missing is None:
+            raise
+        raise BackendUnavailable(f"backend {backend!r} is not available: {missing_dependency_words(missing)}") from exc
 
 
 __all__ = ["TRITON_BACKENDS", "require_runnable", "triton_problem"]

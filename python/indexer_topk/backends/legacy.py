@@ -20,11 +20,12 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
+from ..contract import IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 from ..replay import launch
+from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
 # How the top-k stage learns each row's k-th key: "torch" runs torch.topk over the key matrix
 # first; "radix" lets the select kernel search it (radix passes over the row), so the call is
@@ -34,37 +35,6 @@ KTH_SEARCH = "torch"
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
 SCORE_SPAN = 8192
-
-
-def key_matrix_width(page_table: torch.Tensor) -> int:
-    """Columns of the key matrix: the page table's width in C4 positions, as SGLang pads its
-    logits."""
-    return page_table.shape[1] * PAGE_SIZE
-
-
-def rows_per_chunk(width: int, budget_bytes: int) -> int:
-    """Rows of the key matrix (4 bytes per position) that fit the budget (an even number, at
-    least 2)."""
-    rows = max(2, budget_bytes // max(1, width * 4))
-    return rows - rows % 2
-
-
-def chunk_rows(rows: int, width: int, budget_bytes: Optional[int] = None) -> int:
-    """Rows of the key matrix one call allocates: every row (rounded up to a pair) or, past the
-    budget (default ``INDEXER_TOPK_LOGITS_BUDGET_MB``), as many as fit."""
-    if budget_bytes is None:
-        from ..envs import envs
-
-        budget_bytes = envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get() << 20
-    return min(rows + rows % 2, rows_per_chunk(width, budget_bytes))
-
-
-def key_matrix_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[int] = None) -> int:
-    """Bytes of the score matrix the legacy path allocates for a call (0 for no rows)."""
-    if rows == 0:
-        return 0
-    width = max(page_table_columns * PAGE_SIZE, 1)
-    return chunk_rows(rows, width, budget_bytes) * width * 4
 
 
 @launches_kernels
@@ -142,7 +112,7 @@ def legacy_indexer_topk(
     smaller one, e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a
     call the policy sent here, is left untouched. Without one, a ``[chunk_rows, width]``
     buffer is allocated for the call, ``budget_bytes`` (default
-    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it.
+    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it down to two rows.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     page_table, seq_lens = inputs.page_table, inputs.seq_lens

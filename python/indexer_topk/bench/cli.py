@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..options import LAYOUTS, format_tokens, one_of, parse_list, parse_tokens
+from ..options import LAYOUTS, argparse_type, format_tokens, one_of, parse_list, parse_seed, parse_tokens
 from ..workload import PATTERNS
 from .environment import environment, gpu_slug
 from .grid import (
@@ -26,7 +26,7 @@ from .grid import (
     build_grid,
     run_cases,
 )
-from .report import render_table, write_json, write_markdown, write_plot
+from .report import SUFFIXES, new_stem, render_table, write_json, write_markdown, write_plot
 
 NO_GPU_MESSAGE = (
     "the benchmark needs a CUDA or ROCm GPU, and torch.cuda.is_available() is False here "
@@ -54,8 +54,14 @@ def build_parser(prog: Optional[str] = None, parser_class=argparse.ArgumentParse
                         "('none' to skip; default: increasing)")
     p.add_argument("--warmup", type=int, default=3, help="warm-up calls before timing (default 3)")
     p.add_argument("--iters", type=int, default=10, help="timed calls; the median is reported (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    p.add_argument("--out-dir", default="benchmark/results", help="where the json/md/png go (default benchmark/results)")
+    p.add_argument("--seed", type=argparse_type(parse_seed, "seed"), default=0,
+                   help="workload seed, 0 to 2**64 - 1 (default 0)")
+    p.add_argument("--out-dir", default="benchmark/results",
+                   help="folder of the run's new, dated files bench_<gpu>_<YYYYmmdd-HHMMSS>.json/.md/.png; "
+                        "an earlier run's files are never replaced (default benchmark/results)")
+    p.add_argument("--output", metavar="STEM",
+                   help="name the run's files STEM.json, STEM.md and STEM.png instead, replacing any there "
+                        "(e.g. benchmark/results/bench_nvidia-h200 to replace the committed results)")
     p.add_argument("--quick", action="store_true",
                    help="small grid: contexts 16K,64K, rows 256, topk 512,1024; extra set at 64K")
     return p
@@ -84,8 +90,9 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     """Run the benchmark from command-line arguments; returns the exit status.
 
     2 without a GPU or on a bad option; 1 if any backend disagreed with legacy or failed
-    (status ``"error"``: a crash, a CUDA fault, out of memory); else 0. Backends that cannot
-    run here (status ``"unavailable"``) do not fail the run.
+    (status ``"error"``: a crash, a CUDA fault, out of memory), or if no backend ran at all;
+    else 0. Backends that cannot run here (status ``"unavailable"``) do not fail a run in
+    which others ran.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(prog, parser_class)
@@ -96,6 +103,10 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
         backends = parse_list(a.backends, one_of(KNOWN_BACKENDS), name="--backends")
         if a.warmup < 0 or a.iters < 1:
             raise ValueError("--warmup must be >= 0 and --iters >= 1")
+        if a.output is not None and "out_dir" in given:
+            raise ValueError("--output names the files itself; give --output or --out-dir, not both")
+        if a.output is not None and not Path(a.output).name:
+            raise ValueError(f"--output: {a.output!r} names a folder, not a file stem")
     except ValueError as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
@@ -110,7 +121,8 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     env = environment(device)
     command = " ".join([prog or "python benchmark/bench_indexer_topk.py", shlex.join(argv)]).strip()
     err = Console(stderr=True)
-    stem = Path(a.out_dir) / f"bench_{gpu_slug(env['gpu'])}"
+    stem = _output_stem(a.output) if a.output is not None else new_stem(a.out_dir, f"bench_{gpu_slug(env['gpu'])}")
+    paths = {suffix: Path(f"{stem}{suffix}") for suffix in SUFFIXES}
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
         console=err, transient=True,
@@ -120,15 +132,15 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
         def on_case(case, so_far):
             progress.update(task, advance=1, description=case.name)
             # Keep what is measured if a long sweep is stopped part way.
-            write_json(so_far, stem.with_suffix(".json"))
+            write_json(so_far, paths[".json"])
             if not err.is_terminal:
                 err.print(f"[{progress.tasks[0].completed}/{len(cases)}] {case.name}", highlight=False)
 
         records = run_cases(cases, backends, warmup=a.warmup, iters=a.iters, seed=a.seed, device=device, env=env, on_case=on_case)
 
-    json_path = write_json(records, stem.with_suffix(".json"))
-    md_path = write_markdown(records, stem.with_suffix(".md"), env=env, command=command)
-    png_path = write_plot(records, stem.with_suffix(".png"), title=f"indexer top-k on {env['gpu']}")
+    json_path = write_json(records, paths[".json"])
+    md_path = write_markdown(records, paths[".md"], env=env, command=command)
+    png_path = write_plot(records, paths[".png"], title=f"indexer top-k on {env['gpu']}")
     console = Console()
     if not console.is_terminal:  # piped output would fold the table at 80 columns
         console = Console(width=200)
@@ -137,10 +149,18 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: Optional[str] = None, pa
     return exit_status(records)
 
 
+def _output_stem(text: str) -> Path:
+    """``--output``'s stem; a name given with one of the run's suffixes loses it."""
+    path = Path(text)
+    return path.with_suffix("") if path.suffix in SUFFIXES else path
+
+
 def exit_status(records: Sequence[dict]) -> int:
-    """1 if a record disagrees with legacy or failed with an error, else 0."""
+    """1 if a record disagrees with legacy or failed with an error, or if none ran (nothing
+    measured is no pass); else 0."""
     bad = [r for r in records if r.get("matches_legacy") is False or r.get("status") == "error"]
-    return 1 if bad else 0
+    ran = [r for r in records if r.get("status") == "ok"]
+    return 1 if bad or not ran else 0
 
 
 __all__ = ["NO_GPU_MESSAGE", "build_parser", "exit_status", "grid_from_args", "main"]

@@ -2,13 +2,17 @@
 
 The writers read only the records (and the environment fields they carry), so
 ``benchmark/render_results.py`` can redraw the markdown and the plot from a committed JSON.
+Each writes a temporary file beside its target and renames it over the target, so a run
+stopped part way leaves the previous file whole, never half of a new one.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import os
 from pathlib import Path
-from typing import Dict, Iterable, List, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..options import format_tokens
 from .runs import MATCH_RULE
@@ -66,12 +70,53 @@ def table_rows(records: Iterable[dict]) -> List[Tuple[str, ...]]:
     return out
 
 
-def write_json(records: Sequence[dict], path) -> Path:
-    """Write ``records`` as a JSON list (one object per backend x case)."""
+SUFFIXES = (".json", ".md", ".png")
+
+
+def new_stem(out_dir, prefix: str, when: Optional[_dt.datetime] = None) -> Path:
+    """A file stem no earlier run has used: ``out_dir/prefix_YYYYmmdd-HHMMSS`` (UTC, default
+    now), with ``-2``, ``-3``, ... appended while a file of that stem exists.
+
+    The ``.json`` is created empty-listed (``[]``) before this returns, so two runs started in
+    the same second take different stems.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    when = when or _dt.datetime.now(_dt.timezone.utc)
+    base = f"{prefix}_{when.strftime('%Y%m%d-%H%M%S')}"
+    n = 1
+    while True:
+        stem = out_dir / (base if n == 1 else f"{base}-{n}")
+        n += 1
+        if any(stem.with_suffix(s).exists() for s in SUFFIXES):
+            continue
+        try:
+            with stem.with_suffix(".json").open("x") as f:
+                f.write("[]\n")
+        except FileExistsError:
+            continue
+        return stem
+
+
+def _write_atomically(path, write: Callable, *, binary: bool = False) -> Path:
+    """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(list(records), indent=1, default=str) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") if binary else tmp.open("w", encoding="utf-8") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
+
+
+def write_json(records: Sequence[dict], path) -> Path:
+    """Write ``records`` as a JSON list (one object per backend x case), atomically."""
+    text = json.dumps(list(records), indent=1, default=str) + "\n"
+    return _write_atomically(path, lambda f: f.write(text))
 
 
 def markdown_table(records: Sequence[dict]) -> str:
@@ -83,9 +128,8 @@ def markdown_table(records: Sequence[dict]) -> str:
 
 
 def write_markdown(records: Sequence[dict], path, *, env: dict, command: str) -> Path:
-    """Markdown report: a header (GPU, versions, command, methods) and the results table."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Markdown report: a header (GPU, versions, command, methods) and the results table,
+    written atomically."""
     first = records[0] if records else {}
     timing = first.get("timing_method", TIMING_METHOD.format(iters="?", warmup="?", clock="CUDA events"))
     text = "\n".join(
@@ -108,8 +152,7 @@ def write_markdown(records: Sequence[dict], path, *, env: dict, command: str) ->
             "",
         ]
     )
-    path.write_text(text)
-    return path
+    return _write_atomically(path, lambda f: f.write(text))
 
 
 def plot_selection(records: Sequence[dict], rows: int, topk: int) -> Tuple[List[dict], int, int]:
@@ -130,15 +173,13 @@ def write_plot(records: Sequence[dict], path, *, rows: int = PLOT_ROWS, topk: in
     """Two panels, time and peak memory vs context (log x), one line per layout x backend.
 
     Uses ``rows`` x ``topk`` records of the random pattern (see :func:`plot_selection`); the
-    file is written even when there is nothing to plot.
+    file is written even when there is nothing to plot, atomically, as a PNG whatever its name.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     sel, rows, topk = plot_selection(records, rows, topk)
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5))
     series: Dict[Tuple[str, str], List[dict]] = {}
@@ -171,9 +212,10 @@ def write_plot(records: Sequence[dict], path, *, rows: int = PLOT_ROWS, topk: in
         ax_t.text(0.5, 0.5, "no successful records", ha="center", va="center", transform=ax_t.transAxes)
     fig.suptitle(f"{title or 'indexer top-k'}: rows={rows}, topk={topk}, random scores")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    try:
+        return _write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+    finally:
+        plt.close(fig)
 
 
 def render_table(records: Sequence[dict], title: str = "indexer top-k benchmark"):
@@ -192,7 +234,9 @@ __all__ = [
     "PLOT_ROWS",
     "PLOT_TOPK",
     "TABLE_COLUMNS",
+    "SUFFIXES",
     "markdown_table",
+    "new_stem",
     "plot_selection",
     "render_table",
     "table_rows",
