@@ -217,7 +217,8 @@ def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKRes
     require_runnable(name, inputs.device)
     fn = _backend_fn(name)
     kwargs = {"rows_per_request": rows_per_request} if name == "fused" else {}
-    if name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None))):
+    if (name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None)))
+            or known.replays.get(name, _UNSEEN) is None):  # recorded before: not replayable, not recorded again
         known.replays[name] = None
         return fn(inputs, out=out, workspace=workspace, **kwargs)
     recorder = Recorder((*inputs.tensors, *out, workspace))
