@@ -359,7 +359,7 @@ def select_table(probe, *, warn: Callable[[str], Any]) -> Tuple[Optional[Table],
             return table, table.words()
         if here is not None and table.device.key() == here.key():
             near.append(f"{table.name}: {why}")  # its device class, but not its conditions
-    what = here.words() if here else "no GPU" if probe.device == "cpu" else "this GPU (architecture or SM count unknown)"
+    what = here.words() if here else "a CPU" if probe.device == "cpu" else "this GPU (architecture or SM count unknown)"
     return None, f"no routes table for {what}" + (f" ({'; '.join(near)})" if near else "")
 
 
@@ -532,6 +532,12 @@ def write_table(doc: Mapping, path, *, force: bool = False) -> Path:
     then a rename), so an interrupted write leaves the old file or none. Refuses an existing
     file unless ``force``."""
     Table(dict(doc), name=str(path))
+    return write_atomic(dumps_table(doc), path, force=force)
+
+
+def write_atomic(text: str, path, *, force: bool = False) -> Path:
+    """Write ``text`` to ``path`` through a temporary file and a rename; refuses an existing file
+    unless ``force``."""
     p = Path(path)
     if p.exists() and not force:
         raise FileExistsError(f"{p} exists; pass force=True (--force) to replace it")
@@ -539,7 +545,7 @@ def write_table(doc: Mapping, path, *, force: bool = False) -> Path:
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dumps_table(doc))
+            f.write(text)
         os.replace(tmp, p)
     except BaseException:
         try:
@@ -550,8 +556,16 @@ def write_table(doc: Mapping, path, *, force: bool = False) -> Path:
     return p
 
 
+def conditions_of(probe) -> dict:
+    """The ``conditions`` a table measured in ``probe``'s process holds under."""
+    cond = {"triton": _triton_minor(probe.triton_version)} if _triton_minor(probe.triton_version) else {}
+    if probe.device == "cuda":
+        cond["hopper_stream"] = bool(probe.hopper_stream)
+    return cond
+
+
 __all__ = [
-    "ENGINE", "ENGINE_MARGIN", "MODES", "OURS", "SCHEMA", "DeviceClass", "RoutesError", "Table",
+    "ENGINE", "ENGINE_MARGIN", "MODES", "OURS", "SCHEMA", "DeviceClass", "RoutesError", "Table", "conditions_of",
     "device_class_of", "device_from_env", "dumps_table", "is_shipped_path", "load_table", "parse_table", "select_table",
-    "shipped_tables", "table_from_file", "table_from_records", "write_table",
+    "shipped_tables", "table_from_file", "table_from_records", "write_atomic", "write_table",
 ]
