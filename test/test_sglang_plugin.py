@@ -586,16 +586,17 @@ def test_installed_package_serves_prefill_with_triton_fused(sglang_paths):
     result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1"})
     assert result == {"operator_calls": {"fused": 1}, "logits_calls_hooked": 0, "same_selection": True,
                       "hooked": True}
-    assert "indexer-topk: fused top-k path = fused (no GPU, TRITON_INTERPRET=1" in log
-    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset" in log
+    assert "indexer-topk: routes table: none (no routes table for a CPU): the proven rule; " in log
+    assert "device: no GPU, TRITON_INTERPRET=1, triton " in log and "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset" in log
+    assert "; prefill every layout: fused; decode, capture every layout: legacy" in log
     assert "indexer_topk: serving DSv4 C4 indexer top-k (backend=fused, layout=sglang_fp8, topk=512" in log
 
 
 def test_kill_switch_env_var_in_a_fresh_process(sglang_paths):
     result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1", "SGLANG_DSV4_FP4_FUSED_TOPK": "false"})
     assert result == {"operator_calls": {}, "logits_calls_hooked": 1, "same_selection": True, "hooked": True}
-    assert "indexer-topk: fused top-k path = legacy (" in log
-    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK=false" in log
+    assert "indexer-topk: routes table: none: no GPU; kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off; " in log
+    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK=false; every call: legacy" in log
     assert "indexer_topk: serving DSv4 C4 indexer top-k" not in log
 
 
@@ -643,15 +644,42 @@ def test_doc_launch_lines_parse_with_sglang(sg):
         assert flags in text
 
 
+# The devices docs/sglang.md's route table shows, as the probes of those devices read them.
+DOC_DEVICES = {
+    "H200": H200_TABLE,
+    "MI355X, AITER with the kernel": dataclasses.replace(MI355X_AITER, sm_count=256, triton_version="3.6.0"),
+    "MI355X, AITER without it": dataclasses.replace(MI355X, sm_count=256, triton_version="3.6.0"),
+    "CPU": Probe(device="cpu", triton_version="3.6.0"),  # no TRITON_INTERPRET, as a program runs
+}
+
+
+def _doc_rows(label: str) -> list:
+    from indexer_topk.policy import PathPolicy
+
+    rows = PathPolicy(DOC_DEVICES[label]).describe()["routes"]
+    return [f"| {label} | {r['mode']} | {r['layout']} | {r['auto']} | {r['sglang'] or '—'} |" for r in rows]
+
+
+@pytest.mark.parametrize("label", list(DOC_DEVICES))
+def test_doc_route_table_is_what_describe_says(label):
+    lines = DOC.read_text().splitlines()
+    assert [line for line in lines if line.startswith(f"| {label} |")] == _doc_rows(label)
+
+
+def test_doc_route_table_has_no_other_rows():
+    lines = DOC.read_text().splitlines()
+    start = lines.index("| device | mode | layout | `backend=\"auto\"` | inside SGLang |") + 2
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    assert lines[start:end] == [row for label in DOC_DEVICES for row in _doc_rows(label)]
+
+
 def test_doc_log_lines_are_the_ones_the_code_logs():
     from indexer_topk.policy import KILL_SWITCH, PathPolicy
 
     text = DOC.read_text()
-    h200 = dict(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0")
-    mi355 = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.6.0")
-    for probe in (Probe(**h200, hopper_stream=True), Probe(**mi355, aiter_symbol=True), Probe(**mi355),
-                  Probe(**h200, fused_enabled=False, kill_switch_raw="false")):
-        assert PathPolicy(probe).log_line() in text
+    assert PathPolicy(DOC_DEVICES["H200"]).log_line() in text
     assert sglang_plugin.SERVING_LOG % ("fused", "sglang_fp8", 512, 8192) in text
+    warm = sglang_plugin.WARM_UP_LOG.replace("%s", "<backends>", 1).replace("%s", "<layout>", 1)
+    assert warm.replace("%.1f", "<s>") in " ".join(text.split())
     assert f"{KILL_SWITCH}=false sglang serve" in text
     assert "leaving SGLang's indexer untouched" in text

@@ -27,7 +27,8 @@ def _words(policy, layout: Layout, mode: str, engine_path: Optional[bool]) -> st
         alt = policy.pick(mode, None, layout, 2048, engine_path)
         return f"aiter (topk 512, 1024), {name(alt)} for topk 2048"
     counts = Counter(b for b in measured if b != other)
-    parts = [f"{name(b)} at {n} of {len(measured)} measured shapes" for b, n in counts.items()]
+    parts = [f"{name(b)} at {'all' if n == len(measured) else f'{n} of'} {len(measured)} measured shapes"
+             for b, n in counts.items()]
     return ", ".join(parts + [f"else {name(other)}"]) if parts else name(other)
 
 
