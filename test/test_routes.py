@@ -307,6 +307,8 @@ def test_records_at_one_point_merge_by_median():
     (record(kind="verify"), "kind"), (record(layout="bf16"), "layout"), (record(topk=7), "topk"),
     (record(rows=0), "rows"), (record(tokens=2), "context_tokens"), (record(candidates={"sglang": 1.0}), "candidates"),
     (record(candidates={"fused": -1.0}), "candidates"), (record(sglang_ms="fast"), "sglang_ms"), ("x", "records"),
+    (record(sglang_ms=float("nan")), "sglang_ms"), (record(candidates={"fused": float("nan")}), "candidates"),
+    (record(source="mix.json"), "source"), (record(source={"file": "mix.json"}), "source"),
 ])
 def test_bad_record_names_the_field(bad, field):
     with pytest.raises(RoutesError, match=field):

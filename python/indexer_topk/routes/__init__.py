@@ -52,7 +52,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..contract import SUPPORTED_TOPK, Layout
 
@@ -389,6 +389,9 @@ def _check_record(r: Any, i: int, source: str) -> None:
           source, f"{where}.candidates", f"{{backend: ms}} with backends from {OURS}", cands)
     ms = r.get("sglang_ms")
     _need(ms is None or (isinstance(ms, (int, float)) and ms > 0), source, f"{where}.sglang_ms", "ms or null", ms)
+    cite = r.get("source")
+    _need(cite is None or (isinstance(cite, dict) and all(isinstance(cite.get(k), str) and cite[k] for k in ("file", "commit"))),
+          source, f"{where}.source", "{file, commit}", cite)
 
 
 def table_from_records(records: Iterable[Mapping], device_class: DeviceClass, source: str, *,
@@ -416,8 +419,8 @@ def table_from_records(records: Iterable[Mapping], device_class: DeviceClass, so
 
     Several records of one layout, kind, topk, rows and C4 context are merged: each backend's
     median time. Where no record at a point timed SGLang's path, the point takes the engine
-    decision of the nearest point (log space) that did, citing its records; where none did,
-    ``"engine"`` (the engine keeps its own path wherever it has one).
+    decision of the nearest point (log space) where ours and SGLang's were both timed, citing its
+    records; where there is none, ``"engine"`` (the engine keeps its own path wherever it has one).
     """
     points: Dict[tuple, dict] = {}
     for i, r in enumerate(records):
