@@ -8,8 +8,10 @@ rule of :mod:`indexer_topk.compare`.
 
 import json
 import os
+import re
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -76,9 +78,61 @@ def test_info_says_what_decode_and_capture_take():
     assert p.returncode == 0, p.stderr
     desc = json.loads(p.stdout)["policy"]["describe"]
     assert desc["decode_backend"] == "fused" and "INDEXER_TOPK_FUSED_DECODE=1" in desc["decode_reason"]
-    assert desc["routes"]["decode"] == desc["routes"]["capture"] == desc["routes"]["sglang decode"] == "fused"
+    assert {"mode": "every call", "layout": "every layout", "auto": "fused", "sglang": None} in desc["routes"]
     p = run_cli("info", "--device", "cpu", env_extra=env)
-    assert p.returncode == 0 and "decode and graph" in p.stdout  # the policy row of the table
+    assert p.returncode == 0 and "every call: fused" in p.stdout
+
+
+def _user_env(**extra):
+    """The environment of a user's shell: no TRITON_INTERPRET unless given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "SGLANG_DSV4_FP4_FUSED_TOPK")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "python")] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.update(no_gpu_env(), **extra)
+    return env
+
+
+@pytest.mark.parametrize("interpret, fused_path, routes_line", [
+    (None, "reference", "every call: reference"),  # a program without the interpreter runs the reference
+    ("1", "fused", "prefill every layout: fused"),
+])
+def test_info_on_a_cpu_reports_what_the_users_process_runs(interpret, fused_path, routes_line):
+    env = _user_env(**({"TRITON_INTERPRET": interpret} if interpret else {}))
+    for args in (["info"], ["info", "--device", "cpu"]):
+        p = subprocess.run([sys.executable, "-m", "indexer_topk", *args, "--json"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stderr
+        pol = json.loads(p.stdout)["policy"]
+        assert pol["fused_backend"] == fused_path and pol["describe"]["triton_interpret"] is bool(interpret)
+    p = subprocess.run([sys.executable, "-m", "indexer_topk", "info"], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0 and routes_line in p.stdout.splitlines(), p.stdout
+    assert len(p.stdout.splitlines()) <= 25
+
+
+H200_INFO = {"device": "NVIDIA H200", "arch": "sm_90", "runtime": "CUDA 12.8", "memory_gib": 139.8, "sms": 132}
+
+
+def test_info_on_an_h200_names_the_table_and_its_routes_in_few_lines(cli, monkeypatch, capsys):
+    """With an H200's probe: the shipped table in force, a line per mode and layout, SGLang's
+    part only for the layout SGLang hands over on Hopper (FP8), at most 25 lines."""
+    from indexer_topk import policy
+    from indexer_topk.policy import PathPolicy, Probe
+
+    h200 = PathPolicy(Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0),
+                            triton_version="3.6.0", sm_count=132, hopper_stream=True))
+    monkeypatch.setattr(policy, "default_policy", lambda: h200)
+    monkeypatch.setattr(cli, "_device_info", lambda device: dict(H200_INFO))
+    assert cli.main(["info", "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) <= 25
+    assert "routes table: nvidia-h200.json (NVIDIA H200 sm_90, 132 SMs, Triton 3.6, Hopper stream" in lines[4]
+    assert lines[-len(h200.lines()):] == h200.lines()
+    routes = [line for line in lines if line.startswith(("prefill", "decode", "capture", "every"))]
+    assert {line.split(":")[0] for line in routes} == {
+        "prefill aiter_mxfp4", "prefill sglang_mxfp4", "prefill sglang_fp8",
+        "decode, capture aiter_mxfp4, sglang_mxfp4", "decode, capture sglang_fp8"}
+    assert [line for line in routes if "in SGLang" in line] == [line for line in routes if "sglang_fp8" in line]
+    assert not any(re.search(r"\d ms|\d vs \d", line) for line in lines)
 
 
 def test_info_json(cli, monkeypatch, capsys):
@@ -503,3 +557,125 @@ def test_compare_refuses_tolerances_wider_than_the_scores():
             compare_to_reference(a, e, next_values=torch.tensor([1.0]), **bad)
     # a tolerance small next to the scores still recognises a boundary near-tie
     assert compare_to_reference(a, e, next_values=torch.tensor([2.0 - 1e-7])).ok
+
+
+# ============================================================================================
+# tune
+# ============================================================================================
+
+
+class FakeMix:
+    """The serving mix's interface, returning synthetic records (no kernel runs here)."""
+
+    def __init__(self, records):
+        self.records, self.calls = records, []
+
+    def default_shapes(self, smoke):
+        return [types.SimpleNamespace(name=n) for n in (["smoke_prefill"] if smoke else ["prefill_1k", "decode_64"])]
+
+    def run_mix(self, shapes, *, device, candidates, sglang, progress):
+        self.calls.append({"shapes": [s.name for s in shapes], "candidates": candidates, "sglang": sglang})
+        for i, shape in enumerate(shapes):
+            progress(i, len(shapes), shape)
+        return [dict(r) for r in self.records]
+
+
+def mix_record(kind="prefill", rows=1024, tokens=786432, sglang_ms=None, **cands):
+    return {"kind": kind, "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": rows, "rows": rows,
+            "context_tokens": tokens, "route": "fused", "timing": "eager" if kind == "prefill" else "graph",
+            "ours_ms": 1.0, "sglang_ms": sglang_ms, "host_us": 10.0, "matches_legacy": True, "sglang_overlap": None,
+            "candidates": cands or {"fused": 1.0, "legacy": 2.0}}
+
+
+@pytest.fixture
+def tune(cli, monkeypatch):
+    """``tune(args) -> (status, FakeMix)`` on a pretend H200 with a fake serving mix."""
+    import torch
+
+    from indexer_topk import policy
+    from indexer_topk.policy import Probe
+
+    h200 = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0",
+                 sm_count=132, hopper_stream=True)
+    monkeypatch.setattr(policy, "probe_environment", lambda env=None: h200)
+    monkeypatch.setattr(cli, "_resolve_device", lambda name: torch.device("cuda"))
+
+    def run(args, records=(mix_record(),)):
+        mix = FakeMix(records)
+        monkeypatch.setitem(sys.modules, "indexer_topk.bench.mix", mix)
+        import indexer_topk.bench as bench
+
+        monkeypatch.setattr(bench, "mix", mix, raising=False)
+        return cli.main(["tune", *args]), mix
+
+    return run
+
+
+def test_tune_writes_a_table_the_policy_uses(tune, tmp_path, capsys):
+    from indexer_topk import routes
+    from indexer_topk.policy import PathPolicy, Probe
+
+    out = tmp_path / "h200.json"
+    status, mix = tune(["--out", str(out)], records=[mix_record(sglang_ms=None), mix_record(kind="decode", rows=8)])
+    assert status == 0, capsys.readouterr()
+    assert mix.calls == [{"shapes": ["prefill_1k", "decode_64"], "candidates": ("fused", "legacy"), "sglang": None}]
+    table = routes.load_table(out)
+    assert table.device.key() == ("nvidia", "sm_90", 132) and table.conditions == {"triton": "3.6", "hopper_stream": True}
+    records = json.loads((tmp_path / "h200.records.json").read_text())
+    assert records["env"]["sm_count"] == 132 and len(records["records"]) == 2
+    assert {r["file"] for e in table.entries for r in e["record"]} == {str(tmp_path / "h200.records.json")}
+    # SGLang's path was not timed: the table keeps it wherever SGLang has one
+    assert {(e["mode"], e["backend"]) for e in table.entries} == {("prefill", "engine"), ("decode", "engine"),
+                                                                  ("capture", "engine")}
+    assert f"INDEXER_TOPK_ROUTES={out}" in capsys.readouterr().out
+    p = PathPolicy(Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0",
+                         sm_count=132, hopper_stream=True, routes_file=str(out)))
+    assert p.table.path == str(out)
+    assert p.engine_route(engine_path=True, layout="sglang_fp8", topk=1024, rows=1024, c4_len=196608,
+                          capturing=False) is None
+
+
+def test_tune_shapes_smoke_and_progress(tune, tmp_path):
+    status, mix = tune(["--out", str(tmp_path / "a.json"), "--smoke"])
+    assert status == 0 and mix.calls[0]["shapes"] == ["smoke_prefill"]
+    status, mix = tune(["--out", str(tmp_path / "b.json"), "--shapes", "decode"])
+    assert status == 0 and mix.calls[0]["shapes"] == ["decode_64"]
+
+
+def test_tune_refuses_the_shipped_table_an_existing_file_and_bad_shapes(tune, tmp_path, capsys):
+    from indexer_topk import routes
+
+    shipped = routes.SHIPPED_DIR / "nvidia-h200.json"
+    before = shipped.read_bytes()
+    for target in (shipped, routes.SHIPPED_DIR / "mine.json"):
+        status, mix = tune(["--out", str(target), "--force"])
+        assert status == 2 and mix.calls == [] and "never writes" in capsys.readouterr().err
+    assert shipped.read_bytes() == before and not (routes.SHIPPED_DIR / "mine.json").exists()
+    out = tmp_path / "t.json"
+    out.write_text("keep me")
+    status, mix = tune(["--out", str(out)])
+    assert status == 2 and mix.calls == [] and out.read_text() == "keep me" and "--force" in capsys.readouterr().err
+    assert tune(["--out", str(out), "--force"])[0] == 0 and routes.load_table(out)
+    status, mix = tune(["--out", str(tmp_path / "u.json"), "--shapes", "nothing_like_it"])
+    assert status == 2 and "decode_64" in capsys.readouterr().err and not (tmp_path / "u.json").exists()
+    assert tune(["--out", str(tmp_path)])[0] == 2  # a folder
+
+
+def test_tune_from_records(cli, tmp_path, capsys):
+    env = {"gpu": "NVIDIA H200", "sm_count": 132, "arch": "sm_90", "triton": "3.6.0", "commit": "abc1234"}
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"env": env, "records": [mix_record(sglang_ms=9.0)]}))
+    out = tmp_path / "t.json"
+    assert cli.main(["tune", "--from-records", str(mix), "--out", str(out)]) == 0
+    from indexer_topk import routes
+
+    assert routes.load_table(out).lookup("sglang_fp8", "prefill", 1024, 1024, 196608) == ("fused", "fused")
+    mix.write_text("{broken")
+    assert cli.main(["tune", "--from-records", str(mix), "--out", str(tmp_path / "u.json")]) == 1
+    assert "mix.json" in capsys.readouterr().err and not (tmp_path / "u.json").exists()
+
+
+def test_tune_without_a_gpu_says_so(tmp_path):
+    p = run_cli("tune", "--out", str(tmp_path / "t.json"), env_extra=no_gpu_env())
+    assert_one_line_error(p, 1, "--from-records")
+    assert not (tmp_path / "t.json").exists()

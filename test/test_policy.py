@@ -1,11 +1,13 @@
-"""The path policy: probing, routing, capture detection, the freeze and the log line (the
-flags it reads: test_envs)."""
+"""The path policy: probing, routing (the routes table and the proven rule), capture detection,
+the freeze and the log line (the flags it reads: test_envs; the tables themselves: test_routes)."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import logging
 import os
+import re
 import subprocess
 import sys
 import types
@@ -17,10 +19,7 @@ import torch
 import fake_aiter
 import indexer_topk
 from indexer_topk import api, policy
-from indexer_topk.policy import (
-    DECODE_MAX_ROWS, DECODE_MIN_C4, MEASURED_DECODE, STREAM_MIN_C4, STREAM_MIN_ROWS, PathPolicy, Probe, is_capturing,
-    probe_environment,
-)
+from indexer_topk.policy import PathPolicy, Probe, is_capturing, probe_environment
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
 from kernel_cases import assert_bitwise
@@ -33,6 +32,8 @@ MI355X = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950"
 MI300X = dict(device="hip", device_name="AMD Instinct MI300X", gfx_arch="gfx942", triton_version="3.4.0")
 CPU = dict(device="cpu", device_name="cpu", triton_version="3.9.0")
 H200_FUSED = dict(H200, fused_prefill=True)  # the fused kernel opted in for prefill
+# an H200 the shipped routes table applies to: 132 SMs, Triton 3.6, the Hopper stream serving
+H200_TABLE = dict(H200, sm_count=132, hopper_stream=True)
 
 
 def make_policy(**fields) -> PathPolicy:
@@ -55,27 +56,30 @@ def no_capture(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 def routes(p: PathPolicy) -> dict:
+    """The routes of calls whose shape is not given (prefill: the largest measured)."""
     table = {layout: p.route(layout=layout, capturing=False) for layout in LAYOUTS}
     table["none"] = p.route(capturing=False)
-    table["decode"] = p.route(is_decode=True, capturing=False)
-    table["capture"] = p.route(capturing=True)
+    table["decode"] = p.route(layout="sglang_fp8", is_decode=True, capturing=False)
+    table["capture"] = p.route(layout="sglang_fp8", capturing=True)
     return table
 
 
 def table(*, aiter, sglang, fp8=None, decode="legacy", capture="legacy", none=None):
     return {"aiter_mxfp4": aiter, "sglang_mxfp4": sglang, "sglang_fp8": sglang if fp8 is None else fp8,
-            "none": aiter if none is None else none, "decode": decode, "capture": capture}
+            "none": sglang if none is None else none, "decode": decode, "capture": capture}
 
 
 ROUTING = [
-    # NVIDIA: the faster exact path per layout as measured (fused for MXFP4, legacy for FP8);
-    # the fused kernel for every layout when opted in
-    ("nvidia_sm90", H200, "fused", table(aiter="fused", sglang="fused", fp8="legacy")),
-    ("nvidia_sm100", B200, "fused", table(aiter="fused", sglang="fused", fp8="legacy")),
+    # NVIDIA without a table for the device: the proven rule (legacy); the fused kernel for every
+    # prefill when opted in; with the shipped table: its largest measured prefill shapes (fused)
+    ("nvidia_sm90_no_table", H200, "fused", table(aiter="legacy", sglang="legacy")),
+    ("nvidia_sm90_table", H200_TABLE, "fused", table(aiter="fused", sglang="fused", none="legacy")),
+    ("nvidia_sm100", B200, "fused", table(aiter="legacy", sglang="legacy")),
     ("nvidia_sm90_fused_prefill", dict(H200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
     ("nvidia_sm100_fused_prefill", dict(B200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
     ("nvidia_fused_prefill_kill_switch", dict(H200, fused_prefill=True, fused_enabled=False), "legacy",
      table(aiter="legacy", sglang="legacy")),
+    ("nvidia_table_kill_switch", dict(H200_TABLE, fused_enabled=False), "legacy", table(aiter="legacy", sglang="legacy")),
     ("nvidia_no_triton", dict(H200, triton_version=None, triton_error="ImportError('no triton')"), "legacy",
      table(aiter="legacy", sglang="legacy")),
     ("nvidia_props_raise", dict(H200, compute_capability=None, device_error="RuntimeError('props')"), "legacy",
@@ -116,18 +120,33 @@ def test_routing_table(fields, fused, expected):
     p = make_policy(**fields)
     assert p.fused_backend == fused
     assert routes(p) == expected
-    described = p.describe()["routes"]
-    assert {k: v for k, v in described.items() if not k.startswith("sglang ")} == {
-        "prefill/aiter_mxfp4": expected["aiter_mxfp4"],
-        "prefill/sglang_mxfp4": expected["sglang_mxfp4"],
-        "prefill/sglang_fp8": expected["sglang_fp8"],
-        "decode": expected["decode"],
-        "capture": expected["capture"],
-    }
-    # inside SGLang: ours (engine_route), else SGLang's own path
-    for layout in LAYOUTS:
-        ours = p.engine_route(engine_path=policy.sglang_has_path(layout, p.probe), layout=layout, capturing=False)
-        assert described[f"sglang prefill/{layout}"] == (ours or "sglang")
+    assert_describe_matches_routes(p)
+
+
+def _outside(words: str):
+    """The backend a describe() row names for shapes outside the table ("SGLang's path": None)."""
+    name = words.split("else ")[-1] if "else " in words else words.split(" (")[0]
+    return None if name == "SGLang's path" else name
+
+
+def assert_describe_matches_routes(p: PathPolicy) -> None:
+    """Every describe() row covers its modes and layouts once, and names what a call of them
+    outside the table's shapes takes, outside SGLang and (where SGLang can hand it over) inside."""
+    seen = []
+    for row in p.describe()["routes"]:
+        modes = policy.routes.MODES if row["mode"] in ("every call", "every mode") else row["mode"].split(", ")
+        layouts = LAYOUTS if row["layout"] == "every layout" else row["layout"].split(", ")
+        for mode in modes:
+            for layout in layouts:
+                seen.append((mode, layout))
+                kw = dict(layout=layout, topk=1024, rows=1, c4_len=1, is_decode=mode == "decode",
+                          capturing=mode == "capture")
+                assert p.route(**kw) == _outside(row["auto"]), (row, mode, layout)
+                inside = policy.sglang_has_path(layout, p.probe) and layout in policy.engine_layouts(p.probe)
+                assert (row["sglang"] is not None) == inside, row
+                if inside:
+                    assert p.engine_route(engine_path=True, **kw) == _outside(row["sglang"]), (row, mode, layout)
+    assert sorted(seen) == sorted((m, x) for m in policy.routes.MODES for x in LAYOUTS)
 
 
 @pytest.mark.parametrize(
@@ -226,6 +245,8 @@ def test_target_verify_is_prefill_only_when_not_captured():
 # ---------------------------------------------------------------------------------------------
 
 def _install_predicate(monkeypatch, module_name, fn_name, fn):
+    # as an import would, the package is loaded with its module (the capture check looks for it first)
+    monkeypatch.setitem(sys.modules, "sglang", sys.modules.get("sglang") or types.ModuleType("sglang"))
     module = types.ModuleType(module_name)
     setattr(module, fn_name, fn)
     monkeypatch.setitem(sys.modules, module_name, module)
@@ -311,111 +332,114 @@ def _fake_gpu(monkeypatch, *, hip=None, props=None, available=True, props_error=
 
 
 def test_probe_nvidia(monkeypatch):
-    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132))
     with fake_aiter.installed(monkeypatch, "reference"):
         for name in [n for n in sys.modules if n == "aiter" or n.startswith("aiter.")]:
             del sys.modules[name]  # importable, but not yet imported
         p = probe_environment({})
         assert "aiter" not in sys.modules  # AITER is not imported on NVIDIA
-    assert (p.device, p.device_name, p.compute_capability, p.gfx_arch) == ("cuda", "NVIDIA H200", (9, 0), None)
+    assert (p.device, p.device_name, p.compute_capability, p.gfx_arch, p.sm_count) == (
+        "cuda", "NVIDIA H200", (9, 0), None, 132)
     assert p.triton_version is not None and p.fused_enabled and not p.triton_interpret
     assert (p.aiter_symbol, p.aiter_error, p.device_error, p.torch_error) == (False, None, None, None)
     assert PathPolicy(p).fused_backend == "fused"
-    # an H200 with a Triton that has Gluon: the Hopper stream serves the FP8 cache's large calls
-    assert p.hopper_stream
-    assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "fused"
+    assert p.hopper_stream  # an H200 with a Triton that has Gluon: the Hopper stream serves
+    # the shipped table was measured with Triton 3.6: with another, the proven rule, and the
+    # line says why
+    pol = PathPolicy(p)
+    if not p.triton_version.startswith("3.6."):
+        assert pol.table is None and "Triton" in pol.table_note
+        assert pol.route(layout="sglang_fp8", capturing=False) == "legacy"
+    assert PathPolicy(dataclasses.replace(p, triton_version="3.6.0")).table is not None
 
 
 def test_probe_nvidia_stream_switched_off_or_not_hopper(monkeypatch):
-    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0))
+    _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA H200", major=9, minor=0, multi_processor_count=132))
     for raw in ("0", "false", "unreadable"):  # off, and fail-safe off
-        p = probe_environment({"INDEXER_TOPK_HOPPER_STREAM": raw})
+        p = dataclasses.replace(probe_environment({"INDEXER_TOPK_HOPPER_STREAM": raw}), triton_version="3.6.0")
         assert not p.hopper_stream
-        assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"  # the faster one, as measured
+        # the table was measured with the stream serving: without it, the proven rule
+        assert PathPolicy(p).table is None
+        assert PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"
     _fake_gpu(monkeypatch, props=types.SimpleNamespace(name="NVIDIA B200", major=10, minor=0))
     p = probe_environment({})
     assert not p.hopper_stream and PathPolicy(p).route(layout="sglang_fp8", capturing=False) == "legacy"
 
 
-STREAM = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0",
-               hopper_stream=True)
+STREAM = Probe(**H200_TABLE)
 
 
 @pytest.mark.parametrize("rows, c4_len, want", [
-    (None, None, "fused"),  # shape unknown: the layout's path
+    (None, None, "fused"),  # shape unknown: the largest measured
     (1024, 196608, "fused"),
-    (STREAM_MIN_ROWS, STREAM_MIN_C4, "fused"),  # the smallest measured win (a tie at 64K tokens)
-    (STREAM_MIN_ROWS - 1, 196608, "legacy"),  # 8 rows x 768K: 0.81 vs 0.49 ms
+    (128, 16384, "fused"),  # the stream's smallest measured win at 64K tokens
+    (64, 16384, "legacy"),
+    (8, 196608, "legacy"),  # 8 rows: legacy measured faster
+    (32, 196608, "fused"),
     (8, None, "legacy"),
-    (1024, STREAM_MIN_C4 - 1, "legacy"),  # shorter contexts were not measured
+    (1024, 16383, "legacy"),  # shorter contexts were not measured: the proven rule
     (None, 4096, "legacy"),
+    (16384, 262144, "fused"),  # beyond the largest measured prefill: the largest bucket
 ])
-def test_stream_takes_fp8_calls_where_it_measured_faster(rows, c4_len, want):
-    policy = PathPolicy(STREAM)
-    assert policy.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
-    # the stream serves sglang_mxfp4 with Triton 3.6 (its tile's release): the same rule; AITER's
-    # layout keeps the plain fused kernel everywhere, and without the stream sglang_mxfp4 does too
-    assert policy.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == want
-    assert policy.route(layout="aiter_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
-    other = PathPolicy(dataclasses.replace(STREAM, triton_version="3.9.0"))
-    assert other.route(layout="sglang_mxfp4", capturing=False, rows=rows, c4_len=c4_len) == "fused"
-    assert other.route(layout="sglang_fp8", capturing=False, rows=rows, c4_len=c4_len) == want
-    decode = "fused" if c4_len is not None and c4_len >= DECODE_MIN_C4 and (rows or 0) <= DECODE_MAX_ROWS else "legacy"
-    assert policy.route(layout="sglang_fp8", is_decode=True, rows=rows, c4_len=c4_len) == decode
-    assert policy.route(layout="sglang_fp8", capturing=True, rows=rows, c4_len=c4_len) == "legacy"
+def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
+    policy_ = PathPolicy(STREAM)
+    assert policy_.route(layout="sglang_fp8", capturing=False, topk=1024, rows=rows, c4_len=c4_len) == want
+    assert policy_.route(layout="sglang_fp8", capturing=False, topk=512, rows=rows, c4_len=c4_len) == want
+    # inside SGLang its own path: measured faster at every shape, and the proven rule elsewhere
+    assert policy_.engine_route(engine_path=True, layout="sglang_fp8", topk=1024, rows=rows, c4_len=c4_len,
+                                capturing=False) is None
 
 
 @pytest.mark.parametrize("layout, rows, c4_len, want", [
-    ("sglang_fp8", 8, 196608, "fused"),  # 0.22 vs 0.71 ms
-    ("sglang_fp8", 256, 32768, "fused"),  # the shortest and widest measured: 0.35 vs 0.75 ms
+    ("sglang_fp8", 8, 196608, "fused"),
+    ("sglang_fp8", 256, 32768, "fused"),  # the shortest and widest measured
     ("sglang_fp8", 256, 32767, "legacy"),  # shorter contexts were not measured
     ("sglang_fp8", 257, 196608, "legacy"),  # nor more requests
     ("sglang_fp8", 8, None, "legacy"),  # an unknown length stays on the proven path
     (None, 8, 196608, "legacy"),  # so does an unknown layout
     ("sglang_mxfp4", 64, 196608, "fused"),
-    ("aiter_mxfp4", 64, 196608, "fused"),  # the plain kernel: 1.21x at 64 x 768K
+    ("aiter_mxfp4", 64, 196608, "fused"),
 ])
-def test_decode_takes_the_fused_path_where_it_measured_faster(layout, rows, c4_len, want):
-    """Decode calls of the measured shapes on an sm_90 GPU take the fused path (faster than the
-    legacy path there); graph capture and other devices keep the proven path, and inside SGLang
-    decode stays on SGLang's own (faster) path unless opted in."""
-    policy = PathPolicy(STREAM)
-    assert policy.decode_backend == "legacy"
-    assert policy.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == want
-    assert policy.route(layout=layout, forward_mode="decode", capturing=True, rows=rows, c4_len=c4_len) == want
-    assert policy.route(layout=layout, capturing=True, rows=rows, c4_len=c4_len) == "legacy"
-    assert policy.engine_route(engine_path=False, layout=layout, is_decode=True, rows=rows, c4_len=c4_len) is None
-    for probe in (dataclasses.replace(STREAM, hopper_stream=False),  # no stream: nothing measured
+def test_shipped_table_routes_decode_and_capture(layout, rows, c4_len, want):
+    """Decode steps and graph replays of the measured shapes take the fused path (faster than the
+    legacy path there); inside SGLang the FP8 cache's decode stays on SGLang's own, faster still."""
+    policy_ = PathPolicy(STREAM)
+    assert policy_.decode_backend == "legacy"
+    assert policy_.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == want
+    assert policy_.route(layout=layout, forward_mode="decode", capturing=True, rows=rows, c4_len=c4_len) == want
+    assert policy_.route(layout=layout, capturing=True, rows=rows, c4_len=c4_len) == want
+    if layout == "sglang_fp8":
+        assert policy_.engine_route(engine_path=True, layout=layout, is_decode=True, rows=rows, c4_len=c4_len) is None
+    for probe in (dataclasses.replace(STREAM, hopper_stream=False),  # the table does not apply
+                  dataclasses.replace(STREAM, triton_version="3.9.0"),
                   dataclasses.replace(STREAM, fused_enabled=False, kill_switch_raw="false")):
         assert PathPolicy(probe).route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
-    if layout == "sglang_mxfp4":  # its stream follows one Triton; the plain kernel was not measured
-        other = PathPolicy(dataclasses.replace(STREAM, triton_version="3.9.0"))
-        assert other.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "legacy"
     opted = PathPolicy(dataclasses.replace(STREAM, fused_decode=True))
     assert opted.engine_route(engine_path=True, layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == "fused"
 
 
-def test_log_line_says_which_decode_calls_take_the_fused_path():
-    assert MEASURED_DECODE in PathPolicy(STREAM).log_line()
-    assert MEASURED_DECODE not in PathPolicy(dataclasses.replace(STREAM, hopper_stream=False)).log_line()
-
-
-def test_stream_shape_rule_yields_to_the_memory_opt_in_and_the_kill_switch():
+def test_table_yields_to_the_memory_opt_in_and_the_kill_switch():
     opted = PathPolicy(dataclasses.replace(STREAM, fused_prefill=True))
     assert opted.route(layout="sglang_fp8", capturing=False, rows=8, c4_len=64) == "fused"
+    assert opted.engine_route(engine_path=True, layout="sglang_fp8", capturing=False, rows=1024, c4_len=196608) == "fused"
     killed = PathPolicy(dataclasses.replace(STREAM, fused_enabled=False))
+    assert killed.table is None
     assert killed.route(layout="sglang_fp8", capturing=False, rows=1024, c4_len=196608) == "legacy"
+    assert killed.engine_route(engine_path=False, layout="sglang_mxfp4", capturing=False) is None
 
 
-def test_stream_routes_and_reason_are_reported():
-    policy = PathPolicy(STREAM)
-    routes = policy.describe()["routes"]
-    assert routes["prefill/sglang_fp8"] == "fused"
-    assert routes[f"prefill/sglang_fp8 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] == "legacy"
-    assert routes[f"prefill/sglang_mxfp4 below {STREAM_MIN_ROWS} rows or {STREAM_MIN_C4} C4 positions"] == "legacy"
-    assert routes["sglang prefill/sglang_fp8"] == "sglang"  # SGLang's own CUDA path measured faster still
-    assert "sglang_mxfp4 on sm_90" in policy.reason
-    assert "Hopper stream" in policy.reason and "Hopper stream" in policy.log_line()
+def test_table_in_force_is_named_in_the_line_describe_and_lines():
+    policy_ = PathPolicy(STREAM)
+    d = policy_.describe()
+    assert d["table"].startswith("nvidia-h200.json (NVIDIA H200 sm_90, 132 SMs, Triton 3.6, Hopper stream")
+    assert d["lines"][0] == f"routes table: {d['table']}"
+    assert policy_.log_line() == "indexer-topk: " + "; ".join(d["lines"])
+    assert "prefill sglang_fp8: fused at" in policy_.log_line() and "in SGLang: SGLang's path" in policy_.log_line()
+    assert_describe_matches_routes(policy_)
+    # the layouts SGLang cannot hand over on an H200 (it refuses its FP4 indexer below SM100)
+    # have no "in SGLang" part
+    for row in d["routes"]:
+        assert (row["sglang"] is not None) == (row["layout"] == "sglang_fp8"), row
 
 
 @pytest.mark.parametrize(
@@ -523,11 +547,11 @@ def test_single_info_line_nvidia(caplog):
         PathPolicy(Probe(**H200))
     assert [(r.name, r.levelno) for r in caplog.records] == [("indexer_topk", logging.INFO)]
     line = caplog.records[0].getMessage()
-    assert line.startswith(
-        "indexer-topk: fused top-k path = fused (NVIDIA H200 sm_90, triton 3.6.0; "
-        "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset): the faster exact path per layout as measured"
+    assert line == (
+        "indexer-topk: routes table: none (no routes table for this GPU (architecture or SM count unknown)): "
+        "the proven rule; device: NVIDIA H200 sm_90, triton 3.6.0; kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset; "
+        "every mode aiter_mxfp4, sglang_mxfp4: legacy; every mode sglang_fp8: legacy; in SGLang: SGLang's path"
     )
-    assert "\n" not in line
 
 
 def test_info_line_kill_switch_and_probe_errors(caplog):
@@ -536,8 +560,9 @@ def test_info_line_kill_switch_and_probe_errors(caplog):
                          aiter_error="ImportError('line one\\nline two')"))
     [record] = caplog.records
     line = record.getMessage()
-    assert line.startswith("indexer-topk: fused top-k path = legacy (AMD Instinct MI355X gfx950")
-    assert "; kill switch SGLANG_DSV4_FP4_FUSED_TOPK=Off): kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off" in line
+    assert line.startswith("indexer-topk: routes table: none: kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off; "
+                           "device: AMD Instinct MI355X gfx950")
+    assert "; kill switch SGLANG_DSV4_FP4_FUSED_TOPK=Off; " in line
     assert "aiter_error=ImportError('line one\\nline two')" in line
     assert "\n" not in line
 
@@ -553,7 +578,9 @@ def test_describe_has_probe_decision_and_reason():
     d = make_policy(**MI355X, aiter_symbol=True).describe()
     assert d["device"] == "hip" and d["gfx_arch"] == "gfx950" and d["aiter_symbol"] is True
     assert d["fused_backend"] == "aiter" and "gfx950" in d["reason"]
-    assert d["routes"]["prefill/aiter_mxfp4"] == "aiter" and d["routes"]["decode"] == "legacy"
+    assert {"mode": "prefill", "layout": "aiter_mxfp4", "auto": "aiter (topk 512, 1024), legacy for topk 2048",
+            "sglang": "aiter (topk 512, 1024), SGLang's path for topk 2048"} in d["routes"]
+    assert_describe_matches_routes(make_policy(**MI355X, aiter_symbol=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -602,7 +629,7 @@ def _plain_process(code: str, **env_extra) -> subprocess.CompletedProcess:
 
 
 def path_lines(text: str) -> list:
-    return [line for line in text.splitlines() if "indexer-topk: fused top-k path =" in line]
+    return [line for line in text.splitlines() if "indexer-topk: routes table: " in line]
 
 
 def test_log_level_info_shows_the_path_line_in_a_plain_process():
@@ -675,15 +702,17 @@ def test_api_auto_routes_decode_to_legacy(monkeypatch):
 
 ENGINE = [
     # (probe, layout, the engine has its own path, our backend or None for the engine's path)
-    (H200, "sglang_fp8", True, None),  # SGLang's CUDA path is measured faster
+    (H200_TABLE, "sglang_fp8", True, None),  # the table: SGLang's CUDA path is faster
     (H200_FUSED, "sglang_fp8", True, "fused"),  # opted in for the memory
-    (H200, "sglang_mxfp4", False, "fused"),  # no path of the engine's: ours, the faster one
-    (H200_FUSED, "sglang_mxfp4", False, "fused"),
+    (H200_TABLE, "sglang_mxfp4", False, "fused"),  # no path of the engine's: ours, the faster one
+    (H200, "sglang_fp8", True, None),  # no table: the engine's own path
+    (H200, "sglang_fp8", False, "legacy"),  # an engine without its own path: our proven one
     (dict(H200_FUSED, fused_enabled=False), "sglang_fp8", True, None),  # kill switch
-    (dict(H200, fused_enabled=False), "sglang_mxfp4", False, None),
-    (H200, "sglang_fp8", False, "legacy"),  # an engine without its own path: our faster one
-    (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", False, "aiter"),
+    (dict(H200_TABLE, fused_enabled=False), "sglang_mxfp4", False, None),
     (dict(MI355X, aiter_symbol=True), "aiter_mxfp4", True, "aiter"),
+    (MI355X, "aiter_mxfp4", True, None),  # our Triton kernels are opt-in on AMD
+    (MI355X, "aiter_mxfp4", False, None),
+    (dict(MI355X, triton_rocm=True), "aiter_mxfp4", True, "fused"),
     (CPU, "sglang_fp8", False, None),  # nothing of ours can run
 ]
 
@@ -691,10 +720,17 @@ ENGINE = [
 @pytest.mark.parametrize("fields,layout,engine_path,want", ENGINE)
 def test_engine_route(fields, layout, engine_path, want):
     p = make_policy(**fields)
-    assert p.engine_route(engine_path=engine_path, layout=layout, capturing=False) == want
-    # decode and capture always take the engine's own path
+    assert p.engine_route(engine_path=engine_path, layout=layout, capturing=False, topk=1024, rows=1024,
+                          c4_len=196608) == want
+    # decode and capture of unknown length: the engine's own path
     assert p.engine_route(engine_path=engine_path, layout=layout, is_decode=True, capturing=False) is None
     assert p.engine_route(engine_path=engine_path, layout=layout, capturing=True) is None
+
+
+def test_aiter_topk_2048_stays_on_the_engines_path():
+    p = make_policy(**MI355X, aiter_symbol=True)
+    assert p.engine_route(engine_path=True, layout="aiter_mxfp4", topk=2048, capturing=False) is None
+    assert p.route(layout="aiter_mxfp4", topk=2048, capturing=False) == "legacy"
 
 
 def test_sglang_has_path():
@@ -702,20 +738,10 @@ def test_sglang_has_path():
     assert policy.sglang_has_path("sglang_fp8", h200) and policy.sglang_has_path("sglang_fp8", b200)
     assert not policy.sglang_has_path("sglang_mxfp4", h200)  # SGLang refuses the FP4 indexer below SM100
     assert policy.sglang_has_path("sglang_mxfp4", b200)
-    assert not policy.sglang_has_path("aiter_mxfp4", Probe(**MI355X))
+    assert policy.sglang_has_path("aiter_mxfp4", Probe(**MI355X))  # its ROCm FP4 indexer
+    assert not policy.sglang_has_path("sglang_fp8", Probe(**MI355X))
     assert not policy.sglang_has_path("sglang_fp8", Probe(**CPU))
-
-
-def test_default_nvidia_reason_states_the_measurements_and_the_opt_in():
-    p = make_policy(**H200)
-    assert p.fused_backend == "fused"
-    assert p.route(layout="sglang_fp8", capturing=False) == "legacy"
-    assert "measured" in p.reason and "INDEXER_TOPK_FUSED_PREFILL=1" in p.reason
-    assert "7.5 vs 7.9 ms" in p.reason and "12.8 vs 13.7 ms" in p.reason
-    routes = p.describe()["routes"]
-    assert routes["sglang prefill/sglang_fp8"] == "sglang"
-    assert routes["sglang prefill/sglang_mxfp4"] == "fused"
-    assert make_policy(**H200_FUSED).describe()["routes"]["sglang prefill/sglang_fp8"] == "fused"
+    assert policy.engine_layouts(h200) == ("sglang_fp8",) and policy.engine_layouts(Probe(**CPU)) == ()
 
 
 def test_fused_prefill_flag_is_read_by_the_probe():
@@ -724,11 +750,28 @@ def test_fused_prefill_flag_is_read_by_the_probe():
 
 
 def test_warm_up_without_a_gpu_compiles_nothing(monkeypatch):
-    import indexer_topk.api as api_module
+    from indexer_topk.backends import fused, legacy
 
-    monkeypatch.setattr(api_module, "indexer_topk", lambda *a, **k: pytest.fail("nothing to compile without a GPU"))
+    for module, name in ((fused, "fused_indexer_topk"), (legacy, "legacy_indexer_topk")):
+        monkeypatch.setattr(module, name, lambda *a, **k: pytest.fail("nothing to compile without a GPU"))
     p = make_policy(**dict(CPU, triton_interpret=True))
     assert p.warm_up("sglang_fp8", 512) >= 0.0
+
+
+def test_warm_up_runs_each_backend_the_prefill_may_take_directly(monkeypatch):
+    """On a GPU the warm-up calls the backends it warms (not the public API): here both, as
+    the table sends sglang_fp8 prefill to either by shape."""
+    from indexer_topk.backends import fused, legacy
+    from indexer_topk.contract import IndexerInputs
+
+    ran = []
+    monkeypatch.setattr(fused, "fused_indexer_topk", lambda inputs: ran.append(("fused", type(inputs), inputs.topk)))
+    monkeypatch.setattr(legacy, "legacy_indexer_topk", lambda inputs: ran.append(("legacy", type(inputs), inputs.topk)))
+    monkeypatch.setattr(fused, "program_slots", lambda device: 1)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(api, "indexer_topk", lambda *a, **k: pytest.fail("the warm-up calls the backend"))
+    make_policy(**H200_TABLE).warm_up("sglang_fp8", 512, device="cpu")
+    assert sorted(ran) == [("fused", IndexerInputs, 512), ("legacy", IndexerInputs, 512)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -741,10 +784,9 @@ H200_PROBE = Probe(device="cuda", device_name="NVIDIA H200", compute_capability=
 def test_decode_and_capture_take_the_proven_path_by_default():
     policy = PathPolicy(H200_PROBE)
     assert policy.decode_backend == "legacy" and "INDEXER_TOPK_FUSED_DECODE=1" in policy.decode_reason
-    assert policy.route(layout="sglang_fp8", is_decode=True) == "legacy"
+    assert policy.route(layout="sglang_fp8", is_decode=True, rows=8, c4_len=196608) == "legacy"
     assert policy.route(layout="sglang_mxfp4", capturing=True) == "legacy"
     assert policy.engine_route(engine_path=False, layout="sglang_mxfp4", is_decode=True) is None
-    assert "decode and graph capture: legacy" in policy.log_line()
 
 
 def test_decode_opt_in_puts_decode_and_capture_on_the_fused_path():
@@ -759,9 +801,9 @@ def test_decode_opt_in_puts_decode_and_capture_on_the_fused_path():
         assert policy.engine_route(engine_path=True, layout=layout, capturing=True) == "fused"
     # eager prefill is unchanged by the decode opt-in
     assert policy.route(layout="sglang_fp8", capturing=False) == PathPolicy(H200_PROBE).route(layout="sglang_fp8", capturing=False)
-    routes = policy.describe()["routes"]
-    assert (routes["decode"], routes["capture"], routes["sglang decode"], routes["sglang capture"]) == ("fused",) * 4
-    assert "decode and graph capture: fused (opted in" in policy.log_line()
+    assert {"mode": "decode, capture", "layout": "sglang_fp8", "auto": "fused", "sglang": "fused"} in (
+        policy.describe()["routes"])
+    assert "decode, capture sglang_fp8: fused; in SGLang: fused" in policy.log_line()
 
 
 @pytest.mark.parametrize("probe, why", [
@@ -780,3 +822,67 @@ def test_decode_opt_in_yields_where_the_fused_path_cannot_serve(probe, why):
 @pytest.mark.parametrize("raw, on", [("1", True), ("true", True), ("0", False), ("maybe", False)])
 def test_probe_reads_the_decode_opt_in(raw, on):
     assert probe_environment({"INDEXER_TOPK_FUSED_DECODE": raw}).fused_decode is on
+
+
+# ---------------------------------------------------------------------------------------------
+# The policy's shape: measured data in the table, not in prose; one way in
+# ---------------------------------------------------------------------------------------------
+
+PACKAGE = Path(indexer_topk.__file__).parent
+TIMING_PROSE = re.compile(r"\d+(\.\d+)?\s*ms\b|\d+(\.\d+)?\s*(ms\s*)?vs\.?\s*\d+(\.\d+)?")
+
+
+def test_no_timings_in_prose_anywhere_in_the_package():
+    """Measurements live in the routes table (which cites them), not in sentences that go stale."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if TIMING_PROSE.search(line):
+                found.append(f"{path.relative_to(PACKAGE)}:{n}: {line.strip()}")
+    assert found == []
+
+
+def test_policy_is_small_and_does_not_import_the_api():
+    source = (PACKAGE / "policy.py").read_text()
+    assert len(source.splitlines()) <= 400
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [a.name for a in node.names]
+            assert "api" not in names and not (node.module or "").endswith(".api"), ast.dump(node)
+        if isinstance(node, ast.Import):
+            assert all(not a.name.endswith(".api") for a in node.names)
+
+
+def test_a_call_reads_no_environment_and_no_file(monkeypatch):
+    """The lookup structures are built with the policy: a call neither reads the environment
+    nor opens a table, so a later change to either does not move it."""
+    p = PathPolicy(Probe(**H200_TABLE))
+    before = [p.route(layout="sglang_fp8", topk=1024, rows=r, c4_len=196608, capturing=False) for r in (8, 1024)]
+
+    def boom(*a, **k):
+        raise AssertionError("read during a call")
+
+    class Watched(dict):
+        reads: list = []
+
+        def get(self, key, default=None):
+            self.reads.append(key)
+            return super().get(key, default)
+
+        def __getitem__(self, key):
+            self.reads.append(key)
+            return super().__getitem__(key)
+
+    monkeypatch.setattr(policy.routes, "load_table", boom)
+    monkeypatch.setattr(policy.routes, "shipped_tables", boom)
+    monkeypatch.setattr(Path, "read_text", boom)
+    monkeypatch.setattr(Path, "open", boom)
+    environ, os.environ = os.environ, Watched(os.environ)
+    try:
+        after = [p.route(layout="sglang_fp8", topk=1024, rows=r, c4_len=196608, capturing=False) for r in (8, 1024)]
+        engine = p.engine_route(engine_path=True, layout="sglang_fp8", is_decode=True, rows=8, c4_len=196608)
+        reads = [k for k in os.environ.reads if k.startswith(("INDEXER_TOPK", "SGLANG", "TRITON"))]
+    finally:
+        os.environ = environ
+    assert before == after == ["legacy", "fused"] and engine is None
+    assert reads == []

@@ -51,10 +51,13 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
 
 TEST_DIR = Path(__file__).resolve().parent
 REPO = TEST_DIR.parent
-# The probes under which our operator serves each layout's prefill, and the backend it names:
-# AITER's kernel on a gfx950; on an H200 the FP4 cache (no path of SGLang's below SM100) on our
-# fused kernel, the measured faster one; the FP8 cache only with the fused kernel opted in.
-LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200, "sglang_fp8": H200_FUSED}
+# The probes under which our operator serves each layout's prefill at the scenes' small shapes,
+# and the backend it names: AITER's kernel on a gfx950; on an H200 our fused kernel opted in
+# (INDEXER_TOPK_FUSED_PREFILL=1), which serves every prefill whatever the routes table says.
+LAYOUT_PROBE = {"aiter_mxfp4": MI355X_AITER, "sglang_mxfp4": H200_FUSED, "sglang_fp8": H200_FUSED}
+# An H200 the shipped routes table applies to (132 SMs, Triton 3.6, the Hopper stream serving).
+H200_TABLE = dataclasses.replace(H200, sm_count=132, triton_version="3.6.0", hopper_stream=True)
+MI355X = dataclasses.replace(MI355X_AITER, aiter_symbol=False)  # its AITER lacks the fused kernel
 LAYOUT_BACKEND = {"aiter_mxfp4": "aiter", "sglang_mxfp4": "fused", "sglang_fp8": "fused"}
 
 
@@ -315,17 +318,82 @@ def test_decode_passed_positionally_is_routed_by_the_policy(sg, load, served):
 H200_DECODE = dataclasses.replace(H200, fused_decode=True)  # INDEXER_TOPK_FUSED_DECODE=1
 
 
-def test_small_fp4_prefill_takes_our_legacy_path_where_the_hopper_stream_serves_fp4(sg, load, served):
-    """With the Hopper stream serving sglang_mxfp4 (an H200 with Triton 3.6), the policy's shape
-    rule sees the call's page table through the plugin: a prefill below 16384 C4 positions takes
-    our legacy backend, where the stream measured slower."""
-    policy = load(dataclasses.replace(H200, triton_version="3.6.0", hopper_stream=True))
-    scene = _scene(sg, layout="sglang_mxfp4", contexts=(4900, 1000), extend=(6, 3), seed=29)
+def test_shipped_h200_table_keeps_fp8_on_sglang_and_decode_off_the_hook(sg, load, served):
+    """On an H200 the shipped table says SGLang's own path for every measured FP8 shape (faster
+    than ours), and outside them the proven rule keeps SGLang's path: prefill and decode stay
+    there, and decode leaves the hook before the policy is asked."""
+    policy = load(H200_TABLE)
+    assert policy.table is not None and policy.table.shipped
+    scene = _scene(sg, layout="sglang_fp8", seed=29)
+    assert sglang_plugin._STATE.decode_ours is False
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+    decode = _scene(sg, layout="sglang_fp8", mode="DECODE", extend=(1, 1, 1))
+    policy.routes.clear()
+    sg.calls.clear()
+    _assert_sglang_served(sg, decode, served)
+    assert not policy.routes
+
+
+def test_a_routes_file_decides_inside_sglang(sg, load, served, tmp_path):
+    """INDEXER_TOPK_ROUTES names a table (as `indexer-topk tune` writes) whose entry puts FP8
+    prefill on our fused kernel: the plugin serves the call with it; the same table with the
+    engine's path faster leaves the call to SGLang."""
+    from indexer_topk import routes
+
+    def table(backend):
+        entry = {"layout": "sglang_fp8", "mode": "prefill", "topk": 512, "rows": 1, "c4": 64, "backend": backend,
+                 "ours": "fused", "record": [{"file": "mix.json", "commit": "abc1234", "shape": "tiny"}]}
+        path = tmp_path / f"{backend}.json"
+        routes.write_table({"schema": 1, "device": {"vendor": "nvidia", "arch": "sm_90", "sm_count": 132},
+                            "conditions": {"triton": "3.6"}, "context": "c4", "entries": [entry]}, path)
+        return str(path)
+
+    load(dataclasses.replace(H200_TABLE, routes_file=table("fused")))
+    scene = _scene(sg, layout="sglang_fp8", seed=31)
     sg.calls.clear()
     pages, _ = scene.forward()
-    assert served == [("legacy", scene.rows, 512, "sglang_mxfp4")] and policy.routes == {"legacy": 1}
+    assert served == [("fused", scene.rows, 512, "sglang_fp8")]
     legacy_pages, _ = scene.forward(original=True)
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    served.clear()
+    sglang_plugin._STATE.warmed = False
+    load(dataclasses.replace(H200_TABLE, routes_file=table("engine")))
+    scene = _scene(sg, layout="sglang_fp8", seed=31)
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)
+
+
+def test_amd_without_aiter_symbol_stays_on_sglang(sg, load, served):
+    """Without AITER's kernel and without INDEXER_TOPK_TRITON_ROCM=1 our Triton kernels are not
+    used inside SGLang: every call stays on SGLang's own path (prefill, decode, capture)."""
+    policy = load(MI355X)
+    assert policy.route(layout="aiter_mxfp4", capturing=False) == "legacy"  # the API's proven path
+    for spec in (dict(seed=37), dict(mode="DECODE", extend=(1, 1, 1)), dict(use_prefill_cuda_graph=True)):
+        scene = _scene(sg, layout="aiter_mxfp4", **spec)
+        sg.calls.clear()
+        _assert_sglang_served(sg, scene, served)
+    assert sglang_plugin._STATE.decode_ours is False
+
+
+def test_amd_triton_opt_in_serves_prefill_with_fused(sg, load, served):
+    load(dataclasses.replace(MI355X, triton_rocm=True))
+    scene = _scene(sg, layout="aiter_mxfp4", seed=41)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [("fused", scene.rows, 512, "aiter_mxfp4")]
+    legacy_pages, _ = scene.forward(original=True)
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+def test_aiter_host_leaves_topk_2048_to_sglang(sg, load, served):
+    """AITER's kernel takes topk 512 and 1024; a 2048 call stays on SGLang's path (not on our
+    legacy Triton kernels, which are opt-in on AMD)."""
+    load(MI355X_AITER)
+    scene = _scene(sg, layout="aiter_mxfp4", topk=2048, contexts=(9000, 300), extend=(3, 2), seed=43)
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [] and sg.calls.logits_calls() == 1
 
 
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
@@ -518,16 +586,17 @@ def test_installed_package_serves_prefill_with_triton_fused(sglang_paths):
     result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1"})
     assert result == {"operator_calls": {"fused": 1}, "logits_calls_hooked": 0, "same_selection": True,
                       "hooked": True}
-    assert "indexer-topk: fused top-k path = fused (no GPU, TRITON_INTERPRET=1" in log
-    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset" in log
+    assert "indexer-topk: routes table: none (no routes table for a CPU): the proven rule; " in log
+    assert "device: no GPU, TRITON_INTERPRET=1, triton " in log and "kill switch SGLANG_DSV4_FP4_FUSED_TOPK unset" in log
+    assert "; prefill every layout: fused; decode, capture every layout: legacy" in log
     assert "indexer_topk: serving DSv4 C4 indexer top-k (backend=fused, layout=sglang_fp8, topk=512" in log
 
 
 def test_kill_switch_env_var_in_a_fresh_process(sglang_paths):
     result, log = _run_scene(sglang_paths, {"TRITON_INTERPRET": "1", "SGLANG_DSV4_FP4_FUSED_TOPK": "false"})
     assert result == {"operator_calls": {}, "logits_calls_hooked": 1, "same_selection": True, "hooked": True}
-    assert "indexer-topk: fused top-k path = legacy (" in log
-    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK=false" in log
+    assert "indexer-topk: routes table: none: no GPU; kill switch SGLANG_DSV4_FP4_FUSED_TOPK is off; " in log
+    assert "kill switch SGLANG_DSV4_FP4_FUSED_TOPK=false; every call: legacy" in log
     assert "indexer_topk: serving DSv4 C4 indexer top-k" not in log
 
 
@@ -575,15 +644,42 @@ def test_doc_launch_lines_parse_with_sglang(sg):
         assert flags in text
 
 
+# The devices docs/sglang.md's route table shows, as the probes of those devices read them.
+DOC_DEVICES = {
+    "H200": H200_TABLE,
+    "MI355X, AITER with the kernel": dataclasses.replace(MI355X_AITER, sm_count=256, triton_version="3.6.0"),
+    "MI355X, AITER without it": dataclasses.replace(MI355X, sm_count=256, triton_version="3.6.0"),
+    "CPU": Probe(device="cpu", triton_version="3.6.0"),  # no TRITON_INTERPRET, as a program runs
+}
+
+
+def _doc_rows(label: str) -> list:
+    from indexer_topk.policy import PathPolicy
+
+    rows = PathPolicy(DOC_DEVICES[label]).describe()["routes"]
+    return [f"| {label} | {r['mode']} | {r['layout']} | {r['auto']} | {r['sglang'] or '—'} |" for r in rows]
+
+
+@pytest.mark.parametrize("label", list(DOC_DEVICES))
+def test_doc_route_table_is_what_describe_says(label):
+    lines = DOC.read_text().splitlines()
+    assert [line for line in lines if line.startswith(f"| {label} |")] == _doc_rows(label)
+
+
+def test_doc_route_table_has_no_other_rows():
+    lines = DOC.read_text().splitlines()
+    start = lines.index("| device | mode | layout | `backend=\"auto\"` | inside SGLang |") + 2
+    end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    assert lines[start:end] == [row for label in DOC_DEVICES for row in _doc_rows(label)]
+
+
 def test_doc_log_lines_are_the_ones_the_code_logs():
     from indexer_topk.policy import KILL_SWITCH, PathPolicy
 
     text = DOC.read_text()
-    h200 = dict(device="cuda", device_name="NVIDIA H200", compute_capability=(9, 0), triton_version="3.6.0")
-    mi355 = dict(device="hip", device_name="AMD Instinct MI355X", gfx_arch="gfx950", triton_version="3.6.0")
-    for probe in (Probe(**h200, hopper_stream=True), Probe(**mi355, aiter_symbol=True), Probe(**mi355),
-                  Probe(**h200, fused_enabled=False, kill_switch_raw="false")):
-        assert PathPolicy(probe).log_line() in text
+    assert PathPolicy(DOC_DEVICES["H200"]).log_line() in text
     assert sglang_plugin.SERVING_LOG % ("fused", "sglang_fp8", 512, 8192) in text
+    warm = sglang_plugin.WARM_UP_LOG.replace("%s", "<backends>", 1).replace("%s", "<layout>", 1)
+    assert warm.replace("%.1f", "<s>") in " ".join(text.split())
     assert f"{KILL_SWITCH}=false sglang serve" in text
     assert "leaving SGLang's indexer untouched" in text

@@ -51,17 +51,20 @@ def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = F
                     c4_len=None) -> str:
     """The concrete backend ``auto`` stands for in this call (see :mod:`indexer_topk.policy`).
 
-    ``auto`` asks the process's frozen policy, which also keeps graph capture and decode on the
-    legacy path; ``rows`` and ``c4_len`` (the call's query rows and its page table's C4
-    positions) let it keep small FP8 calls on the legacy path where that measured faster.
+    ``auto`` asks the process's frozen policy: a lookup of the call's layout, ``topk``, mode
+    (``is_decode``; graph capture is detected), ``rows`` and ``c4_len`` (its page table's C4
+    positions) in the measured routes table, or the proven rule where the table has no entry.
     """
     if backend != "auto":
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
         return backend
-    from .policy import default_policy
+    policy = getattr(resolve_backend, "policy_module", None)
+    if policy is None:  # imported once: an import statement per call costs more than the lookup
+        from . import policy
 
-    return default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
+        resolve_backend.policy_module = policy
+    return policy.default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
 
 
 def indexer_topk(

@@ -9,12 +9,17 @@ Subcommands:
 ``bench``
     The GPU benchmark (:mod:`indexer_topk.bench.cli`); options pass through.
 ``info``
-    Versions, device, AITER symbol, kill switch and the frozen policy decision.
+    Versions, device, AITER symbol, kill switch, the routes table in force and the route of each
+    mode and layout, as this environment's processes will run them.
 ``check``
     The fp64 reference against the chosen backends on random and adversarial inputs.
+``tune``
+    Time the serving mix's candidates on this GPU and write a routes table for
+    ``INDEXER_TOPK_ROUTES`` (or build one from a records file with ``--from-records``).
 
 Without a GPU the Triton kernels run under the interpreter: ``TRITON_INTERPRET=1`` is set in
-:func:`main` before any backend module (and so triton) is imported.
+:func:`main` before any backend module (and so triton) is imported, except for ``info`` and
+``tune``, which report and measure the environment as it is.
 """
 
 from __future__ import annotations
@@ -459,7 +464,7 @@ def _device_info(device) -> dict:
     import torch
 
     if device.type != "cuda":
-        return {"device": "cpu", "arch": "n/a", "note": "no GPU: Triton kernels run under TRITON_INTERPRET=1"}
+        return {"device": "cpu", "arch": "n/a"}
     props = torch.cuda.get_device_properties(device)
     if getattr(torch.version, "hip", None):
         arch = getattr(props, "gcnArchName", "unknown").split(":")[0]
@@ -486,10 +491,11 @@ def _aiter_symbol_state() -> str:
 
 
 def cmd_info(a, device) -> int:
+    """Print what this environment's processes run: :func:`main` leaves ``TRITON_INTERPRET`` as
+    the user set it for ``info``, so a CPU without it reports the reference, as a program would."""
     import platform
 
     import torch
-    from rich.table import Table
 
     from . import __version__
     from .envs import envs
@@ -512,33 +518,123 @@ def cmd_info(a, device) -> int:
     if a.json:
         print(json.dumps(info, indent=1, default=str))
         return 0
-    t = Table(title="indexer-topk info", show_header=False, title_justify="left")
-    t.add_column("item", style="bold")
-    t.add_column("value")
-    t.add_row("versions", f"indexer-topk {info['indexer_topk']}, python {info['python']}, torch {info['torch']}, "
-                          f"triton {info['triton']}, SGLang {info['sglang']}, AITER {info['aiter']}")
     dev = info["device"]
-    t.add_row("device", ", ".join(f"{k} {v}" if k not in ("device", "note") else str(v) for k, v in dev.items()))
-    t.add_row("AITER symbol", f"flydsl_pa_mqa_topk_fp4_prefill: {info['aiter_symbol']}")
-    t.add_row("kill switch", f"{KILL_SWITCH}={info['kill_switch']['value']}")
+    lines = [
+        f"indexer-topk {info['indexer_topk']}: python {info['python']}, torch {info['torch']}, triton {info['triton']}, "
+        f"SGLang {info['sglang']}, AITER {info['aiter']}",
+        "gpu: " + (", ".join(f"{k} {v}" if k != "device" else str(v) for k, v in dev.items())
+                   if dev.get("device") != "cpu" else "none"),
+        f"AITER symbol flydsl_pa_mqa_topk_fp4_prefill: {info['aiter_symbol']}",
+    ]
     pol = info["policy"]
+    desc = pol.get("describe") if isinstance(pol.get("describe"), dict) else {}
     if pol.get("available"):
-        desc = pol.get("describe") if isinstance(pol.get("describe"), dict) else {}
-        decode = ""
-        if desc.get("decode_backend"):
-            decode = f"; decode and graph capture: {desc['decode_backend']} ({desc.get('decode_reason')})"
-        t.add_row("policy", f"fused path: {pol.get('fused_backend')}; reason: {pol.get('reason')}{decode}")
-        routes = desc.get("routes")
-        if isinstance(routes, dict):
-            t.add_row("routes", ", ".join(f"{k} -> {v}" for k, v in routes.items()))
-        # The rest of the probe, minus what the rows above already say.
-        shown = {"routes", "fused_backend", "reason", "decode_backend", "decode_reason", "kill_switch_raw"}
-        probe = [f"{k}={v}" for k, v in desc.items() if k not in shown and v is not None]
-        if probe:
-            t.add_row("probe", ", ".join(probe))
+        lines.append(f"policy: fused path = {pol.get('fused_backend')} ({pol.get('reason')})")
     else:
-        t.add_row("policy", str(pol.get("reason")))
-    _console().print(t)
+        lines.append(f"policy: {pol.get('reason')}")
+    lines += [str(x) for x in desc.get("lines") or [f"kill switch: {KILL_SWITCH}={info['kill_switch']['value']}"]]
+    errors = {k: desc[k] for k in ("torch_error", "device_error", "triton_error", "aiter_error") if desc.get(k)}
+    if errors:
+        lines.append("probe errors: " + "; ".join(f"{k}={v}" for k, v in errors.items()))
+    print("\n".join(lines))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# tune
+# ---------------------------------------------------------------------------------------------
+
+def _mix_module():
+    try:
+        from .bench import mix
+    except ImportError as exc:
+        raise CliError(f"tune: the serving-mix benchmark (indexer_topk.bench.mix) cannot be imported "
+                       f"({describe_exception(exc)})", code=1) from None
+    return mix
+
+
+def _sglang_timer(mix, wanted: bool):
+    """What the mix times SGLang's path with (its ``sglang_loader``), where DeepGEMM imports."""
+    import importlib.util
+
+    loader = getattr(mix, "sglang_loader", None)
+    try:
+        deep_gemm = importlib.util.find_spec("deep_gemm") is not None
+    except (ImportError, ValueError):
+        deep_gemm = False
+    return loader if wanted and callable(loader) and deep_gemm else None
+
+
+def _mix_records(a, device, probe, cls) -> tuple:
+    """Run the mix on this GPU; ``(records, whether SGLang's path was timed)``."""
+    from .policy import can_use_aiter
+
+    mix = _mix_module()
+    shapes = list(mix.default_shapes(a.smoke))
+    if a.shapes:
+        wanted = [w.strip() for w in a.shapes.split(",") if w.strip()]
+        names = [str(getattr(shape, "name", shape)) for shape in shapes]
+        shapes = [shape for shape, name in zip(shapes, names) if any(w in name for w in wanted)]
+        if not shapes:
+            raise CliError(f"--shapes: none of {wanted} names a shape of the mix; its shapes: {', '.join(names)}")
+    candidates = ("fused", "legacy") + (("aiter",) if can_use_aiter(probe) else ())
+    sglang = _sglang_timer(mix, not a.no_sglang)
+    with _progress(True) as progress:
+        task = progress.add_task(f"tuning on {cls.words()}", total=len(shapes))
+
+        def step(i, n, shape):
+            progress.update(task, completed=i, total=n, description=f"{i + 1}/{n} {getattr(shape, 'name', shape)}")
+
+        records = list(mix.run_mix(shapes, device=device, candidates=candidates, sglang=sglang, progress=step))
+        progress.update(task, completed=len(shapes))
+    if sglang is None:  # not timed: the table keeps SGLang's own path wherever it has one
+        records = [{k: v for k, v in r.items() if k != "sglang_ms"} for r in records]
+    return records, sglang is not None
+
+
+def cmd_tune(a, device) -> int:
+    """Write a routes table measured on this GPU (or built from ``--from-records``) to ``--out``."""
+    from pathlib import Path
+
+    from . import routes
+    from .policy import probe_environment
+    from .versions import source_revision, triton_version
+
+    out = Path(a.out)
+    if routes.is_shipped_path(out):
+        raise CliError(f"--out: {out} is in the package's own routes folder, which tune never writes; "
+                       "write elsewhere and set INDEXER_TOPK_ROUTES to that file")
+    if out.is_dir():
+        raise CliError(f"--out: {out} is a folder; name a file")
+    if out.exists() and not a.force:
+        raise CliError(f"--out: {out} exists; pass --force to replace it")
+    sglang_timed = None
+    try:
+        if a.from_records:
+            doc = routes.table_from_file(a.from_records)
+        else:
+            probe = probe_environment()
+            cls = routes.device_class_of(probe)
+            if cls is None or device.type != "cuda":
+                raise CliError("tune times the kernels on this machine's GPU and finds none it can name "
+                               f"({probe.device_name}); --from-records FILE builds a table from records measured "
+                               "on another machine", code=1)
+            records, sglang_timed = _mix_records(a, device, probe, cls)
+            env = {"device": str(device), "gpu": probe.device_name, "sm_count": cls.sm_count, "arch": cls.arch,
+                   "torch": __import__("torch").__version__, "triton": triton_version(),
+                   "commit": source_revision() or "unknown", "hopper_stream": probe.hopper_stream}
+            records_path = out.with_name(out.stem + ".records.json")
+            routes.write_atomic(json.dumps({"env": env, "records": records}, indent=1) + "\n", records_path,
+                                force=True)
+            doc = routes.table_from_records(records, cls, str(records_path), commit=env["commit"],
+                                            versions={"torch": env["torch"], "triton": env["triton"]},
+                                            conditions=routes.conditions_of(probe))
+        routes.write_table(doc, out, force=a.force)
+    except routes.RoutesError as exc:
+        raise CliError(str(exc), code=1) from None
+    timed = {None: "", True: "; SGLang's path timed too", False: "; SGLang's path not timed (kept where it has one)"}
+    print(f"wrote {out}: {len(doc['entries'])} entries for {routes.parse_table(doc).device.words()}"
+          f"{timed[sglang_timed]}. Use it: INDEXER_TOPK_ROUTES={out}")
     return 0
 
 
@@ -637,7 +733,7 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
 
     p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="{demo,bench,info,check}")
+    sub = p.add_subparsers(dest="command", metavar="{demo,bench,info,check,tune}")
 
     d = sub.add_parser("demo", help="run every available backend on an embedded DSv4-shaped workload (default)",
                        description="Run every available backend on one embedded DSv4-shaped prefill batch "
@@ -662,10 +758,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("bench", add_help=False, help="GPU benchmark; `indexer-topk bench --help` for its options")
 
-    i = sub.add_parser("info", help="versions, device, AITER symbol, kill switch and policy decision")
+    i = sub.add_parser("info", help="versions, device, AITER symbol, kill switch, routes table and routes")
     i.add_argument("--device", default="auto", help="auto, cpu or cuda (default auto)")
     i.add_argument("--json", action="store_true", help="print machine-readable JSON only")
-    i.set_defaults(func=cmd_info)
+    i.set_defaults(func=cmd_info, interpreter=False)
+
+    t = sub.add_parser("tune", help="measure this GPU and write a routes table (INDEXER_TOPK_ROUTES)",
+                       description="Time the serving mix's candidates (our exact backends and, where DeepGEMM is "
+                                   "importable, SGLang's path) on this GPU and write a routes table to --out; "
+                                   "INDEXER_TOPK_ROUTES=<that file> makes the policy use it.")
+    t.add_argument("--out", required=True, help="the table file to write (never the package's own)")
+    t.add_argument("--shapes", help="comma list: keep the mix's shapes whose name contains one of these")
+    t.add_argument("--smoke", action="store_true", help="the mix's few smoke shapes (a quick check, not a table to use)")
+    t.add_argument("--from-records", metavar="FILE", help="build the table from a serving-mix records file instead")
+    t.add_argument("--no-sglang", action="store_true", help="do not time SGLang's path (the table keeps it where it has one)")
+    t.add_argument("--force", action="store_true", help="replace --out if it exists")
+    t.add_argument("--device", default="auto", help="auto or cuda (default auto)")
+    t.set_defaults(func=cmd_tune, interpreter=False)
 
     c = sub.add_parser("check", help="compare backends with the fp64 reference on random and adversarial inputs",
                        description="Run the fp64 reference and the chosen backends on fresh inputs of every pattern "
@@ -702,7 +811,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         device = _resolve_device(a.device)
-        if device.type == "cpu":
+        if device.type == "cpu" and getattr(a, "interpreter", True):
             # Must precede the first import of triton, which happens inside the backends.
             os.environ["TRITON_INTERPRET"] = "1"
         return a.func(a, device)

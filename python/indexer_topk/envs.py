@@ -230,6 +230,9 @@ class Envs:
     # sync, no value-dependent launch, a caller-owned workspace). Off by default: no committed
     # measurement yet shows it faster than the legacy path, or inside SGLang than SGLang's decode.
     INDEXER_TOPK_FUSED_DECODE = EnvBool(False)
+    # A routes table file (JSON, see indexer_topk.routes) used instead of the shipped ones, e.g.
+    # one `indexer-topk tune` wrote. One that cannot be read or is for another device warns once.
+    INDEXER_TOPK_ROUTES = EnvStr(None)
 
     # ============================================================
     # Fused path

@@ -13,15 +13,13 @@ are all present, registers two hooks with SGLang's ``HookRegistry``:
 ``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.forward_c4_indexer`` (AROUND)
     On the two covered branches -- HIP with the FP4 indexer (AITER layout) and the CUDA paged
     indexer over an FP4 or FP8 cache -- asks the policy, once per call, which backend serves
-    it (:meth:`indexer_topk.policy.PathPolicy.engine_route`). Where it names one of ours, runs
+    it (:meth:`indexer_topk.policy.PathPolicy.engine_route`: the routes table's entry for the
+    call's layout, mode and shape, where ``"engine"`` keeps SGLang's path; outside the table,
+    SGLang's path, except AITER's kernel and the opt-ins). Where it names one of ours, runs
     SGLang's own query/weights preparation and index-K compression, then writes the physical
     page indices (and the raw indices when SGLang asks for them) through our operator in one
-    call. Where it says SGLang's own path (decode and graph capture unless
-    ``INDEXER_TOPK_FUSED_DECODE=1`` opts them in to our fused path, the kill switch, and FP8
-    prefill on NVIDIA, where SGLang's CUDA path is measured faster than ours unless
-    ``INDEXER_TOPK_FUSED_PREFILL=1`` opts in to the fused kernel's memory saving) and on every
-    branch not covered (the non-paged indexer, HiSparse, XPU, HIP FP8, ...) SGLang's original
-    method runs unchanged.
+    call. Where it says SGLang's own path, and on every branch not covered (the non-paged
+    indexer, HiSparse, XPU, HIP FP8, ...), SGLang's original method runs unchanged.
 
 Importing this module never imports SGLang; without SGLang, :func:`load` logs and returns.
 """
@@ -76,7 +74,7 @@ class _PluginState:
         self.indexer_module = None  # SGLang's dsv4 indexer module, once probed
         self.disabled: Optional[str] = None  # why our route is off for the rest of this process
         self.served_first_call = False
-        self.decode_ours = False  # the frozen policy sends decode to our fused path (opted in)
+        self.decode_ours = False  # the frozen policy may send a decode or captured call to ours
         self.warmed = False  # the kernels our routes run were compiled (or there were none)
 
 
@@ -182,34 +180,32 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     will run here keeps compilation out of the first prefill."""
     policy = _policy_or_none()
     if policy is not None:
-        _STATE.decode_ours = policy.decode_backend == "fused"
+        layouts = _policy.engine_layouts(policy.probe)
+        _STATE.decode_ours = any(_engine_backends(policy, x, m) for x in layouts for m in ("decode", "capture"))
         _warm_up(policy)
     return None
 
 
-def _sglang_layouts(probe) -> List[str]:
-    """The layouts SGLang 0.5.23 can hand the covered branches here: on NVIDIA the ones it serves
-    with its own path (the FP4 indexer only from SM100 on: it refuses it below), on AMD only
-    AITER's layout."""
-    if probe.device == "hip":
-        return ["aiter_mxfp4"]
-    return [layout for layout in ("sglang_fp8", "sglang_mxfp4") if _policy.sglang_has_path(layout, probe)]
+def _engine_backends(policy, layout: str, mode: str) -> set:
+    """Our backends that SGLang's calls of ``layout`` in ``mode`` may take here (the routes
+    table's entries and the rule outside them)."""
+    measured, other = policy.outcomes(layout, mode, _policy.sglang_has_path(layout, policy.probe))
+    return {b for b in measured + [other] if b is not None}
 
 
 def _warm_up(policy) -> None:
-    """Compile, once per process, the kernels of every layout whose prefill our route serves
-    here, for DSv4-Flash's and -Pro's topk; logs how long it took. Nothing to do where SGLang's
-    own path serves every layout (NVIDIA without ``INDEXER_TOPK_FUSED_PREFILL``)."""
+    """Compile, once per process, the Triton kernels of every layout whose prefill our route may
+    serve here, for DSv4-Flash's and -Pro's topk; logs how long it took. Nothing to do where
+    SGLang's own path serves every call (an H200 without ``INDEXER_TOPK_FUSED_PREFILL``)."""
     with _STATE.lock:
         if _STATE.warmed:
             return
         _STATE.warmed = True
-    for layout in _sglang_layouts(policy.probe):
-        backend = policy.engine_route(
-            engine_path=_policy.sglang_has_path(layout, policy.probe), layout=layout, capturing=False
-        )
-        if backend not in ("legacy", "fused"):
+    for layout in _policy.engine_layouts(policy.probe):
+        triton = sorted(_engine_backends(policy, layout, "prefill") & {"legacy", "fused"})
+        if not triton:
             continue
+        backend = "/".join(triton)
         try:
             seconds = sum(policy.warm_up(layout, topk) for topk in (512, 1024))
         except Exception as exc:  # a failed warm-up costs the first call its compile, nothing else
@@ -235,14 +231,11 @@ def _route(*, layout: str, topk: int, forward_mode, scored_as_decode: bool, pref
            rows: Optional[int] = None, c4_len: Optional[int] = None) -> Optional[str]:
     """Which of our backends serves this call, or ``None`` for SGLang's own path.
 
-    The policy decides (:meth:`indexer_topk.policy.PathPolicy.engine_route`): decode and idle
-    modes, graph capture (torch's stream capture and SGLang's capture modes, which the policy
-    detects itself) and the kill switch take SGLang's own path, and so does prefill of a layout
-    SGLang serves itself on this GPU (the FP8 cache on NVIDIA: measured faster than ours) unless
-    our fused path is opted in with ``INDEXER_TOPK_FUSED_PREFILL=1``. The plugin adds only what
-    SGLang's metadata says: rows SGLang scores as decode in a prefill mode
-    (``scored_as_decode``) and its prefill CUDA graph (``prefill_graph``), and the call's shape
-    (``rows``, ``c4_len``: its page table's rows and C4 columns), for the policy's shape rules.
+    The policy decides (:meth:`indexer_topk.policy.PathPolicy.engine_route`), from the call's
+    layout, topk, mode (decode and idle modes, graph capture, which the policy detects itself)
+    and shape. The plugin adds only what SGLang's metadata says: rows SGLang scores as decode in
+    a prefill mode (``scored_as_decode``), its prefill CUDA graph (``prefill_graph``), and the
+    call's shape (``rows``, ``c4_len``: its page table's rows and C4 columns).
     """
     policy = _policy_or_none()
     if policy is None:
@@ -275,9 +268,9 @@ def _forward_c4_indexer_hook(original, *args, **kwargs):
     if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle() and (
         not _STATE.decode_ours or forward_batch.forward_mode.is_idle()
     ):
-        # Unless decode is opted in to our fused path (INDEXER_TOPK_FUSED_DECODE=1), the policy
-        # sends every decode and idle call to SGLang's path; answering that before binding the
-        # signature keeps an eager decode step (one call per layer) at one attribute read.
+        # Where the policy sends no decode call of a layout SGLang can hand us here to ours (the
+        # routes table and INDEXER_TOPK_FUSED_DECODE, read when the policy was built), answering
+        # before binding the signature keeps an eager decode step at one attribute read.
         # Decode passed positionally still reaches the policy below.
         return original(*args, **kwargs)
     signature = _SIGNATURES.get(original)

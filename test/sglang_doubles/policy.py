@@ -30,6 +30,9 @@ class CountingPolicy:
         self.routes = Counter()
         self.warmed = []
 
+    def __getattr__(self, name):  # everything not counted below is the real policy's
+        return getattr(self.inner, name)
+
     @property
     def probe(self):
         return self.inner.probe

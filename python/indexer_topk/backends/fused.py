@@ -35,19 +35,18 @@ MAX_SPLIT_ROWS = 512
 QUEUE_BYTES = 256
 MAX_STRIP = 1024  # keys per row scored between flushes, at most
 ENTRY_BYTES = 8  # an int32 key and an int32 position
-# Split lists merged per program at each level of the merge tree: one program per row over all
-# of a row's 64 lists took 0.60 ms at 8 rows x 768K (H200); runs of 8, then the final merge, 0.16.
+# Split lists merged per program at each level of the merge tree: runs of 8, then the final
+# merge, measured faster than one program per row over all of a row's 64 lists (8 rows x 768K).
 MERGE_FANIN = 8
-# Entries a merge program holds at once (the build measured in benchmark/results/decode/; a
-# level's program over 8 lists took 0.087 ms with it and 0.076 with 1024-entry chunks, in runs
-# that differed in their plans too, so which is faster is open).
+# Entries a merge program holds at once (the build measured in benchmark/results/decode/; 1024-
+# entry chunks timed close to it, in runs that differed in their plans too, so which is faster
+# is open).
 MERGE_CHUNK = 8192
 # Warps of a merge program when the level has no more programs than the GPU has SMs (a decode
 # batch's few rows): each program then has an SM to itself, and 8 warps held a chunk of 8192 in
-# 255 registers and spilled (sm_90). On an H200 at 8 rows x 768K (16 splits) the merge took
-# 0.121 / 0.091 / 0.110 ms on 8 / 16 / 32 warps, and the final merge of 64 rows 0.031 / 0.030 /
-# 0.040 (benchmark/results/decode/sweep_merge_warps_nvidia-h200.log). Levels of more programs
-# keep SELECT_WARPS, as measured with the prefill grid.
+# 255 registers and spilled (sm_90). On an H200 at 8 rows x 768K (16 splits) 16 warps merged
+# fastest of 8, 16 and 32 (benchmark/results/decode/sweep_merge_warps_nvidia-h200.log). Levels
+# of more programs keep SELECT_WARPS, as measured with the prefill grid.
 MERGE_WARPS = 16
 
 

@@ -993,9 +993,9 @@ class HopperConfig:
         it runs two score warpgroups with more registers each (three would leave the selection too
         few), and a shorter score ring (the widened queries take the shared memory). The FP8 tile of
         one row holds half the accumulator (``[64, 64]`` fp32: 32 registers a thread), so its score
-        warpgroups take 72 registers and the selection the rest (240, where 144 spilled in its cut:
-        the stream 0.360 -> 0.337 ms at 256 x 128K on an H200); the MXFP4 tile of one row 112
-        (selection 168 -> 264, capped at 256: 0.599 -> 0.580 ms)."""
+        warpgroups take 72 registers and the selection the rest (240, where 144 spilled in its cut
+        and measured slower at 256 x 128K on an H200); the MXFP4 tile of one row 112 (selection
+        168 -> 264, capped at 256, measured faster; benchmark/results/decode/sweep_*_regs_*)."""
         if Layout(layout) is Layout.SGLANG_MXFP4:
             return cls(score_slots=128, score_groups=2, score_regs=112 if rows == 1 else 160)
         if rows == 1:
