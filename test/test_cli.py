@@ -571,10 +571,14 @@ class FakeMix:
         self.records, self.calls = records, []
 
     def default_shapes(self, smoke):
-        return [types.SimpleNamespace(name=n) for n in (["smoke_prefill"] if smoke else ["prefill_1k", "decode_64"])]
+        return [types.SimpleNamespace(label=n) for n in (["smoke_prefill"] if smoke else ["prefill_1k", "decode_64"])]
+
+    @staticmethod
+    def SGLangPath(kit):  # noqa: N802 - the mix's class, whose instance times SGLang's path
+        return ("sglang path from", kit)
 
     def run_mix(self, shapes, *, device, candidates, sglang, progress):
-        self.calls.append({"shapes": [s.name for s in shapes], "candidates": candidates, "sglang": sglang})
+        self.calls.append({"shapes": [s.label for s in shapes], "candidates": candidates, "sglang": sglang})
         for i, shape in enumerate(shapes):
             progress(i, len(shapes), shape)
         return [dict(r) for r in self.records]
@@ -638,6 +642,8 @@ def test_tune_writes_a_table_the_policy_uses(tune, tmp_path, capsys):
 def test_tune_shapes_smoke_and_progress(tune, tmp_path):
     status, mix = tune(["--out", str(tmp_path / "a.json"), "--smoke"])
     assert status == 0 and mix.calls[0]["shapes"] == ["smoke_prefill"]
+    status, mix = tune(["--out", str(tmp_path / "k.json"), "--smoke", "--sglang-kit", "kit-dir"])
+    assert status == 0 and mix.calls[0]["sglang"] == ("sglang path from", "kit-dir")
     status, mix = tune(["--out", str(tmp_path / "b.json"), "--shapes", "decode"])
     assert status == 0 and mix.calls[0]["shapes"] == ["decode_64"]
 

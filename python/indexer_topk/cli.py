@@ -553,18 +553,6 @@ def _mix_module():
     return mix
 
 
-def _sglang_timer(mix, wanted: bool):
-    """What the mix times SGLang's path with (its ``sglang_loader``), where DeepGEMM imports."""
-    import importlib.util
-
-    loader = getattr(mix, "sglang_loader", None)
-    try:
-        deep_gemm = importlib.util.find_spec("deep_gemm") is not None
-    except (ImportError, ValueError):
-        deep_gemm = False
-    return loader if wanted and callable(loader) and deep_gemm else None
-
-
 def _mix_records(a, device, probe, cls) -> tuple:
     """Run the mix on this GPU; ``(records, whether SGLang's path was timed)``."""
     from .policy import can_use_aiter
@@ -573,17 +561,18 @@ def _mix_records(a, device, probe, cls) -> tuple:
     shapes = list(mix.default_shapes(a.smoke))
     if a.shapes:
         wanted = [w.strip() for w in a.shapes.split(",") if w.strip()]
-        names = [str(getattr(shape, "name", shape)) for shape in shapes]
+        names = [shape.label for shape in shapes]
         shapes = [shape for shape, name in zip(shapes, names) if any(w in name for w in wanted)]
         if not shapes:
             raise CliError(f"--shapes: none of {wanted} names a shape of the mix; its shapes: {', '.join(names)}")
     candidates = ("fused", "legacy") + (("aiter",) if can_use_aiter(probe) else ())
-    sglang = _sglang_timer(mix, not a.no_sglang)
+    # SGLang's path, from its anchor kit (DeepGEMM built and importable), or not timed
+    sglang = mix.SGLangPath(a.sglang_kit) if a.sglang_kit and not a.no_sglang else None
     with _progress(True) as progress:
         task = progress.add_task(f"tuning on {cls.words()}", total=len(shapes))
 
         def step(i, n, shape):
-            progress.update(task, completed=i, total=n, description=f"{i + 1}/{n} {getattr(shape, 'name', shape)}")
+            progress.update(task, completed=i, total=n, description=f"{i + 1}/{n} {shape.label}")
 
         records = list(mix.run_mix(shapes, device=device, candidates=candidates, sglang=sglang, progress=step))
         progress.update(task, completed=len(shapes))
@@ -772,6 +761,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--smoke", action="store_true", help="the mix's few smoke shapes (a quick check, not a table to use)")
     t.add_argument("--from-records", metavar="FILE", help="build the table from a serving-mix records file instead")
     t.add_argument("--no-sglang", action="store_true", help="do not time SGLang's path (the table keeps it where it has one)")
+    t.add_argument("--sglang-kit", metavar="DIR", help="time SGLang's own path with the SGLang CUDA anchor kit at DIR "
+                   "(DeepGEMM built and importable, its sglang_topk_v2 folder); without it the table keeps SGLang's "
+                   "path wherever SGLang has one")
     t.add_argument("--force", action="store_true", help="replace --out if it exists")
     t.add_argument("--device", default="auto", help="auto or cuda (default auto)")
     t.set_defaults(func=cmd_tune, interpreter=False)
