@@ -30,6 +30,7 @@ not see replayed launches.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -297,9 +298,11 @@ class Replay:
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
 
     def matches_env(self) -> bool:
-        import os
-
-        return all(os.environ.get(name) == raw for name, raw in self.env)
+        environ = os.environ
+        for name, raw in self.env:
+            if environ.get(name) != raw:
+                return False
+        return True
 
     def run(self, roots: Sequence[Optional[torch.Tensor]], ptrs: List[Optional[int]], stream: int) -> None:
         """Launch the recorded kernels over ``roots`` (the call's tensors in the recorded order,
