@@ -28,9 +28,14 @@ from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
 # How the top-k stage learns each row's k-th key: "torch" runs torch.topk over the key matrix
-# first; "radix" lets the select kernel search it (radix passes over the row), so the call is
-# launches only and its host work can be replayed (indexer_topk.replay). Same selection, same bits.
-KTH_SEARCH = "torch"
+# first; "radix" lets the select kernel search it (radix passes over each row, one program per
+# row), so the call is launches only and its host work can be replayed (indexer_topk.replay);
+# "auto" takes radix for key matrices of at most RADIX_MAX_KEYS keys, torch.topk above. Same
+# selection, same bits. Measured on an H200 (benchmark/results/host_path/host_breakdown_nvidia-h200.log):
+# up to about 4M keys radix costs the GPU about what torch.topk does and saves torch.topk's host
+# path on every eager call; beyond, and for a few long decode rows, torch.topk is faster.
+KTH_SEARCH = "auto"
+RADIX_MAX_KEYS = 1 << 22
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -90,7 +95,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if row_count == 0:
         return
     check_runnable(keys.device)
-    known_t = KTH_SEARCH == "torch"
+    known_t = KTH_SEARCH == "torch" or (KTH_SEARCH == "auto" and keys.numel() > RADIX_MAX_KEYS)
     kth, need = kth_keys(keys, topk) if known_t else (seq_lens, seq_lens)  # unread without KNOWN_T
     launch(
         select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),

@@ -3,8 +3,8 @@ Triton interpreter.
 
 Under the interpreter every kernel program runs as NumPy on one core, so a kernel's time grows
 with the row x position pairs it scores, about :data:`INTERPRETER_S_PER_PAIR` each whatever the
-layout or ``topk`` (process CPU time, torch 2.13 and Triton 3.9 on an x86 core: 0.21-0.31 ms
-per pair across the three layouts, 4-16 rows, 1,100-17,600 C4 positions). Building the batch
+layout or ``topk`` (measured as process CPU time with torch 2.13 and Triton 3.9 on an x86 core,
+across the three layouts, 4-16 rows and 1,100-17,600 C4 positions). Building the batch
 holds float32 queries several times over before quantising them, about
 :data:`BUILD_BYTES_PER_ROW` per query row. The figures are rough, within a small factor on
 another machine: they tell a run of seconds from one of hours, and a batch that fits in memory
