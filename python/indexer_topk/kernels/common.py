@@ -96,21 +96,40 @@ def pick(vec, r, R: tl.constexpr):
 INTERPRETED = tl.constexpr(isinstance(ordered_key, InterpretedFunction))
 
 
+# Triton's largest block (TRITON_MAX_TENSOR_NUMEL); the interpreter enforces it too.
+MAX_BLOCK = tl.constexpr(1 << 20)
+
+
 @triton.jit
 def sort1d(x, DESCENDING: tl.constexpr):
     """``tl.sort`` of a 1-D tensor. Under the interpreter, where ``tl.sort``'s network of
-    small steps costs seconds per call, each element's rank is counted in one ``[N, N]``
-    comparison and the elements are placed by rank: the same sorted tensor."""
+    small steps costs seconds per call, each element's rank is counted in ``[N, N]``
+    comparisons and the elements are placed by rank: the same sorted tensor. Past 1024
+    elements ``[N, N]`` exceeds Triton's largest block, so the comparisons are made against
+    one piece of ``x`` at a time (``[N, C]`` blocks) and the output is placed a piece at a time."""
     if INTERPRETED:
-        idx = tl.arange(0, x.shape[0])
+        N: tl.constexpr = x.shape[0]
+        C: tl.constexpr = min(N, MAX_BLOCK // N)
+        P: tl.constexpr = N // C
+        idx = tl.arange(0, N)
+        cidx = tl.arange(0, C)
+        prow = tl.arange(0, P)[:, None]
+        pieces = tl.reshape(x, [P, C])
         xi = x[:, None]
-        xj = x[None, :]
-        if DESCENDING:
-            ahead = xj > xi
-        else:
-            ahead = xj < xi
-        ahead = ahead | ((xj == xi) & (idx[None, :] < idx[:, None]))
-        rank = tl.sum(ahead.to(tl.int32), axis=1)
-        return tl.sum(tl.where(rank[None, :] == idx[:, None], xj, 0), axis=1)
+        rank = tl.zeros([N], dtype=tl.int32)
+        for p in tl.static_range(P):
+            xj = tl.sum(tl.where(prow == p, pieces, 0), axis=0)[None, :]
+            jdx = (cidx + p * C)[None, :]
+            if DESCENDING:
+                ahead = xj > xi
+            else:
+                ahead = xj < xi
+            ahead = ahead | ((xj == xi) & (jdx < idx[:, None]))
+            rank += tl.sum(ahead.to(tl.int32), axis=1)
+        out = tl.zeros([P, C], dtype=x.dtype)
+        for p in tl.static_range(P):
+            piece = tl.sum(tl.where(rank[None, :] == (cidx + p * C)[:, None], x[None, :], 0), axis=1)
+            out = tl.where(prow == p, piece[None, :], out)
+        return tl.reshape(out, [N])
     else:
         return tl.sort(x, descending=DESCENDING)
