@@ -37,8 +37,25 @@ def reference_scores(
     if stop is None:
         stop = int(seq_lens.max()) if seq_lens.numel() else 0
     qf, w = _query_rows(layout, q, q_scale, weights, rows)
+    pos = torch.arange(start, stop, device=k_cache.device)
     return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
-                         weight_scale, start, stop)
+                         weight_scale, pos)
+
+
+def reference_scores_at(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0, rows, positions,
+):
+    """fp32 scores of single ``(row, position)`` pairs: ``rows`` and ``positions`` int ``[m]``,
+    the result float32 ``[m]``; ``-inf`` for a position outside ``[0, seq_len)`` of its row.
+    :func:`indexer_topk.compare.compare_to_reference` scores the positions a kernel lists at a
+    near-tie selection boundary with it."""
+    layout = parse_layout(layout)
+    dev = k_cache.device
+    rows = torch.as_tensor(rows, device=dev).long().reshape(-1)
+    positions = torch.as_tensor(positions, device=dev).long().reshape(-1, 1)
+    qf, w = _query_rows(layout, q, q_scale, weights, rows)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
+                         weight_scale, positions).reshape(-1)
 
 
 def _query_rows(layout, q, q_scale, weights, rows):
@@ -47,14 +64,16 @@ def _query_rows(layout, q, q_scale, weights, rows):
     return qf, weights[rows].double()
 
 
-def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, start, stop):
-    """:func:`reference_scores` for rows already gathered: page table rows ``pt`` (int64) and
-    lengths ``lens``, queries and weights from :func:`_query_rows`."""
-    dev = k_cache.device
-    pos = torch.arange(start, stop, device=dev)
-    valid = pos[None, :] < lens[:, None]
-    page_idx = (pos // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
-    slots = pt[:, page_idx] * PAGE_SIZE + pos % PAGE_SIZE  # [R, B]
+def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
+    """Scores of rows already gathered (page table rows ``pt`` int64, lengths ``lens``, queries
+    and weights from :func:`_query_rows`) at positions ``pos``: ``[B]`` shared by every row or
+    ``[R, B]`` per row; float32 ``[R, B]``, ``-inf`` outside ``[0, seq_len)``."""
+    pos = pos.expand(len(lens), pos.shape[-1])
+    valid = (pos >= 0) & (pos < lens[:, None])
+    if pt.shape[1] == 0:  # a zero-width page table: every row is empty
+        pt = pt.new_zeros((len(lens), 1))
+    page_idx = (pos.clamp(min=0) // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
+    slots = torch.gather(pt, 1, page_idx) * PAGE_SIZE + pos.clamp(min=0) % PAGE_SIZE  # [R, B]
     slots = torch.where(valid, slots, torch.zeros_like(slots))  # never dereference garbage pages
     k, ks = read_k_cache(layout, k_cache, k_scale, slots)  # [R, B, 128], [R, B]
     dots = torch.einsum("rbd,rhd->rbh", k.double(), qf)
@@ -103,8 +122,9 @@ def reference_with_next_values(
         best = torch.full((len(rows), topk + 1), neg, dtype=torch.int64, device=dev)
         for c0 in range(0, longest, ctx_block):
             c1 = min(c0 + ctx_block, longest)
-            s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, c0, c1)
-            pos = torch.arange(c0, c1, device=dev).expand_as(s)
+            pos = torch.arange(c0, c1, device=dev)
+            s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos)
+            pos = pos.expand_as(s)
             keys = order_keys(s, pos)
             keys = torch.where(pos < lens[:, None], keys, torch.full_like(keys, neg))
             best = torch.cat([best, keys], dim=1).topk(topk + 1, dim=1, sorted=True).values
