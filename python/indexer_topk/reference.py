@@ -5,7 +5,8 @@ values and ``weight_scale`` rounded to fp32 (as every backend takes it), and rou
 fp32; selection uses the contract's total order through
 :func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
 blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
-than ``row_block * ctx_block`` scores.
+than ``row_block * ctx_block`` scores. A row is scored no further than its page table reaches
+(:func:`scored_lengths`), as the kernels bound it, whatever an unchecked length says.
 """
 
 from __future__ import annotations
@@ -23,30 +24,42 @@ from .contract import (
 from .formats import dequantize_query, read_k_cache
 
 
+def scored_lengths(seq_lens: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """Each row's scored length (int64): ``seq_lens`` within ``[0, page_table.shape[1] * 64]``.
+
+    Positions past the page table do not exist, as in the kernels: a length beyond it (or below
+    0) is possible only with the value checks off, and the reference then scores what the
+    kernels score instead of re-reading the table's last page for every position beyond it.
+    """
+    return seq_lens.long().clamp(min=0, max=page_table.shape[1] * PAGE_SIZE)
+
+
 def reference_scores(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0,
     rows=None, start=0, stop=None,
 ):
-    """fp32 scores ``[len(rows), stop - start]`` of positions ``start..stop-1``; ``-inf`` past ``seq_len``.
+    """fp32 scores ``[len(rows), stop - start]`` of positions ``start..stop-1``; ``-inf`` past
+    the row's :func:`scored_lengths`.
 
-    ``rows`` selects query rows (default: all). Used by the reference selection and by tests.
+    ``rows`` selects query rows (default: all); ``stop`` defaults to the longest scored length.
+    Used by the reference selection and by tests.
     """
     layout = parse_layout(layout)
     if rows is None:
         rows = torch.arange(q.shape[0], device=k_cache.device)
+    lens = scored_lengths(seq_lens[rows], page_table)
     if stop is None:
-        stop = int(seq_lens.max()) if seq_lens.numel() else 0
+        stop = int(lens.max()) if lens.numel() else 0
     qf, w = _query_rows(layout, q, q_scale, weights, rows)
     pos = torch.arange(start, stop, device=k_cache.device)
-    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
-                         weight_scale, pos)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), lens, weight_scale, pos)
 
 
 def reference_scores_at(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0, rows, positions,
 ):
     """fp32 scores of single ``(row, position)`` pairs: ``rows`` and ``positions`` int ``[m]``,
-    the result float32 ``[m]``; ``-inf`` for a position outside ``[0, seq_len)`` of its row.
+    the result float32 ``[m]``; ``-inf`` for a position outside ``[0, scored length)`` of its row.
     :func:`indexer_topk.compare.compare_to_reference` scores the positions a kernel lists at a
     near-tie selection boundary with it."""
     layout = parse_layout(layout)
@@ -54,8 +67,8 @@ def reference_scores_at(
     rows = torch.as_tensor(rows, device=dev).long().reshape(-1)
     positions = torch.as_tensor(positions, device=dev).long().reshape(-1, 1)
     qf, w = _query_rows(layout, q, q_scale, weights, rows)
-    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
-                         weight_scale, positions).reshape(-1)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(),
+                         scored_lengths(seq_lens[rows], page_table), weight_scale, positions).reshape(-1)
 
 
 def _query_rows(layout, q, q_scale, weights, rows):
@@ -111,11 +124,12 @@ def reference_with_next_values(
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     next_values = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
-    counts = torch.clamp(seq_lens, min=0, max=topk).to(torch.int32)  # negative: unchecked input, an empty row
+    all_lens = scored_lengths(seq_lens, page_table)  # unchecked lengths: as the kernels bound them
+    counts = all_lens.clamp(max=topk).to(torch.int32)
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
         rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)
-        lens = seq_lens[rows].long()
+        lens = all_lens[rows]
         pt = page_table[rows].long()
         qf, w = _query_rows(layout, q, q_scale, weights, rows)
         longest = int(lens.max()) if len(rows) else 0
