@@ -29,6 +29,41 @@ def _refuse_kernels(monkeypatch):
     monkeypatch.setattr(legacy, "logits_kernel", Refuse())
 
 
+@pytest.mark.parametrize("triton", ["installed", "missing"])
+@pytest.mark.parametrize("rows, topk, layout, name", [
+    (-1, 512, "sglang_fp8", "rows"),
+    (-(2**40), 512, "sglang_fp8", "rows"),
+    (2.0, 512, "sglang_fp8", "rows"),
+    (True, 512, "sglang_fp8", "rows"),
+    ("4", 512, "sglang_fp8", "rows"),
+    (None, 512, "sglang_fp8", "rows"),
+    (4, 100, "sglang_fp8", "topk"),
+    (4, 0, "sglang_fp8", "topk"),
+    (4, 1024.0, "sglang_fp8", "topk"),
+    (4, -512, "sglang_fp8", "topk"),
+    (4, None, "sglang_fp8", "topk"),
+    (4, 512, "fp4", "layout"),
+    (4, 512, None, "layout"),
+])
+def test_workspace_size_refuses_bad_arguments_first(rows, topk, layout, name, triton, monkeypatch):
+    """Negative or non-int rows, an unsupported topk or layout: a ValueError naming the
+    argument, before anything else (so also where Triton is missing)."""
+    from indexer_topk import backends
+
+    if triton == "missing":
+        monkeypatch.setattr(backends, "_triton_installed", lambda: False)
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        it.workspace_size(rows, topk, layout)
+
+
+def test_workspace_size_without_triton_is_unavailable(monkeypatch):
+    from indexer_topk import backends
+
+    monkeypatch.setattr(backends, "_triton_installed", lambda: False)
+    with pytest.raises(it.BackendUnavailable, match="Triton is not installed"):
+        it.workspace_size(0, 2048, "aiter_mxfp4")
+
+
 def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
     """At rows = topk = 1024 on an H200-sized GPU (264 program slots, two rows per group) the
     scratch is the queue and, per row slot, a 2048-entry buffer (keys and positions) and a

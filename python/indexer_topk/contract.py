@@ -279,7 +279,7 @@ def expected_shapes(layout: Layout, rows: int, num_pages: int):
     }
 
 
-def _check_topk(topk) -> int:
+def check_topk(topk) -> int:
     if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
         raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
     return topk
@@ -365,7 +365,7 @@ def validate_inputs(
     backend (:func:`check_workspace`).
     """
     layout = parse_layout(layout)
-    _check_topk(topk)
+    check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
     if not isinstance(check_values, bool):
         raise ValueError(f"check_values: expected True or False, got {check_values!r}")
