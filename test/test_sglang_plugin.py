@@ -345,6 +345,32 @@ def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
 
 
+@pytest.mark.parametrize("how", ["positional", "keywords", "mixed"])
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_idle_is_a_no_op_with_decode_opted_in(sg, load, served, layout, how):
+    """An IDLE batch returns at once in SGLang's forward_c4_indexer: with decode opted in to our
+    fused path it must stay a no-op however it is passed -- no compressor, no logits, no call of
+    our operator, and SGLang's page indices left as they were."""
+    policy = load(H200_DECODE)
+    scene = _scene(sg, layout=layout, mode="IDLE", extend=(1, 1, 1))
+    core = scene.metadata.core_metadata
+    core.c4_sparse_page_indices.fill_(-7)
+    sg.calls.clear()
+    hooked = type(scene.backend).forward_c4_indexer
+    args = (scene.backend, scene.x, scene.q_lora, scene.c4_indexer, scene.forward_batch)
+    with scene.platform():
+        if how == "positional":
+            result = hooked(*args)
+        elif how == "keywords":
+            result = hooked(scene.backend, x=scene.x, q_lora=scene.q_lora, c4_indexer=scene.c4_indexer,
+                            forward_batch=scene.forward_batch)
+        else:
+            result = hooked(*args[:4], forward_batch=scene.forward_batch)
+    assert result is None and served == [] and not policy.routes
+    assert sum(sg.calls.values()) == 0, dict(sg.calls)
+    assert bool((core.c4_sparse_page_indices == -7).all())
+
+
 def test_capture_opted_in_is_served_by_the_fused_path(sg, load, served):
     policy = load(H200_DECODE)
     scene = _scene(sg, layout="sglang_fp8", seed=23)
