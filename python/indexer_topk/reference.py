@@ -6,7 +6,9 @@ fp32; selection uses the contract's total order through
 :func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
 blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
 than ``row_block * ctx_block`` scores. A row is scored no further than its page table reaches
-(:func:`scored_lengths`), as the kernels bound it, whatever an unchecked length says.
+(:func:`scored_lengths`), as the kernels bound it, whatever an unchecked length says. Inputs
+beyond the kernels' fp32 range (:func:`indexer_topk.contract.check_score_range`) are refused
+with ``ValueError``, checked values or not: no kernel could be held to their fp64 scores.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import torch
 
 from .contract import (
     PAGE_SIZE,
+    IndexerInputs,
     IndexerTopKResult,
     Layout,
+    check_score_range,
     order_keys,
     parse_layout,
     scores_from_ordered_bits,
@@ -118,6 +122,8 @@ def reference_with_next_values(
     has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
     takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
+    # the kernels' fp32 range: beyond it no kernel can be held to the fp64 scores
+    check_score_range(IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk))
     dev = k_cache.device
     n_rows = q.shape[0]
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
