@@ -270,7 +270,7 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     exp, next_values = expected
     tol = mma_tolerance(wl.layout, wl.q.device, exp) if rtol is None else {"rtol": rtol}
     cmp = compare_to_reference(
-        result, exp, next_values=exact_tie_free_boundaries(exp, next_values), seq_lens=wl.seq_lens,
+        result, exp, next_values=exact_tie_free_boundaries(exp, next_values), inputs=wl, seq_lens=wl.seq_lens,
         page_table=wl.page_table, **tol,
     )
     assert cmp.ok, f"{cmp.summary()}; " + "; ".join(cmp.messages)

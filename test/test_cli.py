@@ -555,8 +555,10 @@ def test_compare_refuses_tolerances_wider_than_the_scores():
                 dict(atol=torch.tensor([1e30]))):
         with pytest.raises(ValueError, match="^(atol|rtol): "):
             compare_to_reference(a, e, next_values=torch.tensor([1.0]), **bad)
-    # a tolerance small next to the scores still recognises a boundary near-tie
-    assert compare_to_reference(a, e, next_values=torch.tensor([2.0 - 1e-7])).ok
+    # a tolerance small next to the scores still recognises a boundary near-tie (accepted only
+    # with the inputs, which score the listed positions)
+    c = compare_to_reference(a, e, next_values=torch.tensor([2.0 - 1e-7]))
+    assert c.set_rows == [0] and "accepted only with the inputs" in c.messages[0]
 
 
 # ============================================================================================

@@ -5,10 +5,11 @@ import pytest
 import torch
 
 from indexer_topk import compare
-from indexer_topk.contract import IndexerTopKResult, order_keys
+import dataclasses
+
+from indexer_topk.contract import HEAD_DIM, PAGE_SIZE, IndexerTopKResult, order_keys
 from indexer_topk.reference import reference_indexer_topk, reference_scores, reference_with_next_values
 from indexer_topk.workload import make_workload
-
 
 
 def result(values, raw, counts, page=None):
@@ -46,26 +47,78 @@ def test_reordered_near_ties_inside_the_topk_match():
     assert compare.compare_to_reference(a, e).ok
 
 
-def test_boundary_near_tie_is_accepted_only_with_the_next_value():
-    # Reference: k-th score 2.0 at position 5; position 8 scores 2.0 * (1 - 2e-6) just below.
-    e = result([[3.0, 2.0]], [[1, 5]], [2])
-    a = result([[3.0, 2.0]], [[1, 8]], [2])
-    tie = torch.tensor([2.0 * (1 - 2e-6)])
-    c = compare.compare_to_reference(a, e, next_values=tie)
+def scored_row(scores, topk=2):
+    """A one-row sglang_fp8 workload whose position ``j`` scores ``scores[j]`` (to fp32 rounding):
+    every key is the same, and each key's fp32 scale is multiplied to give its score."""
+    w = make_workload("sglang_fp8", context_tokens=[4 * len(scores)], rows_per_request=[1], topk=topk, seed=3,
+                      pattern="equal")
+    assert int(w.seq_lens[0]) == len(scores)
+    base = reference_scores(*w.args(), layout=w.layout, weight_scale=w.weight_scale)[0].double()
+    k_cache = w.k_cache.clone()
+    key_scales = k_cache.view(k_cache.shape[0], -1).view(torch.float32)[:, PAGE_SIZE * HEAD_DIM // 4 :]
+    for j, target in enumerate(scores):
+        page, off = int(w.page_table[0, j // PAGE_SIZE]), j % PAGE_SIZE
+        key_scales[page, off] = float(key_scales[page, off]) * (target / float(base[j]))
+    return dataclasses.replace(w, k_cache=k_cache)
+
+
+def listing(w, raw, values):
+    """A result for the one-row workload ``w`` listing positions ``raw`` with ``values``."""
+    return result([values], [raw], [len(raw)], page=int(w.page_table[0, 0]))
+
+
+# position:    0    1    2    3    4    5
+TIED_ROW = [1.0, 7.0, 0.5, 5.0, 5.0, 0.1]  # top 2: 1 and 3; the cut 5.0 ties with position 4
+
+
+def test_boundary_near_tie_is_accepted_with_the_next_value_and_the_inputs():
+    # Reference: k-th score 5.0 at position 3; position 4 ties with it.
+    w = scored_row(TIED_ROW)
+    expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    assert expected.raw_indices.tolist() == [[1, 3]] and float(next_values[0]) == pytest.approx(5.0)
+    swapped = listing(w, [1, 4], expected.values[0].tolist())
+    c = compare.compare_to_reference(swapped, expected, next_values=next_values, inputs=w)
     assert c.ok and c.near_tie_rows == [0] and "near-tie" in c.summary()
-    # Without the (k+1)-th value, or with a clear gap, it is a wrong selection.
-    assert compare.compare_to_reference(a, e).set_rows == [0]
-    c = compare.compare_to_reference(a, e, next_values=torch.tensor([1.5]))
-    assert not c.ok and c.set_rows == [0] and "[8]" in c.messages[0] and "[5]" in c.messages[0]
+    # Without the (k+1)-th value, with a clear gap, or without the inputs to score the listed
+    # position, it is a wrong selection.
+    assert compare.compare_to_reference(swapped, expected, inputs=w).set_rows == [0]
+    c = compare.compare_to_reference(swapped, expected, next_values=torch.tensor([1.5]), inputs=w)
+    assert not c.ok and c.set_rows == [0] and "[4]" in c.messages[0] and "[3]" in c.messages[0]
+    c = compare.compare_to_reference(swapped, expected, next_values=next_values)
+    assert not c.ok and c.set_rows == [0] and "inputs" in c.messages[0]
+
+
+def test_boundary_near_tie_checks_each_listed_positions_own_score():
+    """In a row whose k-th and (k+1)-th reference scores tie at 5.0, a kernel that lists
+    position 5 (true score 0.1) with the cut's value is wrong, as is one that leaves out
+    position 1 (score 7.0) for the tied position 4, or lists position 4 with a wrong score."""
+    w = scored_row(TIED_ROW)
+    expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    values = expected.values[0].tolist()
+    far = compare.compare_to_reference(listing(w, [1, 5], values), expected, next_values=next_values, inputs=w)
+    assert not far.ok and far.set_rows == [0] and far.near_tie_rows == []
+    assert "position 5" in far.messages[0] and "0.1" in far.messages[0]
+    dropped = compare.compare_to_reference(listing(w, [3, 4], values), expected, next_values=next_values, inputs=w)
+    assert not dropped.ok and dropped.set_rows == [0] and "position 1" in dropped.messages[0]
+    # position 4 listed first, with position 1's score: the sorted values still agree
+    claimed = compare.compare_to_reference(listing(w, [4, 1], values), expected, next_values=next_values, inputs=w)
+    assert not claimed.ok and claimed.set_rows == [0] and "position 4 listed with" in claimed.messages[0]
 
 
 def test_boundary_near_tie_still_needs_valid_positions():
+    w = scored_row(TIED_ROW)
+    expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    values = expected.values[0].tolist()
+    out_of_range = listing(w, [1, 40], values)
+    repeated = listing(w, [1, 1], values)
+    assert not compare.compare_to_reference(out_of_range, expected, next_values=next_values, inputs=w).ok
+    assert not compare.compare_to_reference(repeated, expected, next_values=next_values, inputs=w).ok
+
+
+def test_inputs_must_be_indexer_inputs():
     e = result([[3.0, 2.0]], [[1, 5]], [2])
-    tie = torch.tensor([2.0])
-    out_of_range = result([[3.0, 2.0]], [[1, 40]], [2])
-    repeated = result([[3.0, 2.0]], [[1, 1]], [2])
-    assert not compare.compare_to_reference(out_of_range, e, next_values=tie, seq_lens=torch.tensor([30])).ok
-    assert not compare.compare_to_reference(repeated, e, next_values=tie).ok
+    with pytest.raises(ValueError, match="^inputs: "):
+        compare.compare_to_reference(e, e, inputs=(1, 2))
 
 
 def test_nan_matches_nan_only():
@@ -75,9 +128,12 @@ def test_nan_matches_nan_only():
     assert compare.compare_to_reference(same, e).ok
     assert compare.bitwise_equal(same, e)
     assert compare.compare_to_reference(number, e).value_rows == [0]
-    # A NaN boundary (all-NaN row) counts as a near-tie.
-    moved = result([[float("nan"), float("nan")]], [[0, 2]], [2])
-    assert compare.compare_to_reference(moved, e, next_values=torch.tensor([float("nan")])).ok
+    # A NaN boundary (all-NaN row) counts as a near-tie; a number there does not.
+    w = scored_row([float("nan")] * 3 + [1.0])
+    e, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    assert e.raw_indices.tolist() == [[3, 0]] and bool(torch.isnan(next_values[0]))
+    moved = listing(w, [3, 2], e.values[0].tolist())
+    assert compare.compare_to_reference(moved, e, next_values=next_values, inputs=w).ok
 
 
 def test_bitwise_equal_separates_signed_zeros():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk, fused_workspace_size, plan_fused
-from indexer_topk.contract import allocate_result
+from indexer_topk.contract import SUPPORTED_TOPK, allocate_result
 from indexer_topk.guards import GuardedResult, GuardedWorkspace
 from indexer_topk.reference import reference_scores
 
@@ -204,6 +204,35 @@ def test_other_topk(topk, device):
     assert_contract(res, wl)
     assert_bitwise(res, legacy_result(case, device), "fused vs legacy")
     assert_matches_reference(res, wl, reference_result(case, device))
+
+
+def supported_topk_case(topk: int) -> Case:
+    """Two rows a little longer than ``topk`` (one request) and one shorter row (another)."""
+    return Case(f"supported-topk{topk}", "sglang_fp8", context_tokens=(4 * topk + 600, 2000),
+                rows_per_request=(2, 1), topk=topk, seed=31)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2])
+@pytest.mark.parametrize("topk", SUPPORTED_TOPK)
+def test_supported_topk_on_long_rows(topk, num_splits, device):
+    """Every topk the API takes, on rows longer than it, in one split and merged from two: the
+    same bits as legacy (at 2048 the sorts hold more keys than the interpreter's rank count
+    fits in one Triton block)."""
+    case = supported_topk_case(topk)
+    wl = build(case, device)
+    assert int(wl.seq_lens.max()) > topk
+    check_fused(case, device, num_splits)
+
+
+@pytest.mark.parametrize("backend", ["legacy", "fused", "auto"])
+def test_topk_2048_through_the_api(backend, device):
+    """``indexer_topk`` at topk 2048 on every Triton route agrees with the reference."""
+    from indexer_topk import indexer_topk
+
+    wl = build(supported_topk_case(2048), device)
+    res = indexer_topk(*wl.args(), **wl.kwargs(), backend=backend)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(supported_topk_case(2048), device))
 
 
 def test_zero_rows(device):

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from indexer_topk.backends.legacy import key_matrix_width, legacy_indexer_topk, legacy_score
-from indexer_topk.contract import KEY_NAN, KEY_NONE, PAGE_SIZE, ordered_score_bits, scores_from_ordered_bits
+from indexer_topk.contract import (
+    KEY_NAN, KEY_NONE, PAGE_SIZE, SUPPORTED_TOPK, ordered_score_bits, scores_from_ordered_bits,
+)
 from indexer_topk.guards import GuardedResult, GuardedWorkspace, poisoned_result
 
 from kernel_cases import (
@@ -123,6 +125,20 @@ def test_nonfinite_scores(device):
     wl, res = check_legacy(case, device)
     short = res.values[3, : wl.topk - 1]
     assert bool(torch.isnan(short).any()) and bool((short == float("-inf")).any())
+
+
+def supported_topk_case(topk: int) -> Case:
+    """Two rows a little longer than ``topk`` (one request) and one shorter row (another)."""
+    return Case(f"supported-topk{topk}", "sglang_fp8", context_tokens=(4 * topk + 600, 2000),
+                rows_per_request=(2, 1), topk=topk, seed=31)
+
+
+@pytest.mark.parametrize("topk", SUPPORTED_TOPK)
+def test_supported_topk_on_long_rows(topk, device):
+    """Every topk the API takes, on rows longer than it: at 2048 the final sort holds more keys
+    than the interpreter's rank count fits in one Triton block, so it counts piece by piece."""
+    wl, res = check_legacy(supported_topk_case(topk), device)
+    assert int(wl.seq_lens.max()) > topk and int(wl.seq_lens.min()) < topk
 
 
 def test_all_rows_shorter_than_topk(device):

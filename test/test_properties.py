@@ -42,7 +42,7 @@ def workloads(draw, max_tokens=3200):
 def _check_against_reference(w, backend):
     got = it.indexer_topk(*w.args(), **w.kwargs(), backend=backend)
     ref, next_values = reference_with_next_values(*w.args(), **w.kwargs())
-    cmp = compare_to_reference(got, ref, next_values=next_values, seq_lens=w.seq_lens, page_table=w.page_table)
+    cmp = compare_to_reference(got, ref, next_values=next_values, inputs=w)
     assert cmp.ok, cmp.summary()
 
 

@@ -1,5 +1,6 @@
 """The reference implementation against an independent brute force, and the order helpers."""
 
+import dataclasses
 import math
 import struct
 
@@ -21,8 +22,8 @@ from indexer_topk.contract import (
     scores_from_ordered_bits,
 )
 from indexer_topk.formats import allocate_k_cache, quantize_query, write_k_cache
-from indexer_topk.reference import reference_indexer_topk, reference_scores
-from kernel_cases import assert_bitwise
+from indexer_topk.reference import reference_indexer_topk, reference_scores, reference_with_next_values
+from kernel_cases import assert_bitwise, assert_matches_reference
 
 LAYOUTS = ["aiter_mxfp4", "sglang_mxfp4", "sglang_fp8"]
 TOPK = 512
@@ -418,6 +419,34 @@ def test_zero_rows_zero_width_page_table_and_empty_cache():
     empty = [t[:0] if t is not None else None for t in wl.args()]
     res = reference_indexer_topk(*empty[:2], wl.k_cache, wl.k_scale, *empty[4:], topk=TOPK, layout=wl.layout)
     assert res.values.shape == (0, TOPK) and res.counts.shape == (0,)
+
+
+@pytest.mark.parametrize("length", [16 * 64 + 600, 2**31 - 1])
+def test_unchecked_length_past_the_page_table_is_bounded_by_it(length, monkeypatch):
+    """With the value checks off, a length past a 16-column page table (1024 positions), a
+    garbage 2**31 - 1 too, is scored only up to the table, as the kernels bound it: no position
+    past it is scored (none re-reads the table's last page), the outputs are those of the
+    table's length, and legacy's agree with them."""
+    from indexer_topk import reference
+
+    wl = make_workload("sglang_fp8", context_tokens=(4 * 64 * 16,), rows_per_request=2, topk=512, page_table_pad=0,
+                       seed=7)
+    width = wl.page_table.shape[1] * 64
+    assert width == 1024
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor([length, 1000], dtype=torch.int32))
+    unbounded = reference._block_scores
+
+    def bounded(*args):
+        pos = args[-1]
+        assert int(pos.max()) < width, f"scored position {int(pos.max())} past the page table"
+        return unbounded(*args)
+
+    monkeypatch.setattr(reference, "_block_scores", bounded)
+    got = indexer_topk(*wl.args(), **wl.kwargs(), backend="reference", check_values=False)
+    clamped = dataclasses.replace(wl, seq_lens=torch.tensor([width, 1000], dtype=torch.int32))
+    assert_bitwise(got, indexer_topk(*clamped.args(), **clamped.kwargs(), backend="reference"), "vs the table's length")
+    legacy = indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", check_values=False)
+    assert_matches_reference(legacy, clamped, (got, reference_with_next_values(*clamped.args(), **clamped.kwargs())[1]))
 
 
 # ---------------------------------------------------------------------------------------------

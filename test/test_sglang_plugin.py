@@ -248,6 +248,32 @@ def test_prefill_matches_sglang_torch_fp8_logits(sg, load, served):
     assert same_selection(raws, legacy_raws)
 
 
+def test_nan_scores_rank_last_here_and_first_in_sglangs_torch_topk(sg, load, served):
+    """One NaN FP8 key scale: SGLang's torch top-k ranks the NaN score above every number and
+    selects it in each row that reads it; our operator ranks NaN last and selects numbers there.
+    Every other row selects the same. docs/sglang.md states the difference in its last paragraph."""
+    load(H200_FUSED)
+    scene = _scene(sg, layout="sglang_fp8", seed=5)
+    page = int(scene.metadata.indexer_metadata.page_table[0, 0])
+    k_cache = scene.backend.token_to_kv_pool.with_scale
+    k_cache[page, 64 * 128 + 3 * 4 : 64 * 128 + 4 * 4] = torch.tensor([float("nan")]).view(torch.uint8)
+    nan_slot = page * 64 + 3
+    pages, _ = scene.forward()
+    sglang_pages, _ = scene.forward(original=True)
+    assert len(served) == 1
+    reads_it = (scene.metadata.indexer_metadata.page_table[:, 0] == page) & (scene.c4_lens > 3)
+    long_rows = reads_it & (scene.c4_lens > 512)
+    assert bool(long_rows.any())
+    for r in range(scene.rows):
+        ours, theirs = set(pages[r].tolist()), set(sglang_pages[r].tolist())
+        if long_rows[r]:
+            assert nan_slot in theirs and nan_slot not in ours and len(theirs - ours) == 1, r
+        else:
+            assert ours == theirs, r
+    last = (REPO / "docs" / "sglang.md").read_text().strip().split("\n\n")[-1]
+    assert "NaN" in last and "torch.topk" in last and "below every number" in last and "above every number" in last
+
+
 def test_topk_1024(sg, load, served):
     load(H200)
     scene = _scene(sg, layout="sglang_mxfp4", topk=1024, contexts=(4900, 1000), extend=(6, 3), seed=11)
@@ -411,6 +437,32 @@ def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
     legacy_pages, _ = scene.forward(original=True)
     assert sg.calls.logits_calls() == 1
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
+@pytest.mark.parametrize("how", ["positional", "keywords", "mixed"])
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_idle_is_a_no_op_with_decode_opted_in(sg, load, served, layout, how):
+    """An IDLE batch returns at once in SGLang's forward_c4_indexer: with decode opted in to our
+    fused path it must stay a no-op however it is passed -- no compressor, no logits, no call of
+    our operator, and SGLang's page indices left as they were."""
+    policy = load(H200_DECODE)
+    scene = _scene(sg, layout=layout, mode="IDLE", extend=(1, 1, 1))
+    core = scene.metadata.core_metadata
+    core.c4_sparse_page_indices.fill_(-7)
+    sg.calls.clear()
+    hooked = type(scene.backend).forward_c4_indexer
+    args = (scene.backend, scene.x, scene.q_lora, scene.c4_indexer, scene.forward_batch)
+    with scene.platform():
+        if how == "positional":
+            result = hooked(*args)
+        elif how == "keywords":
+            result = hooked(scene.backend, x=scene.x, q_lora=scene.q_lora, c4_indexer=scene.c4_indexer,
+                            forward_batch=scene.forward_batch)
+        else:
+            result = hooked(*args[:4], forward_batch=scene.forward_batch)
+    assert result is None and served == [] and not policy.routes
+    assert sum(sg.calls.values()) == 0, dict(sg.calls)
+    assert bool((core.c4_sparse_page_indices == -7).all())
 
 
 def test_capture_opted_in_is_served_by_the_fused_path(sg, load, served):

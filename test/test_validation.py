@@ -285,6 +285,125 @@ def test_check_values_false_skips_only_the_value_checks(layout, calls):
     assert len(calls) == 1
 
 
+# ---------------------------------------------------------------------------------------------
+# The fp32 range: sum_h |weights| * largest |q . k| * largest key scale at most 2**127
+# ---------------------------------------------------------------------------------------------
+
+E4M3_448 = 0x7E  # the e4m3 byte of 448, its largest magnitude
+FP8_DOT = 128 * 448 * 448  # the largest |q . k| of the layout, reached by these inputs
+
+
+def saturated_fp8(key_scale: float, weight: float = 1.0):
+    """One row of 64 positions where every query and key element is 448, so each head's dot is
+    the layout's largest and the fp32 intermediate S * k_scale is 64 * weight * 128 * 448**2 *
+    key_scale: the bound itself."""
+    k_cache = torch.zeros((1, 64 * 132), dtype=torch.uint8)
+    k_cache[0, : 64 * 128] = E4M3_448
+    k_cache[0, 64 * 128 :].view(torch.float32)[:] = key_scale
+    return {
+        "q": torch.full((1, 64, 128), 448.0).to(torch.float8_e4m3fn), "q_scale": None, "k_cache": k_cache,
+        "k_scale": None, "weights": torch.full((1, 64), weight), "page_table": torch.zeros((1, 1), dtype=torch.int32),
+        "seq_lens": torch.tensor([64], dtype=torch.int32),
+    }
+
+
+def fp8_key_scales(args):
+    return args["k_cache"].view(args["k_cache"].shape[0], -1)[:, 64 * 128 :].view(torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's fp32 overflow
+def test_the_fp32_range_is_where_the_kernels_overflow():
+    """At 1e38 (inside 2**127) the kernels' fp32 S * k_scale is finite and the call runs, equal to
+    the reference; at 4.1e38 the legacy kernel gives inf where the fp64 score (weight_scale 1/4)
+    is a finite 1.03e38, so the call, and the reference, refuse it before anything runs."""
+    from indexer_topk.backends.legacy import legacy_indexer_topk
+    from indexer_topk.contract import IndexerInputs
+    from indexer_topk.reference import reference_indexer_topk, reference_scores
+
+    inside = saturated_fp8(1e38 / (64 * FP8_DOT))
+    got = call(inside, layout="sglang_fp8", backend="legacy", weight_scale=0.25)
+    want = call(inside, layout="sglang_fp8", backend="reference", weight_scale=0.25)
+    assert bool(torch.isfinite(got.values[0, :64]).all())
+    assert torch.allclose(got.values[0, :64], want.values[0, :64], rtol=1e-6)
+
+    beyond = saturated_fp8(4.1e38 / (64 * FP8_DOT))
+    exact = reference_scores(*beyond.values(), layout="sglang_fp8", weight_scale=0.25)
+    assert bool(torch.isfinite(exact).all()) and float(exact.max()) == pytest.approx(1.025e38, rel=1e-3)
+    unchecked = legacy_indexer_topk(IndexerInputs(*beyond.values(), layout=Layout.SGLANG_FP8, topk=TOPK,
+                                                  weight_scale=0.25))
+    assert bool(torch.isinf(unchecked.values[0, :64]).all())
+    for backend in ("reference", "legacy", "fused", "auto"):
+        with pytest.raises(ValueError, match=r"^weights, k_cache: row 0's scores are beyond the fp32 range"):
+            call(dict(beyond), layout="sglang_fp8", backend=backend, weight_scale=0.25)
+    with pytest.raises(ValueError, match=r"^weights, k_cache: row 0"):
+        reference_indexer_topk(*beyond.values(), topk=TOPK, layout="sglang_fp8", weight_scale=0.25)
+
+
+@pytest.mark.parametrize("what", ["key_scale", "weights"])
+def test_values_beyond_the_fp32_range_are_refused(what, no_kernel):
+    """A key scale of 1e36 in the second page (both rows use it), or row 1's weights at 1e30:
+    refused, naming the row and the bound, before any backend is reached."""
+    args = small("sglang_fp8")
+    if what == "key_scale":
+        fp8_key_scales(args)[int(args["page_table"][1, 1]), 10] = 1e36
+        row = 0
+    else:
+        args["weights"][1] = 1e30
+        row = 1
+    expect("weights, k_cache", args, layout="sglang_fp8",
+           message=rf"row {row}'s scores are beyond the fp32 range .*2\*\*127")
+
+
+@pytest.mark.parametrize("layout", ["sglang_mxfp4", "aiter_mxfp4"])
+def test_block_exponents_beyond_the_fp32_range_are_refused(layout, no_kernel):
+    """MXFP4: a query block exponent of 200 against a key block exponent of 200 (dots up to
+    4608 * 2**146)."""
+    args = small(layout)
+    if layout == "sglang_mxfp4":
+        args["q_scale"].view(torch.uint8)[0, :] = 200
+        args["k_cache"][int(args["page_table"][0, 0]), 64 * 64 + 5] = 200
+    else:
+        args["q_scale"][0] = 200
+        args["k_scale"][int(args["page_table"][0, 0]), 0, 2, 7] = 200
+    expect("weights, q_scale, k_cache", args, layout=layout, message="row 0's scores are beyond the fp32 range")
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_deepseek_v4_magnitudes_are_inside_the_fp32_range(layout, calls):
+    """Weights of up to 4 per head and FP8 key scales of 1e-2 .. 1e2 (MXFP4: block exponents
+    127 +- 20) are far inside the range; so are huge values where no row reads them (an unused
+    cache page, an empty row's weights) and non-finite ones (their scores are non-finite in every
+    path alike)."""
+    args = small(layout)
+    args["weights"] = torch.full_like(args["weights"], 4.0)
+    if layout == "sglang_fp8":
+        scales = fp8_key_scales(args)
+        scales.copy_(torch.logspace(-2, 2, scales.numel()).reshape(scales.shape))
+    elif layout == "sglang_mxfp4":
+        args["q_scale"].view(torch.uint8).fill_(147)
+        args["k_cache"][:, 64 * 64 :] = 107
+    else:
+        args["q_scale"].fill_(147)
+        args["k_scale"].fill_(147)
+    call(dict(args), layout=layout)
+    unused = int(({0, 1, 2, 3, 4} - set(args["page_table"][:, :2].flatten().tolist())).pop())
+    if layout == "sglang_fp8":
+        fp8_key_scales(args)[unused] = 1e36
+        fp8_key_scales(args)[int(args["page_table"][0, 0]), :3] = torch.tensor([float("inf"), float("nan"), -float("inf")])
+    elif layout == "sglang_mxfp4":
+        args["k_cache"][unused, 64 * 64 :] = 254
+        args["k_cache"][int(args["page_table"][0, 0]), 64 * 64 : 64 * 64 + 4] = 255
+    else:
+        args["k_scale"][unused] = 254
+        args["k_scale"][int(args["page_table"][0, 0]), 0, 0, :4] = 255
+    args["weights"][1, 3] = float("nan")
+    call(dict(args), layout=layout)
+    args["seq_lens"] = torch.tensor([0, 75], dtype=torch.int32)
+    args["weights"][0] = 3e38
+    call(dict(args), layout=layout)
+    assert len(calls) == 3
+
+
 def test_zero_rows_are_valid(calls):
     args = {k: (None if v is None else v[:0]) for k, v in small("sglang_mxfp4").items()}
     args["k_cache"] = small("sglang_mxfp4")["k_cache"]

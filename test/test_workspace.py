@@ -1,6 +1,12 @@
 """Caller-owned workspaces: exact size, alignment and the legacy path's minimum, checked
 before any kernel runs."""
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,6 +33,41 @@ def _refuse_kernels(monkeypatch):
 
     monkeypatch.setattr(fused, "fused_topk_kernel", Refuse())
     monkeypatch.setattr(legacy, "logits_kernel", Refuse())
+
+
+@pytest.mark.parametrize("triton", ["installed", "missing"])
+@pytest.mark.parametrize("rows, topk, layout, name", [
+    (-1, 512, "sglang_fp8", "rows"),
+    (-(2**40), 512, "sglang_fp8", "rows"),
+    (2.0, 512, "sglang_fp8", "rows"),
+    (True, 512, "sglang_fp8", "rows"),
+    ("4", 512, "sglang_fp8", "rows"),
+    (None, 512, "sglang_fp8", "rows"),
+    (4, 100, "sglang_fp8", "topk"),
+    (4, 0, "sglang_fp8", "topk"),
+    (4, 1024.0, "sglang_fp8", "topk"),
+    (4, -512, "sglang_fp8", "topk"),
+    (4, None, "sglang_fp8", "topk"),
+    (4, 512, "fp4", "layout"),
+    (4, 512, None, "layout"),
+])
+def test_workspace_size_refuses_bad_arguments_first(rows, topk, layout, name, triton, monkeypatch):
+    """Negative or non-int rows, an unsupported topk or layout: a ValueError naming the
+    argument, before anything else (so also where Triton is missing)."""
+    from indexer_topk import backends
+
+    if triton == "missing":
+        monkeypatch.setattr(backends, "_triton_installed", lambda: False)
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        it.workspace_size(rows, topk, layout)
+
+
+def test_workspace_size_without_triton_is_unavailable(monkeypatch):
+    from indexer_topk import backends
+
+    monkeypatch.setattr(backends, "_triton_installed", lambda: False)
+    with pytest.raises(it.BackendUnavailable, match="Triton is not installed"):
+        it.workspace_size(0, 2048, "aiter_mxfp4")
 
 
 def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
@@ -97,3 +138,61 @@ def test_kill_switch_keeps_a_call_with_the_fused_workspace_valid():
     finally:
         policy.default_policy.cache_clear()
     assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))
+
+
+# Triton 3.6's interpreter indexes a scalar (a one-element 1-d array) with int(), which numpy 2.4
+# refuses; the script installs that behaviour before the kernels are imported, then runs the
+# calls that failed there: workspace_size, an INFO-logged policy, legacy and fused launches.
+AS_TRITON_3_6 = textwrap.dedent("""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    real = interpreter._patch_lang_tensor
+
+    def index_as_in_triton_3_6(self):
+        data = self.handle.data
+        if np.ndim(data) != 0:  # numpy >= 2.4 on Triton 3.6's int(self.handle.data)
+            raise TypeError("only 0-dimensional arrays can be converted to Python scalars")
+        return int(data)
+
+    def patch_as_in_triton_3_6(tensor, scope):
+        real(tensor, scope)
+        scope.set_attr(tensor, "__index__", index_as_in_triton_3_6)
+
+    interpreter._patch_lang_tensor = patch_as_in_triton_3_6
+
+    import torch
+    import indexer_topk as it
+    from indexer_topk.compare import bitwise_equal
+
+    wl = it.make_workload("sglang_fp8", context_tokens=[2400], rows_per_request=[2], topk=512, seed=4)
+    ws = torch.zeros(it.workspace_size(wl.rows, wl.topk, wl.layout.value, "cpu"), dtype=torch.uint8)
+    ref = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="reference")
+    legacy = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy")
+    fused = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="auto", workspace=ws)
+    assert bitwise_equal(legacy, fused) and torch.equal(legacy.raw_indices, ref.raw_indices)
+    print("ran", it.resolve_backend("auto"))
+""")
+
+
+def test_interpreter_takes_scalar_indices_as_triton_3_6_gives_them():
+    """On Triton 3.6 with numpy 2.4 every interpreted launch failed (InterpreterError:
+    TypeError('only 0-dimensional arrays can be converted to Python scalars')) at a loop bound
+    read from a kernel's scalar. Run with that interpreter behaviour in a fresh process, the
+    calls run and agree."""
+    package_root = Path(__import__("indexer_topk").__file__).resolve().parents[1]
+    env = dict(os.environ, TRITON_INTERPRET="1", INDEXER_TOPK_LOG_LEVEL="INFO",
+               PYTHONPATH=os.pathsep.join([str(package_root), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-c", AS_TRITON_3_6], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "ran fused" in run.stdout and "INFO" in run.stderr
+
+
+def test_scalar_index_is_left_alone_where_the_interpreter_takes_it():
+    """Where the installed interpreter indexes a one-element scalar itself (Triton 3.9), or
+    once wrapped, nothing is wrapped again."""
+    from indexer_topk.kernels import common
+
+    if not common.INTERPRETED:
+        pytest.skip("kernels compiled for a GPU: the interpreter is not in use")
+    assert common.index_one_element_scalars() is False

@@ -234,7 +234,18 @@ def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKRes
 def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:
     """Bytes of scratch that serve every fused call of at most ``rows`` rows with this ``topk``
     and ``layout`` on ``device``, independent of the context length: an engine reserves one
-    workspace for its largest batch and passes it to every call."""
+    workspace for its largest batch and passes it to every call.
+
+    ``rows`` a non-negative int, ``topk`` one of :data:`indexer_topk.SUPPORTED_TOPK`, ``layout``
+    one of :class:`indexer_topk.Layout`: anything else is a ``ValueError`` naming the argument,
+    before Triton is looked for (:class:`~indexer_topk.errors.BackendUnavailable` where it is
+    missing)."""
+    from .contract import check_topk, parse_layout
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 0:
+        raise ValueError(f"rows: expected a non-negative int, got {rows!r}")
+    check_topk(topk)
+    layout = parse_layout(layout)
     require_runnable("fused")
     from .backends.fused import fused_workspace_size
 

@@ -349,8 +349,8 @@ def cmd_demo(a, device) -> int:
             for b, run in runs.items():
                 if b == "reference" or not run.ok:
                     continue
-                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=next_values, seq_lens=w.seq_lens,
-                                           page_table=w.page_table, **mma_tolerance(w.layout, device, ref.outputs))
+                cmp = compare_to_reference(run.outputs, ref.outputs, next_values=next_values, inputs=w,
+                                           **mma_tolerance(w.layout, device, ref.outputs))
                 run.record["matches_reference"] = cmp.ok
                 run.record["reference_comparison"] = cmp.summary()
             ref.record["matches_legacy"] = runs["legacy"].record.get("matches_reference") if baseline is not None else None
@@ -674,8 +674,7 @@ def cmd_check(a, device) -> int:
                         entry.update(status=failure_status(exc), detail=failure_reason(exc))
                         results.append(entry)
                         continue
-                    cmp = compare_to_reference(got, expected, next_values=next_values,
-                                               seq_lens=w.seq_lens, page_table=w.page_table, **tol)
+                    cmp = compare_to_reference(got, expected, next_values=next_values, inputs=w, **tol)
                     entry.update(status="ok" if cmp.ok else "mismatch", detail=cmp.summary(), comparison=cmp.to_dict())
                     results.append(entry)
                 progress.advance(task)

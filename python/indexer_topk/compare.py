@@ -16,8 +16,12 @@ Two rules, used by the CLI (``demo``, ``check``), the benchmark and the tests:
   3. the *set* of selected positions equal, except in a row whose reference ``k``-th and
      ``(k+1)``-th best scores are themselves within that tolerance (a near-tie at the
      selection boundary, where either choice is correct to the kernel's precision). Such rows
-     are accepted and counted as ``near_tie_rows``; the positions must still be distinct and
-     inside ``[0, seq_len)``;
+     are accepted and counted as ``near_tie_rows`` only where each position is judged by its
+     own reference score: every position listed in place of a reference position scores
+     within the tolerance of the reference's ``k``-th score (the cut), as does every reference
+     position left out, and each listed position carries its own score; the positions must
+     still be distinct and inside ``[0, seq_len)``. Scoring the listed positions needs the
+     call's inputs: without them a set difference is a mismatch;
   4. every selected position carries the same physical index as in the reference (and, when
      the page table is given, ``page_table[r, raw >> 6] * 64 + (raw & 63)``);
   5. padding past ``counts``: ``-1`` indices and ``-inf`` values.
@@ -33,7 +37,7 @@ from typing import List, Optional
 
 import torch
 
-from .contract import PAGE_SIZE, IndexerTopKResult, Layout
+from .contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-6
@@ -45,7 +49,8 @@ MAX_RELATIVE_TOLERANCE = 1e-2
 COMPARISON_RULE = (
     "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
     "sets equal except where the reference's k-th and (k+1)-th scores are within that "
-    "tolerance (near-tie at the boundary); physical indices consistent; -1 / -inf padding"
+    "tolerance and every position swapped at the boundary scores within it of the k-th "
+    "(near-tie at the boundary); physical indices consistent; -1 / -inf padding"
 )
 
 
@@ -228,6 +233,7 @@ def compare_to_reference(
     expected: IndexerTopKResult,
     *,
     next_values: Optional[torch.Tensor] = None,
+    inputs: Optional[IndexerInputs] = None,
     seq_lens: Optional[torch.Tensor] = None,
     page_table: Optional[torch.Tensor] = None,
     rtol: float = DEFAULT_RTOL,
@@ -246,6 +252,13 @@ def compare_to_reference(
         has at most ``topk`` positions), from
         :func:`indexer_topk.reference.reference_with_next_values`. Without it the
         near-tie exception is off and any set difference is a mismatch.
+    inputs : IndexerInputs, optional
+        The call's inputs (a :class:`~indexer_topk.workload.Workload` is one). A near-tie row
+        is accepted only after the reference scores the positions the kernel lists in place
+        of the reference's (:func:`indexer_topk.reference.reference_scores_at`): each must
+        score within the tolerance of the cut and carry that score. Without them the near-tie
+        exception is off. They also supply ``seq_lens`` and ``page_table`` where those are
+        not given.
     seq_lens : torch.Tensor, optional
         int32 ``[rows]``; when given, accepted near-tie rows must select positions in
         ``[0, seq_len)``.
@@ -264,6 +277,11 @@ def compare_to_reference(
         ``.ok`` is the verdict; ``.summary()`` a one-line description.
     """
     check_tolerance(rtol, atol)
+    if inputs is not None:
+        if not isinstance(inputs, IndexerInputs):
+            raise ValueError(f"inputs: expected IndexerInputs (or a Workload), got {type(inputs).__name__}")
+        seq_lens = inputs.seq_lens if seq_lens is None else seq_lens
+        page_table = inputs.page_table if page_table is None else page_table
     actual, expected = _as_result(actual), _as_result(expected)
     dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
     a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
@@ -335,6 +353,7 @@ def compare_to_reference(
 
     lens = None if seq_lens is None else seq_lens.detach().to(dev).long()
     next_values = None if next_values is None else next_values.detach().to(dev)
+    near_ties = []
     for r in (~same_set & ~count_bad).nonzero().flatten().tolist():
         n = int(e.counts[r])
         got = sa[r, :n]
@@ -345,15 +364,70 @@ def compare_to_reference(
             and n == topk
             and bool(values_close(e.values[r, n - 1 : n], next_values[r : r + 1], rtol, atol[r] if atol.dim() else atol))
         )
-        if boundary_tie and in_range and distinct:
-            cmp.near_tie_rows.append(r)
+        if boundary_tie and in_range and distinct and inputs is not None:
+            near_ties.append(r)
             continue
         cmp.set_rows.append(r)
         extra = sorted(set(got.tolist()) - set(se[r, :n].tolist()))[:4]
         missing = sorted(set(se[r, :n].tolist()) - set(got.tolist()))[:4]
         why = "" if in_range and distinct else " (positions out of range or repeated)"
+        if boundary_tie and not why:
+            why = " (a boundary near-tie is accepted only with the inputs, to score each listed position)"
         note(f"row {r}: selected {extra} instead of {missing}{why}")
+    if near_ties:
+        for r, msg in _judge_near_ties(a, e, near_ties, inputs, rtol, atol):
+            if msg is None:
+                cmp.near_tie_rows.append(r)
+            else:
+                cmp.set_rows.append(r)
+                note(msg)
+        cmp.set_rows.sort()
     return cmp
+
+
+def _judge_near_ties(a: IndexerTopKResult, e: IndexerTopKResult, rows, inputs: IndexerInputs, rtol, atol):
+    """``(row, None)`` for each boundary near-tie row whose positions all hold up by their own
+    reference scores, ``(row, message)`` for the others: a position the kernel lists in place
+    of a reference position must score within the tolerance of the cut (the reference's k-th
+    score) and carry its own score; a reference position it leaves out must score within the
+    tolerance of the cut."""
+    from .reference import reference_scores_at
+
+    extras = []  # (row, slot, position) listed by the kernel but not by the reference
+    for r in rows:
+        n = int(e.counts[r])
+        ref_pos = set(e.raw_indices[r, :n].tolist())
+        extras += [(r, j, p) for j, p in enumerate(a.raw_indices[r, :n].tolist()) if p not in ref_pos]
+    dev = inputs.k_cache.device
+    own = reference_scores_at(
+        *inputs.tensors, layout=inputs.layout, weight_scale=inputs.weight_scale,
+        rows=torch.tensor([x[0] for x in extras], dtype=torch.int64, device=dev),
+        positions=torch.tensor([x[2] for x in extras], dtype=torch.int64, device=dev),
+    ).cpu()
+    verdicts = []
+    for r in rows:
+        n = int(e.counts[r])
+        tol = atol[r] if atol.dim() else atol
+        cut = e.values[r, n - 1 : n]
+        mine = [(j, p, own[i : i + 1]) for i, (rr, j, p) in enumerate(extras) if rr == r]
+        listed = set(a.raw_indices[r, :n].tolist())
+        msg = None
+        for j, p, score in mine:
+            if not bool(values_close(score, cut, rtol, tol)):
+                msg = (f"row {r}: position {p}, listed at the boundary, scores {float(score)!r} by the reference, "
+                       f"not within tolerance of the cut {float(cut)!r}")
+            elif not bool(values_close(a.values[r, j : j + 1], score, rtol, tol)):
+                msg = f"row {r}: position {p} listed with {float(a.values[r, j])!r}, its reference score is {float(score)!r}"
+            if msg:
+                break
+        if msg is None:
+            for j, p in enumerate(e.raw_indices[r, :n].tolist()):
+                if p not in listed and not bool(values_close(e.values[r, j : j + 1], cut, rtol, tol)):
+                    msg = (f"row {r}: position {p} (reference score {float(e.values[r, j])!r}) left out, "
+                           f"not within tolerance of the cut {float(cut)!r}")
+                    break
+        verdicts.append((r, msg))
+    return verdicts
 
 
 __all__ = [

@@ -7,6 +7,27 @@ Every backend computes, for each query row ``r`` and each C4 position ``j < seq_
 
 and returns the ``topk`` best positions under one total order (:func:`order_keys`): higher
 score first, equal scores broken by the lower position, NaN below every number, +0 above -0.
+
+The fp32 range. The kernels form, in fp32 and before ``weight_scale``, each head's dot
+``q . k``, the head sum ``S = sum_h weights * relu(q . k)`` and, for sglang_fp8, ``S * k_scale``;
+the reference computes in fp64. The contract covers inputs whose bound on those intermediates,
+``max(D, sum_h |weights[r, h]| * D * max(1, K))``, is at most ``2**127`` (about
+1.7e38, half of fp32's largest number, leaving room for the rounding of fp32 sums) for every
+row with positions to score, where ``D`` is the largest ``|q . k|`` the stored values allow
+(sglang_fp8: ``128 * 448**2``, e4m3's largest magnitude squared; MXFP4: ``128 * 6**2 *
+2**(eq - 127) * 2**(ek - 127)`` with ``eq`` the row's largest query block exponent and ``ek``
+the largest key block exponent of the pages the call uses) and ``K`` the largest ``|k_scale|``
+of those pages (sglang_fp8; 1 otherwise). Non-finite weights, scales and exponents (255) are
+left out of the bound: they give the same non-finite scores everywhere. Beyond the bound a
+kernel may give ``inf`` where the exact score is finite, so the value checks
+(:func:`check_score_range`, ``check_values=True``) and the reference refuse such inputs with
+``ValueError``; ``weight_scale`` is applied last and does not enter the bound. For DeepSeek-V4
+(weights of order 1, FP8 key scales of 1e-2 .. 1e2, block exponents near 127) the bound is
+below 1e12, far inside the range.
+
+NaN scores rank below every number here. SGLang's torch top-k (``torch.topk``) ranks NaN above
+every number, so a row holding NaN scores (e.g. from a NaN FP8 key scale) may select other
+positions here than there.
 """
 
 from __future__ import annotations
@@ -42,6 +63,13 @@ KEY_NAN = -(2**31) + 1
 FP32_MAX = torch.finfo(torch.float32).max
 FP32_TINY = torch.finfo(torch.float32).tiny  # the smallest normal fp32
 
+# The contract's fp32 range (module docstring): the bound on a row's fp32 intermediates, at most
+# half of fp32's largest number. E4M3_MAX / E2M1_MAX: the largest magnitudes of an element.
+SCORE_RANGE = 2.0**127
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+UE8M0_NONFINITE = 255  # the exponent byte that dequantises to inf
+
 
 class Layout(str, enum.Enum):
     """How the quantised query and the paged C4 index-K cache are stored.
@@ -61,6 +89,13 @@ class Layout(str, enum.Enum):
         SGLang's FP8 layout. ``q`` float8_e4m3fn ``[rows, 64, 128]`` with its scale folded into
         ``weights`` (``q_scale`` None); ``k_cache`` uint8 ``[pages, 64 * 132]``: 64 slots x 128
         e4m3 bytes, then 64 fp32 scales; ``k_scale`` None; ``weights`` fp32.
+
+    In every layout the values must keep the kernels' fp32 intermediates in range: for each row
+    with positions to score, ``max(D, sum_h |weights[r, h]| * D * max(1, K)) <= 2**127``, ``D``
+    the largest ``|q . k|`` the layout's stored values allow (sglang_fp8: ``128 * 448**2``; MXFP4:
+    ``128 * 36 * 2**(eq - 127) * 2**(ek - 127)`` from the largest query and key block exponents)
+    and ``K`` the largest sglang_fp8 key scale of the pages the call uses (see the module
+    docstring; :func:`check_score_range` checks it where values are checked).
     """
 
     AITER_MXFP4 = "aiter_mxfp4"
@@ -279,7 +314,7 @@ def expected_shapes(layout: Layout, rows: int, num_pages: int):
     }
 
 
-def _check_topk(topk) -> int:
+def check_topk(topk) -> int:
     if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
         raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
     return topk
@@ -334,6 +369,86 @@ def _check_values(inputs: IndexerInputs) -> None:
                 f"page_table: row {r} page {p} holds id {int(page_table[r, p])}, "
                 f"outside the cache of {num_pages} pages"
             )
+    check_score_range(inputs)
+
+
+def _finite_abs(values: torch.Tensor) -> torch.Tensor:
+    """float64 ``|values|`` with every non-finite value as 0."""
+    v = values.double().abs()
+    return torch.where(torch.isfinite(v), v, torch.zeros_like(v))
+
+
+def _finite_abs_sum(weights: torch.Tensor) -> torch.Tensor:
+    """float64 ``[rows]``: each row's ``sum_h |weights|`` over its finite weights."""
+    return _finite_abs(weights).sum(dim=1)
+
+
+def _largest_exponent(exponents: torch.Tensor, dim=None) -> torch.Tensor:
+    """float64 largest finite ue8m0 exponent byte (below 255), -inf where there is none."""
+    e = exponents.to(torch.float64)
+    e = torch.where(e < UE8M0_NONFINITE, e, torch.full_like(e, float("-inf")))
+    if dim is None:
+        return e.max() if e.numel() else e.new_full((), float("-inf"))
+    return e.amax(dim=dim) if e.shape[dim] else e.new_full(e.shape[:dim] + e.shape[dim + 1 :], float("-inf"))
+
+
+def score_bounds(inputs: IndexerInputs):
+    """Each row's bound on its fp32 intermediates (float64 ``[rows]``, 0 for a row without
+    positions to score) and a function saying, for a row, how its bound was formed (the
+    module docstring states the bound)."""
+    # Reads the weights, the query exponents and the scales of the cache pages the rows use. An
+    # unchecked length is bounded by the page table and an unchecked page id outside the cache
+    # left out (where values are checked, the checks refusing those run first).
+    layout, k_cache, page_table = inputs.layout, inputs.k_cache, inputs.page_table
+    rows, num_pages = inputs.rows, k_cache.shape[0]
+    dev = k_cache.device
+    lens = inputs.seq_lens.long().clamp(min=0, max=page_table.shape[1] * PAGE_SIZE)
+    used = torch.arange(page_table.shape[1], device=dev)[None, :] * PAGE_SIZE < lens[:, None]
+    pages = page_table.long()[used]
+    pages = pages[(pages >= 0) & (pages < num_pages)].unique()
+    weight_sum = _finite_abs_sum(inputs.weights)
+    if layout is Layout.SGLANG_FP8:
+        key_scales = k_cache[pages, PAGE_SIZE * HEAD_DIM :].contiguous().view(torch.float32)
+        dot = torch.full((rows,), HEAD_DIM * E4M3_MAX**2, dtype=torch.float64, device=dev)
+        key_scale = float(_finite_abs(key_scales).max()) if key_scales.numel() else 0.0
+        def how(r):
+            return f"largest |q . k| {HEAD_DIM * E4M3_MAX**2:.4g} (e4m3), largest key scale {key_scale:.4g}"
+    else:
+        if layout is Layout.SGLANG_MXFP4:
+            q_exp = inputs.q_scale.contiguous().view(torch.uint8).reshape(rows, HEADS * 4)
+            k_exp = k_cache[pages, PAGE_SIZE * (HEAD_DIM // 2) :]
+        else:
+            q_exp = inputs.q_scale.reshape(rows, HEADS * 4)
+            k_exp = inputs.k_scale[pages]
+        eq = _largest_exponent(q_exp, dim=1)
+        ek = float(_largest_exponent(k_exp))
+        dot = HEAD_DIM * E2M1_MAX**2 * torch.exp2(eq - 127) * 2.0 ** (ek - 127)
+        key_scale = 1.0
+
+        def how(r):
+            return (f"largest |q . k| {float(dot[r]):.4g} from query block exponent {float(eq[r]):g} and key "
+                    f"block exponent {ek:g}")
+    bound = torch.maximum(dot, dot * weight_sum * max(1.0, key_scale))
+    bound = torch.where(lens > 0, torch.nan_to_num(bound, nan=0.0), torch.zeros_like(bound))
+    return bound, how
+
+
+def check_score_range(inputs: IndexerInputs) -> None:
+    """``ValueError`` where a row's inputs are beyond the contract's fp32 range (module
+    docstring): the kernels could give ``inf`` where the exact score is finite."""
+    if inputs.rows == 0:
+        return
+    bound, how = score_bounds(inputs)
+    worst = int(bound.argmax())
+    if float(bound[worst]) <= SCORE_RANGE:
+        return
+    names = "weights, k_cache" if inputs.layout is Layout.SGLANG_FP8 else "weights, q_scale, k_cache"
+    weights = float(_finite_abs_sum(inputs.weights[worst : worst + 1]))
+    raise ValueError(
+        f"{names}: row {worst}'s scores are beyond the fp32 range the kernels compute in: their fp32 "
+        f"intermediates (before weight_scale) may reach {float(bound[worst]):.4g} (sum_h |weights| {weights:.4g}, "
+        f"{how(worst)}), above 2**127 = {SCORE_RANGE:.4g}; scale the weights or the key scales down and weight_scale up"
+    )
 
 
 def validate_inputs(
@@ -359,13 +474,15 @@ def validate_inputs(
 
     Shape, dtype, device, alignment, aliasing and layout checks read only metadata.
     ``check_values`` adds the checks that read tensor contents (``seq_lens`` within
-    ``[0, page_table.shape[1] * 64]``, every page id a row uses inside the cache); they
-    synchronise with the device, so graph-captured and decode callers turn them off. A
+    ``[0, page_table.shape[1] * 64]``, every page id a row uses inside the cache, and the
+    weights, block exponents and key scales within the kernels' fp32 range,
+    :func:`check_score_range`); they synchronise with the device, so graph-captured and decode
+    callers turn them off. A
     ``workspace`` tensor is checked here for everything but its size, which depends on the
     backend (:func:`check_workspace`).
     """
     layout = parse_layout(layout)
-    _check_topk(topk)
+    check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
     if not isinstance(check_values, bool):
         raise ValueError(f"check_values: expected True or False, got {check_values!r}")

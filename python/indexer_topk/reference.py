@@ -5,7 +5,10 @@ values and ``weight_scale`` rounded to fp32 (as every backend takes it), and rou
 fp32; selection uses the contract's total order through
 :func:`indexer_topk.contract.order_keys`. Rows and the context are processed in bounded
 blocks with a running top-k, so a 768K-token row runs on a GPU without materialising more
-than ``row_block * ctx_block`` scores.
+than ``row_block * ctx_block`` scores. A row is scored no further than its page table reaches
+(:func:`scored_lengths`), as the kernels bound it, whatever an unchecked length says. Inputs
+beyond the kernels' fp32 range (:func:`indexer_topk.contract.check_score_range`) are refused
+with ``ValueError``, checked values or not: no kernel could be held to their fp64 scores.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ import torch
 
 from .contract import (
     PAGE_SIZE,
+    IndexerInputs,
     IndexerTopKResult,
     Layout,
+    check_score_range,
     order_keys,
     parse_layout,
     scores_from_ordered_bits,
@@ -23,22 +28,51 @@ from .contract import (
 from .formats import dequantize_query, read_k_cache
 
 
+def scored_lengths(seq_lens: torch.Tensor, page_table: torch.Tensor) -> torch.Tensor:
+    """Each row's scored length (int64): ``seq_lens`` within ``[0, page_table.shape[1] * 64]``.
+
+    Positions past the page table do not exist, as in the kernels: a length beyond it (or below
+    0) is possible only with the value checks off, and the reference then scores what the
+    kernels score instead of re-reading the table's last page for every position beyond it.
+    """
+    return seq_lens.long().clamp(min=0, max=page_table.shape[1] * PAGE_SIZE)
+
+
 def reference_scores(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0,
     rows=None, start=0, stop=None,
 ):
-    """fp32 scores ``[len(rows), stop - start]`` of positions ``start..stop-1``; ``-inf`` past ``seq_len``.
+    """fp32 scores ``[len(rows), stop - start]`` of positions ``start..stop-1``; ``-inf`` past
+    the row's :func:`scored_lengths`.
 
-    ``rows`` selects query rows (default: all). Used by the reference selection and by tests.
+    ``rows`` selects query rows (default: all); ``stop`` defaults to the longest scored length.
+    Used by the reference selection and by tests.
     """
     layout = parse_layout(layout)
     if rows is None:
         rows = torch.arange(q.shape[0], device=k_cache.device)
+    lens = scored_lengths(seq_lens[rows], page_table)
     if stop is None:
-        stop = int(seq_lens.max()) if seq_lens.numel() else 0
+        stop = int(lens.max()) if lens.numel() else 0
     qf, w = _query_rows(layout, q, q_scale, weights, rows)
-    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), seq_lens[rows].long(),
-                         weight_scale, start, stop)
+    pos = torch.arange(start, stop, device=k_cache.device)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(), lens, weight_scale, pos)
+
+
+def reference_scores_at(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0, rows, positions,
+):
+    """fp32 scores of single ``(row, position)`` pairs: ``rows`` and ``positions`` int ``[m]``,
+    the result float32 ``[m]``; ``-inf`` for a position outside ``[0, scored length)`` of its row.
+    :func:`indexer_topk.compare.compare_to_reference` scores the positions a kernel lists at a
+    near-tie selection boundary with it."""
+    layout = parse_layout(layout)
+    dev = k_cache.device
+    rows = torch.as_tensor(rows, device=dev).long().reshape(-1)
+    positions = torch.as_tensor(positions, device=dev).long().reshape(-1, 1)
+    qf, w = _query_rows(layout, q, q_scale, weights, rows)
+    return _block_scores(layout, qf, w, k_cache, k_scale, page_table[rows].long(),
+                         scored_lengths(seq_lens[rows], page_table), weight_scale, positions).reshape(-1)
 
 
 def _query_rows(layout, q, q_scale, weights, rows):
@@ -47,14 +81,16 @@ def _query_rows(layout, q, q_scale, weights, rows):
     return qf, weights[rows].double()
 
 
-def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, start, stop):
-    """:func:`reference_scores` for rows already gathered: page table rows ``pt`` (int64) and
-    lengths ``lens``, queries and weights from :func:`_query_rows`."""
-    dev = k_cache.device
-    pos = torch.arange(start, stop, device=dev)
-    valid = pos[None, :] < lens[:, None]
-    page_idx = (pos // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
-    slots = pt[:, page_idx] * PAGE_SIZE + pos % PAGE_SIZE  # [R, B]
+def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
+    """Scores of rows already gathered (page table rows ``pt`` int64, lengths ``lens``, queries
+    and weights from :func:`_query_rows`) at positions ``pos``: ``[B]`` shared by every row or
+    ``[R, B]`` per row; float32 ``[R, B]``, ``-inf`` outside ``[0, seq_len)``."""
+    pos = pos.expand(len(lens), pos.shape[-1])
+    valid = (pos >= 0) & (pos < lens[:, None])
+    if pt.shape[1] == 0:  # a zero-width page table: every row is empty
+        pt = pt.new_zeros((len(lens), 1))
+    page_idx = (pos.clamp(min=0) // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
+    slots = torch.gather(pt, 1, page_idx) * PAGE_SIZE + pos.clamp(min=0) % PAGE_SIZE  # [R, B]
     slots = torch.where(valid, slots, torch.zeros_like(slots))  # never dereference garbage pages
     k, ks = read_k_cache(layout, k_cache, k_scale, slots)  # [R, B, 128], [R, B]
     dots = torch.einsum("rbd,rhd->rbh", k.double(), qf)
@@ -86,25 +122,29 @@ def reference_with_next_values(
     has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
     takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
+    # the kernels' fp32 range: beyond it no kernel can be held to the fp64 scores
+    check_score_range(IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk))
     dev = k_cache.device
     n_rows = q.shape[0]
     values = torch.full((n_rows, topk), float("-inf"), dtype=torch.float32, device=dev)
     raw = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     phys = torch.full((n_rows, topk), -1, dtype=torch.int32, device=dev)
     next_values = torch.full((n_rows,), float("-inf"), dtype=torch.float32, device=dev)
-    counts = torch.clamp(seq_lens, min=0, max=topk).to(torch.int32)  # negative: unchecked input, an empty row
+    all_lens = scored_lengths(seq_lens, page_table)  # unchecked lengths: as the kernels bound them
+    counts = all_lens.clamp(max=topk).to(torch.int32)
     neg = torch.iinfo(torch.int64).min
     for r0 in range(0, n_rows, row_block):
         rows = torch.arange(r0, min(r0 + row_block, n_rows), device=dev)
-        lens = seq_lens[rows].long()
+        lens = all_lens[rows]
         pt = page_table[rows].long()
         qf, w = _query_rows(layout, q, q_scale, weights, rows)
         longest = int(lens.max()) if len(rows) else 0
         best = torch.full((len(rows), topk + 1), neg, dtype=torch.int64, device=dev)
         for c0 in range(0, longest, ctx_block):
             c1 = min(c0 + ctx_block, longest)
-            s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, c0, c1)
-            pos = torch.arange(c0, c1, device=dev).expand_as(s)
+            pos = torch.arange(c0, c1, device=dev)
+            s = _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos)
+            pos = pos.expand_as(s)
             keys = order_keys(s, pos)
             keys = torch.where(pos < lens[:, None], keys, torch.full_like(keys, neg))
             best = torch.cat([best, keys], dim=1).topk(topk + 1, dim=1, sorted=True).values

@@ -96,21 +96,98 @@ def pick(vec, r, R: tl.constexpr):
 INTERPRETED = tl.constexpr(isinstance(ordered_key, InterpretedFunction))
 
 
+def index_one_element_scalars() -> bool:
+    """Let the interpreter take a scalar as an index where numpy refuses Triton 3.6's way.
+
+    The interpreter holds a kernel's scalar (an integer argument, and what is computed from it)
+    as a one-element 1-d numpy array, and a loop bound such as ``range(0, n, CHUNK)`` asks it
+    for ``__index__``. Triton 3.6 answers with ``int(array)``, which numpy 2.4 refuses for a
+    1-d array (``TypeError: only 0-dimensional arrays can be converted to Python scalars``),
+    so every interpreted launch failed there; later Tritons squeeze the array first. Where the
+    installed interpreter's ``__index__`` fails on such a scalar, its tensor patch is wrapped to
+    index the squeezed value (what later Tritons do); elsewhere nothing changes. Returns
+    whether it wrapped. Compiled kernels never pass through here.
+    """
+    import types
+    import warnings
+
+    import numpy as np
+    from triton.runtime import interpreter
+
+    patch = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch is None or getattr(patch, "indexes_one_element_scalars", False):
+        return False
+
+    class Capture:
+        def __init__(self):
+            self.attrs = {}
+
+        def set_attr(self, obj, name, value):
+            self.attrs[name] = value
+
+    capture = Capture()
+    try:
+        patch(type("Tensor", (), {}), capture)
+        index = capture.attrs["__index__"]
+    except Exception:  # an interpreter that patches tensors otherwise: leave it alone
+        return False
+    scalar = types.SimpleNamespace(handle=types.SimpleNamespace(data=np.array([7], dtype=np.int32)))
+    try:
+        with warnings.catch_warnings():
+            # numpy before 2.4 only warns that it will refuse: take its warning as the refusal
+            warnings.simplefilter("error", DeprecationWarning)
+            if index(scalar) == 7:
+                return False
+    except Exception:
+        pass
+
+    def patch_with_index(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(())))
+
+    patch_with_index.indexes_one_element_scalars = True
+    interpreter._patch_lang_tensor = patch_with_index
+    return True
+
+
+if INTERPRETED:
+    index_one_element_scalars()
+
+
+# Triton's largest block (TRITON_MAX_TENSOR_NUMEL); the interpreter enforces it too.
+MAX_BLOCK = tl.constexpr(1 << 20)
+
+
 @triton.jit
 def sort1d(x, DESCENDING: tl.constexpr):
     """``tl.sort`` of a 1-D tensor. Under the interpreter, where ``tl.sort``'s network of
-    small steps costs seconds per call, each element's rank is counted in one ``[N, N]``
-    comparison and the elements are placed by rank: the same sorted tensor."""
+    small steps costs seconds per call, each element's rank is counted in ``[N, N]``
+    comparisons and the elements are placed by rank: the same sorted tensor. Past 1024
+    elements ``[N, N]`` exceeds Triton's largest block, so the comparisons are made against
+    one piece of ``x`` at a time (``[N, C]`` blocks) and the output is placed a piece at a time."""
     if INTERPRETED:
-        idx = tl.arange(0, x.shape[0])
+        N: tl.constexpr = x.shape[0]
+        C: tl.constexpr = min(N, MAX_BLOCK // N)
+        P: tl.constexpr = N // C
+        idx = tl.arange(0, N)
+        cidx = tl.arange(0, C)
+        prow = tl.arange(0, P)[:, None]
+        pieces = tl.reshape(x, [P, C])
         xi = x[:, None]
-        xj = x[None, :]
-        if DESCENDING:
-            ahead = xj > xi
-        else:
-            ahead = xj < xi
-        ahead = ahead | ((xj == xi) & (idx[None, :] < idx[:, None]))
-        rank = tl.sum(ahead.to(tl.int32), axis=1)
-        return tl.sum(tl.where(rank[None, :] == idx[:, None], xj, 0), axis=1)
+        rank = tl.zeros([N], dtype=tl.int32)
+        for p in tl.static_range(P):
+            xj = tl.sum(tl.where(prow == p, pieces, 0), axis=0)[None, :]
+            jdx = (cidx + p * C)[None, :]
+            if DESCENDING:
+                ahead = xj > xi
+            else:
+                ahead = xj < xi
+            ahead = ahead | ((xj == xi) & (jdx < idx[:, None]))
+            rank += tl.sum(ahead.to(tl.int32), axis=1)
+        out = tl.zeros([P, C], dtype=x.dtype)
+        for p in tl.static_range(P):
+            piece = tl.sum(tl.where(rank[None, :] == (cidx + p * C)[:, None], x[None, :], 0), axis=1)
+            out = tl.where(prow == p, piece[None, :], out)
+        return tl.reshape(out, [N])
     else:
         return tl.sort(x, descending=DESCENDING)
