@@ -34,7 +34,7 @@ fi
 
 if [[ $STEPS == *p* ]]; then
   stamp "probe"
-  timeout 240 python3 benchmark/decode_probe.py --bits-layouts "" --variants legacy,fused_r1,plain_r1 \
+  timeout 240 python3 benchmark/research/decode_probe.py --bits-layouts "" --variants legacy,fused_r1,plain_r1 \
     --out "$OUT/decode_probe.json" > "$OUT/decode_probe.log" 2>&1
   stamp "probe rc $?"
 fi

@@ -28,7 +28,7 @@ if want 1; then
 step "1 compile"
 for layout in sglang_fp8 sglang_mxfp4 aiter_mxfp4; do
   for topk in 512 1024; do
-    timeout 150 python3 benchmark/warm_kernels.py --layout $layout --topk $topk > "$DIR/warm_${layout}_${topk}.log" 2>&1 &
+    timeout 150 python3 benchmark/research/warm_kernels.py --layout $layout --topk $topk > "$DIR/warm_${layout}_${topk}.log" 2>&1 &
   done
 done
 wait
@@ -59,14 +59,14 @@ if want 5; then
 step "5 ncu"
 timeout 60 ncu --clock-control none -k "$KERNELS" --launch-skip 1 --launch-count 1 \
   --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
-  python3 benchmark/ncu_fused.py > "$DIR/ncu_fused.txt" 2>&1
+  python3 benchmark/research/ncu_fused.py > "$DIR/ncu_fused.txt" 2>&1
 grep -E "Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Issue Slots Busy|Warp Cycles Per Issued|Block Limit" "$DIR/ncu_fused.txt" | head -20
 # where the warps stall, by source line and region (the exported source page is large: summarised here)
 timeout 90 ncu --clock-control none -k "$KERNELS" --launch-skip 1 --launch-count 1 \
   --section WarpStateStats --section SourceCounters --import-source yes -o "$DIR/fused_src" \
-  python3 benchmark/ncu_fused.py > /dev/null 2>&1 \
+  python3 benchmark/research/ncu_fused.py > /dev/null 2>&1 \
   && ncu -i "$DIR/fused_src.ncu-rep" --page source --csv --print-source cuda,sass > "$DIR/fused_src.csv" \
-  && python3 benchmark/ncu_source_summary.py "$DIR/fused_src.csv" > "$DIR/ncu_fused_source.txt" \
+  && python3 benchmark/research/ncu_source_summary.py "$DIR/fused_src.csv" > "$DIR/ncu_fused_source.txt" \
   && head -14 "$DIR/ncu_fused_source.txt"
 rm -f "$DIR/fused_src.ncu-rep" "$DIR/fused_src.csv"
 fi

@@ -4,11 +4,15 @@ The SGLang integration test runs SGLang's own code, so it needs the release's Py
 not an installation: ``pip download sglang==<version> --no-deps`` fetches the wheel and its
 ``sglang/`` tree is unpacked into ``.sglang-src/`` at the repository root (ignored by git),
 where later runs find it without the network. ``msgspec``, which SGLang uses to declare
-structs at import time, is fetched the same way when it is not installed.
+structs at import time, is fetched the same way when it is not installed. Test processes run
+side by side (pytest-xdist), so a fetch holds a lock on the cache directory: one process
+downloads, the others wait and find it cached.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import importlib.util
 import os
 import shutil
@@ -73,6 +77,17 @@ def _cached(target: Path) -> bool:
     return (target / _DONE).is_file()
 
 
+@contextlib.contextmanager
+def _locked(cache_dir: Path):
+    """Hold an exclusive lock on ``cache_dir`` (released when the holder exits, even killed)."""
+    with open(cache_dir / ".lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def fetch_sglang_source(version: str = SGLANG_VERSION, cache_dir: Path = CACHE_DIR) -> List[Path]:
     """Directories to put on ``sys.path`` so ``import sglang`` finds the release's sources.
 
@@ -80,6 +95,11 @@ def fetch_sglang_source(version: str = SGLANG_VERSION, cache_dir: Path = CACHE_D
     needed wheel cannot be downloaded.
     """
     cache_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(cache_dir):
+        return _fetch(version, cache_dir)
+
+
+def _fetch(version: str, cache_dir: Path) -> List[Path]:
     paths = []
     src = cache_dir / f"sglang-{version}"
     if not _cached(src):

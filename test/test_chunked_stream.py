@@ -1,4 +1,4 @@
-"""The chunked-stream experiment (benchmark/chunked_stream.py) stays exact: bitwise equal to the
+"""The chunked-stream experiment (benchmark/research/chunked_stream.py) stays exact: bitwise equal to the
 legacy path under plans that force many chunks, cuts every block, and several row steps."""
 
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 from kernel_cases import Case, assert_bitwise, build, run_legacy
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
 import chunked_stream  # noqa: E402
 
 

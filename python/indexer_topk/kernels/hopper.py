@@ -40,7 +40,7 @@ only that row's column: the same bits.
 
 Two measurement hooks compile away when off: ``NO_SELECT`` (the selection does no work, outputs
 undefined: the loads and MMAs alone) and ``PROF`` (each partition's waits and regions in SM
-cycles, ``benchmark/hopper_probe.py --profile``). How the configuration was found, build by
+cycles, ``benchmark/research/hopper_probe.py --profile``). How the configuration was found, build by
 build, is in ``benchmark/results/NOTES.md``.
 
 ``R = 2`` (one N = 128 MMA on four warps, the legacy tile's configuration) serves prefill, and

@@ -121,7 +121,7 @@ class KernelArgs:
 
 def pack_args(inputs: IndexerInputs, launch: bool = True) -> KernelArgs:
     """The kernels' view of ``inputs``; ``launch=False`` for views that only feed a compilation
-    (benchmark/compile_report.py), where no kernel will run on these tensors."""
+    (benchmark/research/compile_report.py), where no kernel will run on these tensors."""
     if launch:
         check_runnable(inputs.device)
     layout = inputs.layout

@@ -41,7 +41,7 @@ def logits_kernel(
     """Program (group, span): keys of rows ``row_start + R * group + (0 .. R-1)`` over positions
     ``col0 + span * program_id(1) ..`` (below ``width``), at column ``position - col0`` of the
     key matrix ``keys``; rows at or past ``n_rows`` are not written. The legacy path scores a
-    whole row (``col0 = 0``); the chunked-stream experiment (``benchmark/chunked_stream.py``) one
+    whole row (``col0 = 0``); the chunked-stream experiment (``benchmark/research/chunked_stream.py``) one
     context chunk at a time."""
     r0 = row_start + tl.program_id(0) * R
     lo = col0 + tl.program_id(1) * span

@@ -2,7 +2,7 @@
 
 Run on a GPU from the repository root::
 
-    PYTHONPATH=python python3 benchmark/profile_kernels.py [--layouts ...] [--context 768K] [--rows 1024]
+    PYTHONPATH=python python3 benchmark/research/profile_kernels.py [--layouts ...] [--context 768K] [--rows 1024]
 
 For each layout, on one DSv4-shaped prefill (one request, ``rows`` query tokens at the end of
 the context), it times side by side: the legacy path (total, score stage, top-k stage and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Score-tile structures for the FP8 indexer, timed alone (no selection) on a GPU.
 
-    PYTHONPATH=python python3 benchmark/tile_sweep.py [--rows 1024] [--context 786432] [--only NAME ...]
+    PYTHONPATH=python python3 benchmark/research/tile_sweep.py [--rows 1024] [--context 786432] [--only NAME ...]
 
 Each variant computes every score of ``rows`` query rows against a ``context / 4``-position
 paged FP8 cache (one request, pages in order) and keeps only an elementwise running maximum per

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The chunked stream beside the persistent fused kernel and legacy, same inputs, one run.
 
-    PYTHONPATH=python python3 benchmark/stream_probe.py [--quick]
-    PYTHONPATH=python python3 benchmark/stream_probe.py --compile LAYOUT TOPK   # warm the cache
+    PYTHONPATH=python python3 benchmark/research/stream_probe.py [--quick]
+    PYTHONPATH=python python3 benchmark/research/stream_probe.py --compile LAYOUT TOPK   # warm the cache
 
 For each case it times (median of CUDA events) legacy, the persistent fused kernel and the
 chunked stream under several plans, checks every output bitwise against legacy's, and splits the

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile the kernels for a GPU target without a GPU and report their resources.
 
-    python benchmark/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
+    python benchmark/research/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
 For the fused kernel, the legacy logits kernel and the selection kernel (legacy top-k and split
 merge), it prints registers per thread, stack (spilled registers), shared memory, counts of a
@@ -29,7 +29,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 if importlib.util.find_spec("indexer_topk") is None:  # running from a checkout without installing the package
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 from indexer_topk.backends.fused import plan_fused  # noqa: E402
 from indexer_topk.contract import Layout  # noqa: E402

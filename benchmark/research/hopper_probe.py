@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The fused backend's Hopper stream beside its plain-Triton kernel and legacy, one run (an sm_90 GPU).
 
-    PYTHONPATH=python python3 benchmark/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select]
+    PYTHONPATH=python python3 benchmark/research/hopper_probe.py [--quick] [--skip-check] [--build NAME] [--no-select]
                                                         [--profile] [--rows-sweep]
 
 First an exactness sweep on small shapes (every adversarial pattern, several requests so that

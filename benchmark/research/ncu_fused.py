@@ -3,7 +3,7 @@
 
     ncu --clock-control none -k regex:'fused_topk_kernel|hopper_stream_kernel' --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section WarpStateStats \
-        python3 benchmark/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024] \
+        python3 benchmark/research/ncu_fused.py [--layout sglang_fp8] [--context 786432] [--rows 1024] [--topk 1024] \
         [--requests 1] [--plain | --build NAME]
 
 The fused backend as routed (on an sm_90 GPU the FP8 cache takes the Hopper stream,

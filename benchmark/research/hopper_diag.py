@@ -2,7 +2,7 @@
 """Where a build of the Hopper stream departs from legacy: per call, the rows that differ and,
 for the first few, how (counts, entries missing or extra, whether only their order differs).
 
-    PYTHONPATH=python python3 benchmark/hopper_diag.py BUILD [BUILD ...]
+    PYTHONPATH=python python3 benchmark/research/hopper_diag.py BUILD [BUILD ...]
 
 Each build runs at 64K tokens x 1024 rows with the default grid (twice: a race shows as two runs
 that differ) and with two context splits.

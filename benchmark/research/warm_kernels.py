@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compile (into Triton's cache) the kernels one layout and topk need, for every split count.
 
-    PYTHONPATH=python python3 benchmark/warm_kernels.py --layout sglang_fp8 --topk 1024 [--pool 64]
+    PYTHONPATH=python python3 benchmark/research/warm_kernels.py --layout sglang_fp8 --topk 1024 [--pool 64]
 
 Runs the fused and the legacy backend once on small synthetic calls whose row counts give the
 fused plan each context split count it can choose (1 to 64) on this GPU, so a later benchmark,

@@ -3,10 +3,10 @@
 # then the 768K shape for each other build, each in its own process under a time limit (a build
 # that deadlocks costs its limit, not the round).
 #
-#   [CHECK=1] [LIMIT=s] bash benchmark/hopper_round.sh MAIN_BUILD [OTHER_BUILD ...]   (on the GPU machine; logs to $OUT)
+#   [CHECK=1] [LIMIT=s] bash benchmark/research/hopper_round.sh MAIN_BUILD [OTHER_BUILD ...]   (on the GPU machine; logs to $OUT)
 set -u
 cd "$(dirname "$0")"
-export PYTHONPATH=../python:.
+export PYTHONPATH=../../python:.
 main=$1; shift
 log=${OUT:-.}/hopper_round.log
 { echo "== $main: sweep and shapes"; timeout 300 python3 hopper_probe.py --build "$main" --cases 4 \

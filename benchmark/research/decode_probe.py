@@ -2,7 +2,7 @@
 """Where a decode step's time goes, per kernel, and whether a one-row score tile gives the
 two-row tile's bits.
 
-    PYTHONPATH=python python3 benchmark/decode_probe.py [--shapes 8x768K,64x768K,256x128K]
+    PYTHONPATH=python python3 benchmark/research/decode_probe.py [--shapes 8x768K,64x768K,256x128K]
         [--layouts sglang_fp8] [--variants legacy,fused,plain,plain_r1] [--bits-layouts ...]
 
 Variants (each bit-compared with legacy on the same batch):
@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 import indexer_topk  # noqa: E402
 from indexer_topk.backends import fused as fused_backend  # noqa: E402
@@ -49,7 +49,8 @@ from indexer_topk.compare import bitwise_equal  # noqa: E402
 from indexer_topk.kernels.launch import tile_config  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # hopper_probe
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # decode_bench
 from decode_bench import parse_shape  # noqa: E402
 
 

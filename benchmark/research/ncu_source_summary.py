@@ -3,9 +3,9 @@
 
     ncu --clock-control none -k regex:fused_topk_kernel --launch-skip 1 --launch-count 1 \\
         --section WarpStateStats --section SourceCounters --import-source yes -o fused_src \\
-        python3 benchmark/ncu_fused.py
+        python3 benchmark/research/ncu_fused.py
     ncu -i fused_src.ncu-rep --page source --csv --print-source cuda,sass > src.csv
-    python3 benchmark/ncu_source_summary.py src.csv [--top 40]
+    python3 benchmark/research/ncu_source_summary.py src.csv [--top 40]
 
 Nsight Compute's source page attributes warp-stall samples (all samples: a warp resident and
 sampled, issuing or not) to the Triton source lines the machine code came from. This sums them
@@ -25,7 +25,7 @@ import gzip
 import sys
 from pathlib import Path
 
-FUSED_SOURCE = Path(__file__).resolve().parents[1] / "python" / "indexer_topk" / "kernels" / "fused.py"
+FUSED_SOURCE = Path(__file__).resolve().parents[2] / "python" / "indexer_topk" / "kernels" / "fused.py"
 FUSED_ROLES = {"_stage": "scoring loop (_stage)", "_flush": "flush (_flush)", "_finish_row": "end of item (_finish_row)",
                "fused_topk_kernel": "item set-up and queue (fused_topk_kernel)", "visit_step": "visit order",
                "_gcd": "visit order"}
