@@ -196,3 +196,18 @@ def test_scalar_index_is_left_alone_where_the_interpreter_takes_it():
     if not common.INTERPRETED:
         pytest.skip("kernels compiled for a GPU: the interpreter is not in use")
     assert common.index_one_element_scalars() is False
+
+
+def test_legacy_workspace_smaller_than_its_chunk_is_left_alone(wl):
+    """A workspace that holds two rows but fewer than the budget's chunk would cut the matrix
+    into many small chunks: legacy leaves it untouched and allocates its chunk; a workspace
+    that holds the chunk is its storage."""
+    width = key_matrix_width(wl.page_table)
+    small = torch.full((2 * width * 4,), 0xA5, dtype=torch.uint8)
+    got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=small)
+    assert bool((small == 0xA5).all())
+    assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))
+    whole = torch.full(((wl.rows + 1) * width * 4,), 0xA5, dtype=torch.uint8)
+    got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=whole)
+    assert not bool((whole == 0xA5).all())
+    assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))

@@ -124,8 +124,9 @@ def indexer_topk(
         Caller-owned uint8 scratch (contiguous, 16-byte aligned, sharing no byte with an input
         or an output) of at least :func:`indexer_topk.workspace_size` bytes, so the fused call
         allocates nothing. Every backend accepts it: legacy uses it as its score matrix only
-        when it holds two rows of it, the reference never touches it. The aiter backend also
-        takes AITER's own workspace tuple, which the other backends ignore.
+        when it holds the rows its logits budget allows at once, the reference never touches
+        it. The aiter backend also takes AITER's own workspace tuple, which the other backends
+        ignore.
     check_values : bool
         Also validate tensor contents (``seq_lens`` against the page table, page ids against the
         cache). Needs a device sync: turn it off under graph capture and in decode. Off, inputs
@@ -136,6 +137,22 @@ def indexer_topk(
         request of its own), the draft length for a decode step with MTP rows, ``None`` when
         unknown (prefill). A hint for the fused backend's tiling (rows that share pages share
         each key tile; rows that do not are scored one at a time); results never depend on it.
+
+    Values must keep the kernels' fp32 intermediates in range: for each row with positions to
+    score, ``max(D, sum_h |weights[r, h]| * D * max(1, K)) <= 2**127``, where ``D`` is the
+    largest ``|q . k|`` the layout's stored values allow (sglang_fp8: ``128 * 448**2``; MXFP4:
+    ``128 * 36 * 2**(eq - 127) * 2**(ek - 127)`` from the row's largest query block exponent and
+    the largest key block exponent of the pages the call uses) and ``K`` the largest sglang_fp8
+    key scale of those pages (1 for MXFP4), non-finite values left out and ``weight_scale`` not
+    counted; beyond it the kernels may return ``inf`` where the exact score is finite, so
+    ``check_values=True`` (and the reference backend, always) refuses such inputs with
+    ``ValueError``.
+
+    Host path: the first call of a signature (shapes, dtypes, strides, devices, 16-byte
+    alignment, scalar arguments) is validated in full, planned and, on the legacy and fused
+    backends, recorded; later calls of that signature (the other layers of a forward pass)
+    check what depends on addresses and values and replay the recorded launches
+    (:mod:`indexer_topk.replay`; ``INDEXER_TOPK_REPLAY=0`` turns this off).
 
     Returns
     -------

@@ -30,12 +30,14 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # How the top-k stage learns each row's k-th key: "torch" runs torch.topk over the key matrix
 # first; "radix" lets the select kernel search it (radix passes over each row, one program per
 # row), so the call is launches only and its host work can be replayed (indexer_topk.replay);
-# "auto" takes radix for key matrices of at most RADIX_MAX_KEYS keys, torch.topk above. Same
-# selection, same bits. Measured on an H200 (benchmark/results/host_path/host_breakdown_nvidia-h200.log):
-# up to about 4M keys radix costs the GPU about what torch.topk does and saves torch.topk's host
-# path on every eager call; beyond, and for a few long decode rows, torch.topk is faster.
+# "auto" takes radix for key matrices of at least RADIX_MIN_ROWS rows and at most
+# RADIX_MAX_KEYS keys, torch.topk otherwise. Same selection, same bits. Measured on an H200
+# (benchmark/results/host_path/): there radix costs the GPU about what torch.topk does and saves
+# torch.topk's host path on every eager call; with more keys, or fewer rows than fill the GPU
+# (one program per row: a single decode row of 768K tokens), torch.topk is faster.
 KTH_SEARCH = "auto"
 RADIX_MAX_KEYS = 1 << 22
+RADIX_MIN_ROWS = 128
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -95,7 +97,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if row_count == 0:
         return
     check_runnable(keys.device)
-    known_t = KTH_SEARCH == "torch" or (KTH_SEARCH == "auto" and keys.numel() > RADIX_MAX_KEYS)
+    known_t = KTH_SEARCH == "torch" or (KTH_SEARCH == "auto" and (
+        keys.numel() > RADIX_MAX_KEYS or row_count < RADIX_MIN_ROWS))
     kth, need = kth_keys(keys, topk) if known_t else (seq_lens, seq_lens)  # unread without KNOWN_T
     launch(
         select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
@@ -112,12 +115,13 @@ def legacy_indexer_topk(
     """Score all rows into a key matrix (chunked by rows under the budget), then select.
 
     ``inputs``: :class:`~indexer_topk.contract.IndexerInputs` (or a tuple, see
-    :func:`~indexer_topk.contract.as_inputs`). A ``workspace`` of at least two rows of the
-    matrix (``2 * width * 4`` bytes) is used as its storage (its size sets the chunk); a
-    smaller one, e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a
-    call the policy sent here, is left untouched. Without one, a ``[chunk_rows, width]``
-    buffer is allocated for the call, ``budget_bytes`` (default
-    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) bounding it down to two rows.
+    :func:`~indexer_topk.contract.as_inputs`). The matrix is ``[chunk_rows, width]``, the
+    rows the budget allows at once (``budget_bytes``, default ``INDEXER_TOPK_LOGITS_BUDGET_MB``,
+    down to two rows). A ``workspace`` that holds that chunk is its storage; a smaller one
+    (e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a call the policy
+    sent here) is left untouched and the chunk is allocated for the call: cutting the matrix
+    to the workspace's size would run the rows in many small chunks, each a pass of the
+    select, for no saving the budget does not already make.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     page_table, seq_lens = inputs.page_table, inputs.seq_lens
@@ -128,11 +132,9 @@ def legacy_indexer_topk(
         return out
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
-    if workspace is not None and workspace.numel() < 2 * width * 4:
-        workspace = None
-    if workspace is not None:
-        budget_bytes = workspace.numel()
     chunk = chunk_rows(rows, width, budget_bytes)
+    if workspace is not None and workspace.numel() < chunk * width * 4:
+        workspace = None
     if workspace is not None:
         storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
