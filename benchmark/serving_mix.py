@@ -102,6 +102,32 @@ def plot(doc: dict, path: Path) -> bool:
     return True
 
 
+def retune(doc: dict, out: Path, a) -> None:
+    """The routes table of this run (``<stem>_routes.json``), then ``auto`` timed again under it
+    wherever it routes a shape otherwise, so that every record shows what that table serves."""
+    from indexer_topk import policy, routes
+    from indexer_topk.bench.mix import retime_auto, shape_route, summarize
+
+    table = routes.table_from_file(out, source=a.cite or out.name)
+    path = out.with_name(out.stem + "_routes.json")
+    routes.write_table(table, path, force=True)
+    os.environ["INDEXER_TOPK_ROUTES"] = str(path)
+    policy.default_policy.cache_clear()
+    doc["env"]["routes"] = f"{path.name} (built from this run's candidates)"
+    for rec in doc["records"]:
+        if rec.get("error") or rec.get("ours_ms") is None or shape_route(rec) == rec.get("route"):
+            continue
+        before = rec.get("route")
+        try:
+            retime_auto(rec, iters=a.iters, host_calls=a.host_calls)
+        except Exception as exc:  # noqa: BLE001
+            rec["retune_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"retuned {rec['kind']} {rec['layout']} {rec['rows']} x {rec['context_tokens'] // 1024}K: {before} -> "
+              f"{rec.get('route')} {_f(rec.get('ours_ms'))} ms", flush=True)
+    doc["summary"] = summarize(doc["records"])
+    write_atomic(out, json.dumps(doc, indent=1, default=str) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sglang-kit", metavar="DIR", help="the SGLang CUDA anchor kit, DeepGEMM built and importable")
@@ -112,6 +138,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="JSON path (default: a dated file in $OUT or benchmark/results)")
     p.add_argument("--commit", default=None, help="the source revision to record (default: git, when there is one)")
     p.add_argument("--smoke", action="store_true", help="two tiny shapes on a CPU under the Triton interpreter")
+    p.add_argument("--retune", action="store_true",
+                   help="build the routes table of this run, then time auto again where it routes otherwise")
+    p.add_argument("--cite", default=None, help="the records file the table cites (default: the output's name)")
     p.add_argument("--render", metavar="JSON", help="write the markdown table and the plot of a finished run")
     a = p.parse_args(argv)
     if a.render:
@@ -135,6 +164,7 @@ def main(argv=None) -> int:
         shapes = [s for s in shapes if any(x in s.label for x in wanted)]
     env = environment(device)
     env["commit"] = a.commit or env.get("source_revision")
+    env["torch"], env["triton"] = env.get("torch_version"), env.get("triton_version")
     if device == "cuda":
         env["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
         env["arch"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
@@ -164,6 +194,8 @@ def main(argv=None) -> int:
     candidates = [c for c in a.candidates.split(",") if c]
     run_mix(shapes, device=device, candidates=candidates, sglang=sglang, iters=2 if a.smoke else a.iters,
             host_calls=5 if a.smoke else a.host_calls, progress=progress, on_record=saved)
+    if a.retune and device == "cuda":
+        retune(doc, out, a)
     print(render(doc))
     print(f"wrote {out}")
     bad = [r for r in doc["records"] if r.get("error") or r.get("matches_legacy") is False]

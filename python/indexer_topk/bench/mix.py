@@ -223,6 +223,40 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     return fields
 
 
+def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 200, seed: int = 0) -> dict:
+    """Time ``auto`` again on the shape of ``rec`` (a record of :func:`run_mix`), as routed by the
+    process's policy now (a routes table built from the run, say), and update ``rec``: its
+    ``route``, ``ours_ms``, host fields and ``matches_legacy``; the earlier route is kept as
+    ``route_before``. The other fields (candidates, SGLang's) stand: the same bytes, the same bits."""
+    import indexer_topk
+
+    from ..compare import bitwise_equal
+
+    shape = MixShape(**{k: rec[k] for k in MixShape.__dataclass_fields__})
+    w = make_inputs(shape, device, seed)
+    hint = shape.rows_per_request if shape.kind == "decode" else None
+    workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
+                            dtype=torch.uint8, device=device)
+    base = OurPath(w, "legacy", None, device, hint)
+    base.step()
+    path = OurPath(w, "auto", workspace, device, hint)
+    fields = time_ours(path, shape, iters=iters, host_calls=host_calls)
+    rec["route_before"] = rec.get("route")
+    rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=bitwise_equal(path.out, base.out),
+               **{k: v for k, v in fields.items() if k.startswith("host_us")})
+    return rec
+
+
+def shape_route(rec: dict) -> str:
+    """The backend ``auto`` takes now for the shape of record ``rec`` (no inputs built)."""
+    from ..policy import default_policy
+
+    shape = MixShape(**{k: rec[k] for k in MixShape.__dataclass_fields__})
+    c4_len = max(1, -(-max(shape.context_lengths()) // 4 // 64)) * 64
+    return default_policy().route(layout=shape.layout, topk=shape.topk, is_decode=shape.kind == "decode",
+                                  capturing=shape.kind == "decode", rows=shape.rows, c4_len=c4_len)
+
+
 def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[str] = ("fused", "legacy", "aiter"),
             sglang: Optional["SGLangPath"] = None, iters: int = 10, host_calls: int = 200, seed: int = 0,
             progress: Optional[Callable[[int, int, MixShape], None]] = None,
@@ -252,7 +286,7 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
             hint = shape.rows_per_request if shape.kind == "decode" else None
             workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
                                     dtype=torch.uint8, device=device)
-            base = OurPath(w, "legacy", workspace, device, hint)
+            base = OurPath(w, "legacy", None, device, hint)  # its own matrix, as an engine's fallback has
             base.step()
             synchronize(device)
             legacy_bits = [t.clone() for t in base.out]
@@ -390,4 +424,4 @@ def summarize(records: Sequence[dict]) -> dict:
 
 
 __all__ = ["MixShape", "OurPath", "SGLangPath", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
-           "route_of", "selection_overlap", "summarize", "time_ours"]
+           "retime_auto", "route_of", "selection_overlap", "shape_route", "summarize", "time_ours"]
