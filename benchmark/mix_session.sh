@@ -4,9 +4,10 @@
 #   COMMIT=<rev> bash benchmark/mix_session.sh KIT
 #
 # KIT: the SGLang CUDA anchor kit. DeepGEMM and topk_v2 are built from it in the background
-# (about three minutes on an H200) while a short pass over the mix compiles our kernels
-# (TRITON_CACHE_DIR, seeded from .carry/tcache.tgz when present); then SGLang's NaN handling
-# is checked and the mix runs beside SGLang's path. MIX_ARGS adds serving_mix.py options.
+# (about three minutes on an H200) while the GPU tests named in TESTS run, or else a short pass
+# over the mix compiles our kernels (TRITON_CACHE_DIR, seeded from .carry/tcache.tgz when
+# present); then SGLang's NaN handling is checked and the mix runs beside SGLang's path.
+# MIX_ARGS adds serving_mix.py options (--retune: the run's routes table, auto timed under it).
 set -u -o pipefail
 OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
@@ -22,10 +23,17 @@ mkdir -p "$TRITON_CACHE_DIR"
 ( bash "$KIT/build_and_test.sh" > "$OUT/deepgemm_build.out" 2>&1
   python3 "$KIT/sglang_topk_v2/bench_topk_v2.py" --shapes 8x196608 --topk 1024 > "$OUT/topk_v2_build.log" 2>&1 ) &
 BUILD=$!
-stamp "compile pass"
-timeout "${WARM_S:-200}" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
-  --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
-stamp "compile pass rc $?"
+if [ -n "${TESTS:-}" ]; then  # the GPU tests (they compile most of the mix's kernels too)
+  stamp "GPU tests: $TESTS"
+  # shellcheck disable=SC2086
+  timeout "${WARM_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
+  stamp "GPU tests rc $? ($(tail -1 "$OUT/gpu_tests.log"))"
+else
+  stamp "compile pass"
+  timeout "${WARM_S:-200}" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
+    --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
+  stamp "compile pass rc $?"
+fi
 wait "$BUILD"
 stamp "SGLang's kernels built"
 # shellcheck disable=SC1091
@@ -35,5 +43,5 @@ stamp "NaN check rc $?"
 timeout "${MIX_S:-400}" python3 benchmark/serving_mix.py --sglang-kit "$KIT" --commit "${COMMIT:-unknown}" \
   --out "$OUT/serving_mix_nvidia-h200.json" ${MIX_ARGS:-} > "$OUT/serving_mix.log" 2>&1
 stamp "mix rc $?"
-tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" .
-cat "$OUT/sglang_nan.log"; grep -E "^\||geometric" "$OUT/serving_mix.log" | tail -40
+grep -E "passed|failed" "$OUT/gpu_tests.log" 2>/dev/null | tail -3
+cat "$OUT/sglang_nan.log"; grep -E "^retuned" "$OUT/serving_mix.log"; grep -E "^\||geometric" "$OUT/serving_mix.log" | tail -40

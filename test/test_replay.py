@@ -198,3 +198,55 @@ def test_recorder_marks_host_work_and_stray_arguments():
     with Recorder([root]) as rec:
         launch(Kernel(), (1,), stray)
     assert "lies in 0" in rec.why_not
+
+
+def gpu_batch(layout, seed, decode):
+    if decode:
+        return make_workload(layout, context_tokens=[131072] * 8, rows_per_request=[1] * 8, topk=1024, seed=seed,
+                             device="cuda")
+    return make_workload(layout, context_tokens=[65536], rows_per_request=[128], topk=1024, seed=seed, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("decode", [False, True], ids=["prefill_128x64K", "decode_8x128K"])
+@pytest.mark.parametrize("backend", ["fused", "legacy"])
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
+    """On the GPU a replay calls Triton's launchers directly (tensor descriptors rebuilt over the
+    new addresses): three calls on fresh tensors through the out operator, into poisoned
+    outputs, bit for bit the full path; then the step captured in a CUDA graph and replayed with
+    a new batch copied into its inputs."""
+    hint = 1 if decode else None
+    ws = None
+    for seed in (1, 2, 3):
+        w = gpu_batch(layout, seed, decode)
+        if ws is None:
+            ws = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, layout), dtype=torch.uint8, device="cuda")
+        out = allocate_result(w.rows, w.topk, "cuda")
+        for t in out:
+            t.view(torch.int32).fill_(POISON)
+        torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, layout, *out, ws, w.weight_scale, backend, False,
+                                                hint)
+        with envs.INDEXER_TOPK_REPLAY.override(False):
+            want = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend, rows_per_request=hint)
+        assert_bitwise(out, want, f"{layout} {backend} call {seed}")
+    assert replays_of(backend)[0] is not None
+    step = lambda: torch.ops.indexer_topk.indexer_topk_out(  # noqa: E731
+        *w.args(), w.topk, layout, *out, ws, w.weight_scale, backend, False, hint)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    fresh = gpu_batch(layout, 9, decode)
+    for dst, src in zip(w.args(), fresh.args()):
+        if dst is not None:
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+    with envs.INDEXER_TOPK_REPLAY.override(False):
+        want = indexer_topk.indexer_topk(*fresh.args(), **fresh.kwargs(), backend=backend, rows_per_request=hint)
+    assert_bitwise(out, want, f"{layout} {backend}, graph replayed with a new batch")
