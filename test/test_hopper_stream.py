@@ -21,7 +21,7 @@ from indexer_topk.workload import make_workload
 
 from kernel_cases import assert_bitwise
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
 import hopper_probe  # noqa: E402
 
 ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
