@@ -130,7 +130,7 @@ def test_info_on_an_h200_names_the_table_and_its_routes_in_few_lines(cli, monkey
     routes = [line for line in lines if line.startswith(("prefill", "decode", "capture", "every"))]
     assert {line.split(":")[0] for line in routes} == {
         "prefill aiter_mxfp4", "prefill sglang_mxfp4", "prefill sglang_fp8",
-        "decode, capture aiter_mxfp4, sglang_mxfp4", "decode, capture sglang_fp8"}
+        "decode, capture aiter_mxfp4", "decode, capture sglang_mxfp4", "decode, capture sglang_fp8"}
     assert [line for line in routes if "in SGLang" in line] == [line for line in routes if "sglang_fp8" in line]
     assert not any(re.search(r"\d ms|\d vs \d", line) for line in lines)
 

@@ -370,21 +370,21 @@ STREAM = Probe(**H200_TABLE)
 
 
 @pytest.mark.parametrize("rows, c4_len, want", [
-    (None, None, "fused"),  # shape unknown: the largest measured
-    (1024, 196608, "fused"),
-    (128, 16384, "fused"),  # the stream's smallest measured win at 64K tokens
-    (64, 16384, "legacy"),
-    (8, 196608, "legacy"),  # 8 rows: legacy measured faster
-    (32, 196608, "fused"),
-    (8, None, "legacy"),
-    (1024, 16383, "legacy"),  # shorter contexts were not measured: the proven rule
-    (None, 4096, "legacy"),
-    (16384, 262144, "fused"),  # beyond the largest measured prefill: the largest bucket
+    # (topk 1024, topk 512), from the committed serving mix
+    (None, None, ("fused", "fused")),  # shape unknown: the largest measured
+    (1024, 196608, ("fused", "fused")),
+    (128, 16384, ("legacy", "legacy")),  # legacy measured as fast as the stream at 128 rows x 64K tokens
+    (64, 16384, ("legacy", "legacy")),  # fewer rows than measured: the proven rule
+    (8, 196608, ("legacy", "legacy")),
+    (8, None, ("legacy", "legacy")),
+    (1024, 16383, ("fused", "legacy")),  # nearest measured: 1024 x 16384 (topk 512: below its one point)
+    (None, 4096, ("legacy", "legacy")),
+    (16384, 262144, ("fused", "fused")),  # beyond the largest measured prefill: the largest bucket
 ])
 def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
     policy_ = PathPolicy(STREAM)
-    assert policy_.route(layout="sglang_fp8", capturing=False, topk=1024, rows=rows, c4_len=c4_len) == want
-    assert policy_.route(layout="sglang_fp8", capturing=False, topk=512, rows=rows, c4_len=c4_len) == want
+    assert policy_.route(layout="sglang_fp8", capturing=False, topk=1024, rows=rows, c4_len=c4_len) == want[0]
+    assert policy_.route(layout="sglang_fp8", capturing=False, topk=512, rows=rows, c4_len=c4_len) == want[1]
     # inside SGLang its own path: measured faster at every shape, and the proven rule elsewhere
     assert policy_.engine_route(engine_path=True, layout="sglang_fp8", topk=1024, rows=rows, c4_len=c4_len,
                                 capturing=False) is None
@@ -393,12 +393,12 @@ def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
 @pytest.mark.parametrize("layout, rows, c4_len, want", [
     ("sglang_fp8", 8, 196608, "fused"),
     ("sglang_fp8", 256, 32768, "fused"),  # the shortest and widest measured
-    ("sglang_fp8", 256, 32767, "legacy"),  # shorter contexts were not measured
+    ("sglang_fp8", 256, 32767, "fused"),  # the nearest measured context
     ("sglang_fp8", 257, 196608, "legacy"),  # nor more requests
     ("sglang_fp8", 8, None, "legacy"),  # an unknown length stays on the proven path
     (None, 8, 196608, "legacy"),  # so does an unknown layout
     ("sglang_mxfp4", 64, 196608, "fused"),
-    ("aiter_mxfp4", 64, 196608, "fused"),
+    ("aiter_mxfp4", 64, 196608, "legacy"),  # its decode is not in the mix: the proven rule
 ])
 def test_shipped_table_routes_decode_and_capture(layout, rows, c4_len, want):
     """Decode steps and graph replays of the measured shapes take the fused path (faster than the

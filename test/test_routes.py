@@ -51,14 +51,17 @@ def _builder():
     return module
 
 
-def test_shipped_table_is_what_the_committed_records_give():
-    """The shipped H200 table is rebuilt, entry for entry, from the committed measurements
-    (benchmark/routes_from_records.py), and ships in the package."""
+MIX = "benchmark/results/serving_mix_nvidia-h200.json"
+
+
+def test_shipped_table_is_what_the_committed_serving_mix_gives():
+    """The shipped H200 table is rebuilt, entry for entry, from the committed serving mix
+    (``benchmark/routes_from_records.py --mix``), and ships in the package."""
     [table] = routes.shipped_tables()
     assert table.name == "nvidia-h200.json" and table.shipped
-    built = _builder().committed_h200_table()
-    assert {k: table.doc[k] for k in ("device", "conditions", "context", "entries")} == {
-        k: built[k] for k in ("device", "conditions", "context", "entries")}
+    built = routes.table_from_file(REPO / MIX, source=MIX)
+    assert {k: table.doc[k] for k in ("device", "conditions", "context", "entries", "commit")} == {
+        k: built[k] for k in ("device", "conditions", "context", "entries", "commit")}
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"indexer_topk.routes" = ["*.json"]' in pyproject
 
@@ -66,7 +69,7 @@ def test_shipped_table_is_what_the_committed_records_give():
 def test_shipped_table_cites_committed_files_and_commits():
     [table] = routes.shipped_tables()
     cited = {(r["file"], r["commit"]) for e in table.entries for r in e["record"]}
-    assert len(cited) >= 9
+    assert {file for file, _ in cited} == {MIX}
     for file, commit in cited:
         assert (REPO / file).is_file(), file
         proc = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True)
@@ -74,16 +77,17 @@ def test_shipped_table_cites_committed_files_and_commits():
 
 
 @pytest.mark.parametrize("layout, mode, rows, c4, want", [
-    # the measured points behind the earlier rules: the stream from 128 rows, legacy at 8
+    # measured points of the serving mix (SGLang's path faster at every FP8 shape there)
     ("sglang_fp8", "prefill", 1024, 196608, ("engine", "fused")),
-    ("sglang_fp8", "prefill", 128, 16384, ("engine", "fused")),
-    ("sglang_fp8", "prefill", 8, 196608, ("engine", "legacy")),
-    ("sglang_fp8", "prefill", 8192, 196608, ("engine", "fused")),  # SGLang's path within the margin
+    ("sglang_fp8", "prefill", 128, 16384, ("engine", "legacy")),
+    ("sglang_fp8", "prefill", 8192, 4096, ("engine", "legacy")),
+    ("sglang_fp8", "prefill", 8192, 196608, ("engine", "fused")),
+    ("sglang_fp8", "prefill", 8, 196608, None),  # below the measured rows: the proven rule
     ("sglang_mxfp4", "prefill", 1024, 196608, ("fused", "fused")),  # SGLang has no FP4 path below SM100
-    ("sglang_mxfp4", "prefill", 8, 16384, ("legacy", "legacy")),
     ("aiter_mxfp4", "prefill", 1024, 16384, ("legacy", "legacy")),
-    ("sglang_fp8", "decode", 8, 196608, ("engine", "fused")),  # SGLang's decode is faster
-    ("sglang_fp8", "capture", 256, 32768, ("engine", "fused")),
+    ("sglang_fp8", "decode", 1, 196608, ("engine", "fused")),
+    ("sglang_fp8", "decode", 8, 196608, ("engine", "fused")),
+    ("sglang_fp8", "capture", 256, 8192, ("engine", "fused")),
     ("sglang_mxfp4", "decode", 64, 196608, ("fused", "fused")),
 ])
 def test_shipped_table_routes(layout, mode, rows, c4, want):
