@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk, plan_fused
-from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels, why_not_stream
+from indexer_topk.backends.fused import hopper_indexer_topk
+from indexer_topk.backends.hopper import hopper_kernels, why_not_stream
 from indexer_topk.backends.legacy import legacy_indexer_topk
 from indexer_topk.contract import allocate_result, as_inputs
 from indexer_topk.kernels.launch import pack_args, tile_config

@@ -2,6 +2,7 @@
 commands are targets, CI runs the README's test command, and every probe in benchmark/research/
 has its line in that folder's README."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -52,3 +53,36 @@ def test_ci_runs_the_readme_test_command():
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line.strip() and not line.lstrip().startswith("#")]
     assert ci[-1] == "make test"
+
+
+def _package_imports() -> dict:
+    """Module -> the package's modules it imports anywhere in its source (function level too)."""
+    root = REPO / "python" / "indexer_topk"
+    mods = {}
+    for p in root.rglob("*.py"):
+        parts = p.relative_to(root.parent).with_suffix("").parts
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph = {}
+    for mod, path in mods.items():
+        pkg = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = pkg[: len(pkg) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                for alias in node.names:
+                    name = f"{target}.{alias.name}"
+                    found.add(name if name in mods else target)
+            elif isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+        graph[mod] = {m for m in found if m in mods and m != mod}
+    return graph
+
+
+def test_no_two_backend_modules_import_each_other():
+    """The fused backend calls the Hopper stream's launcher; the stream's module imports nothing
+    of the fused backend's, not even inside a function."""
+    graph = _package_imports()
+    backends = [m for m in graph if m.startswith("indexer_topk.backends.")]
+    assert "indexer_topk.backends.hopper" in graph["indexer_topk.backends.fused"]
+    assert [(a, b) for a in backends for b in graph[a] if a in graph.get(b, ())] == []

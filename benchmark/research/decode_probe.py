@@ -120,7 +120,7 @@ def bits_check(layouts, device, seed):
 def profile(a, device) -> int:
     """Partition timers of the stream's decode plan (see the module docstring)."""
     from hopper_probe import profile_fields, profile_table
-    from indexer_topk.backends.hopper import hopper_indexer_topk
+    from indexer_topk.backends.fused import hopper_indexer_topk
     from indexer_topk.kernels.launch import device_sm_count
 
     records = []
@@ -150,7 +150,8 @@ def profile(a, device) -> int:
 
 def sweep(a, device) -> int:
     """Device ms (sum of kernel times) of the stream's decode plan variants; see the docstring."""
-    from indexer_topk.backends.hopper import hopper_indexer_topk, hopper_kernels
+    from indexer_topk.backends.fused import hopper_indexer_topk
+    from indexer_topk.backends.hopper import hopper_kernels
 
     H = hopper_kernels()
     default_merge_warps = fused_backend.MERGE_WARPS

@@ -34,7 +34,7 @@ def run_fused(inputs, hopper: bool, build: str = "hopper", **kw):
     """The stream in configuration ``BUILDS[build]`` (over the layout's default), or (``hopper``
     False) the plain-Triton kernel."""
     from indexer_topk.backends.fused import fused_indexer_topk
-    from indexer_topk.backends.hopper import hopper_indexer_topk
+    from indexer_topk.backends.fused import hopper_indexer_topk
     from indexer_topk.envs import envs
     from indexer_topk.kernels.hopper import HopperConfig
 

@@ -349,3 +349,20 @@ def _merge_warps(programs: int, sms: int) -> int:
 def _merge_chunk(lists: int, topk: int) -> int:
     """Entries a merge program holds at once: all of its lists, up to ``MERGE_CHUNK``."""
     return max(SELECT_CHUNK, min(MERGE_CHUNK, lists * topk))
+
+
+@launches_kernels
+def hopper_indexer_topk(
+    inputs, *, out: Optional[IndexerTopKResult] = None, workspace: Optional[torch.Tensor] = None,
+    num_splits: Optional[int] = None, pool: Optional[int] = None, config=None, no_select: bool = False,
+    profile: Optional[torch.Tensor] = None, rows_per_request: Optional[int] = None,
+) -> IndexerTopKResult:
+    """The fused backend's contract through the Hopper stream alone (ValueError where it does not
+    apply), for benchmarks: ``config`` a :class:`indexer_topk.kernels.hopper.HopperConfig`;
+    ``rows_per_request`` as in :func:`indexer_topk.indexer_topk`;
+    ``no_select`` a timing probe (the loads and MMAs alone; outputs undefined); ``profile`` int64
+    ``[P, 5, 8]``, zeroed, ``P`` at least the SM count: each partition's cycle counters (a
+    separate ``PROF`` compile)."""
+    stream = dict(config=config, no_select=no_select, profile=profile)
+    return fused_call(as_inputs(inputs), out, workspace, num_splits, pool, stream=stream,
+                      rows_per_request=rows_per_request)

@@ -3,8 +3,9 @@
 :func:`~indexer_topk.backends.fused.fused_indexer_topk` serves the ``sglang_fp8`` and
 ``sglang_mxfp4`` layouts on an sm_90 GPU with :func:`indexer_topk.kernels.hopper.hopper_stream_kernel`
 (same plan, same workspace, same bits as the plain-Triton kernel) unless ``INDEXER_TOPK_HOPPER_STREAM`` is off; everything
-else takes the plain-Triton kernel. :func:`hopper_indexer_topk` runs the stream alone, with its
-tunables and measurement hooks, for the benchmarks.
+else takes the plain-Triton kernel. :func:`indexer_topk.backends.fused.hopper_indexer_topk` runs the stream alone, with
+its tunables and measurement hooks, for the benchmarks. This module imports nothing of the
+fused backend's: the fused backend calls it.
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, as_inputs
+from ..contract import PAGE_SIZE, IndexerTopKResult, Layout
 from ..envs import envs
-from ..kernels.launch import bulk_copies_available, device_sm_count, launches_kernels
+from ..kernels.launch import bulk_copies_available, device_sm_count
 from ..replay import launch
 
 logger = logging.getLogger(__name__)
@@ -102,22 +103,3 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
         out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
         num_warps=config.finish_warps,
     )
-
-
-@launches_kernels
-def hopper_indexer_topk(
-    inputs, *, out: Optional[IndexerTopKResult] = None, workspace: Optional[torch.Tensor] = None,
-    num_splits: Optional[int] = None, pool: Optional[int] = None, config=None, no_select: bool = False,
-    profile: Optional[torch.Tensor] = None, rows_per_request: Optional[int] = None,
-) -> IndexerTopKResult:
-    """The fused backend's contract through the Hopper stream alone (ValueError where it does not
-    apply), for benchmarks: ``config`` a :class:`indexer_topk.kernels.hopper.HopperConfig`;
-    ``rows_per_request`` as in :func:`indexer_topk.indexer_topk`;
-    ``no_select`` a timing probe (the loads and MMAs alone; outputs undefined); ``profile`` int64
-    ``[P, 5, 8]``, zeroed, ``P`` at least the SM count: each partition's cycle counters (a
-    separate ``PROF`` compile)."""
-    from .fused import fused_call
-
-    stream = dict(config=config, no_select=no_select, profile=profile)
-    return fused_call(as_inputs(inputs), out, workspace, num_splits, pool, stream=stream,
-                      rows_per_request=rows_per_request)
