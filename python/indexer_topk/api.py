@@ -218,7 +218,7 @@ def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table,
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
-    lengths = [0 if t is None else t.numel() * t.element_size() for t in tensors]
+    lengths = [t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0 for t in tensors]
     known = KnownCall(inputs.layout, inputs.weight_scale, inputs.rows, inputs.page_table.shape[1] * PAGE_SIZE,
                       inputs.device, lengths)
     if out is None:
