@@ -38,6 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from indexer_topk.bench.environment import environment, gpu_slug  # noqa: E402
+from indexer_topk.bench.mix import graph_ms  # noqa: E402
 from indexer_topk.bench.runs import workload_record  # noqa: E402
 from indexer_topk.bench.timing import median_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
@@ -66,23 +67,6 @@ def step_fn(w, backend: str, out, workspace, per_request: int = 1):
         torch.ops.indexer_topk.indexer_topk_out(*args, w.topk, w.layout.value, *out, workspace, w.weight_scale,
                                                 backend, False, per_request)
     return step
-
-
-def graph_ms(step, *, iters: int, device) -> float:
-    """Median ms of ``step`` replayed from a CUDA graph: run once on a side stream (compiles and
-    warms outside the capture), captured, timed; replayed once more last, so the outputs left
-    behind are the graph's."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    ms = median_ms(graph.replay, warmup=3, iters=iters, device=device)
-    graph.replay()
-    return ms
 
 
 def time_backend(w, backend: str, *, iters: int, device, graphs: bool, per_request: int = 1) -> tuple:

@@ -8,6 +8,7 @@ import torch
 import indexer_topk
 from indexer_topk import api
 from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.bench.mix import capture_graph
 from indexer_topk.calls import disjoint, signature
 from indexer_topk.contract import allocate_result
 from indexer_topk.envs import envs
@@ -234,14 +235,7 @@ def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
     assert (replays_of(backend)[0] is not None) == (backend == "fused" or w.rows >= legacy_backend.RADIX_MIN_ROWS)
     step = lambda: torch.ops.indexer_topk.indexer_topk_out(  # noqa: E731
         *w.args(), w.topk, layout, *out, ws, w.weight_scale, backend, False, hint)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
+    graph = capture_graph(step)
     fresh = gpu_batch(layout, 9, decode)
     for dst, src in zip(w.args(), fresh.args()):
         if dst is not None:

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 import indexer_topk  # noqa: E402
 from indexer_topk import api  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
-from indexer_topk.bench.mix import graph_ms, host_us  # noqa: E402
+from indexer_topk.bench.mix import capture_graph, host_us  # noqa: E402
 from indexer_topk.bench.timing import median_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal, first_difference  # noqa: E402
 from indexer_topk.contract import allocate_result  # noqa: E402
@@ -99,14 +99,7 @@ def main():
                     gms = None
                     if decode:  # the captured step replayed with a new batch copied into its inputs
                         w2 = workload(layout, rows, tokens, decode, 9)
-                        g = torch.cuda.CUDAGraph()
-                        s = torch.cuda.Stream()
-                        s.wait_stream(torch.cuda.current_stream())
-                        with torch.cuda.stream(s):
-                            step()
-                        torch.cuda.current_stream().wait_stream(s)
-                        with torch.cuda.graph(g):
-                            step()
+                        g = capture_graph(step)
                         for dst, src in zip(w.args(), w2.args()):
                             if dst is not None:
                                 dst.copy_(src)

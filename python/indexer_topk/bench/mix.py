@@ -119,10 +119,9 @@ def decode_floor_ms(shape: MixShape) -> Optional[float]:
     return positions * DECODE_FLOOR_BYTES[shape.layout] / HBM_BYTES_PER_S * 1e3
 
 
-def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
-    """Median ms of ``step`` replayed from a CUDA graph: run once on a side stream (compiles and
-    records outside the capture), captured, timed; replayed once more last, so the outputs left
-    behind are the graph's."""
+def capture_graph(step: Callable[[], None]) -> "torch.cuda.CUDAGraph":
+    """``step`` captured in a CUDA graph, after one run on a side stream (which compiles and
+    records outside the capture, as an engine warms up before capturing)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -131,6 +130,13 @@ def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
+    return graph
+
+
+def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
+    """Median ms of ``step`` replayed from a CUDA graph (:func:`capture_graph`); replayed once
+    more last, so the outputs left behind are the graph's."""
+    graph = capture_graph(step)
     ms = median_ms(graph.replay, warmup=3, iters=iters, device=device)
     graph.replay()
     synchronize(device)
@@ -423,5 +429,5 @@ def summarize(records: Sequence[dict]) -> dict:
     return out
 
 
-__all__ = ["MixShape", "OurPath", "SGLangPath", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
+__all__ = ["MixShape", "OurPath", "SGLangPath", "capture_graph", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
            "retime_auto", "route_of", "selection_overlap", "shape_route", "summarize", "time_ours"]
