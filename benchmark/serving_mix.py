@@ -35,6 +35,17 @@ def _f(x, fmt="{:.3f}"):
     return "-" if x is None else fmt.format(x)
 
 
+def _portable(arg: str) -> str:
+    """A command-line argument as the record keeps it: no path of the machine that ran it."""
+    repo = Path(__file__).resolve().parents[1]
+    if os.environ.get("OUT") and arg.startswith(os.environ["OUT"]):
+        return "$OUT" + arg[len(os.environ["OUT"]):]
+    if os.path.isabs(arg):
+        path = Path(arg)
+        return str(path.relative_to(repo)) if path.is_relative_to(repo) else path.name
+    return arg
+
+
 def render(doc: dict) -> str:
     """The mix as a markdown table (ratios are ours / SGLang: below 1 means ours is faster)."""
     env = doc["env"]
@@ -173,7 +184,8 @@ def main(argv=None) -> int:
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
     out = Path(a.out) if a.out else out_dir / f"serving_mix_{gpu_slug(env['gpu'])}_{stamp}.json"
-    doc = {"env": env, "command": "python3 benchmark/serving_mix.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    doc = {"env": env, "command": "python3 benchmark/serving_mix.py " + " ".join(
+               _portable(x) for x in (sys.argv[1:] if argv is None else argv)),
            "summary": {}, "records": []}
 
     def saved(rec):
