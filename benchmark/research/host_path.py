@@ -14,7 +14,6 @@ the mean wall time of 200 back-to-back calls.
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -92,7 +91,6 @@ def main():
                     on = host_us(step, 200, "cuda")
                     with envs.INDEXER_TOPK_REPLAY.override(False):
                         off = host_us(step, 50, "cuda")
-                    t0 = time.perf_counter()
                     call(w, backend, out, ws, hint, check=True)
                     torch.cuda.synchronize()
                     eager = median_ms(step, warmup=2, iters=10, device="cuda")

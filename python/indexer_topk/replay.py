@@ -138,7 +138,6 @@ class Recorder:
 
     def __init__(self, roots: Sequence[Optional[torch.Tensor]]):
         self.spans: List[Optional[Tuple[int, int]]] = [_span(t) for t in roots]
-        self.n_roots = len(self.spans)
         self.steps: list = []
         self.env: Dict[str, Optional[str]] = {}
         self.why_not: Optional[str] = None
@@ -222,7 +221,7 @@ class Recorder:
     def replay(self) -> Optional["Replay"]:
         if self.why_not is not None:
             return None
-        return Replay(tuple(self.steps), tuple(self.env.items()), self.n_roots)
+        return Replay(tuple(self.steps), tuple(self.env.items()))
 
 
 class _Alloc:
@@ -289,12 +288,11 @@ class Replay:
     they still hold.
     """
 
-    __slots__ = ("steps", "env", "n_roots", "compiled")
+    __slots__ = ("steps", "env", "compiled")
 
-    def __init__(self, steps, env, n_roots: int):
+    def __init__(self, steps, env):
         self.steps = steps
         self.env = env
-        self.n_roots = n_roots
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
 
     def matches_env(self) -> bool:

@@ -140,24 +140,18 @@ class _Grid:
         )
 
     def find(self, rows: Optional[int], c4: Optional[int]) -> Optional[Cell]:
-        grows, axis_r, axis_c = self.grows, self.rows, self.c4
-        if rows is None:
-            if not grows:
-                return None
-            i = len(axis_r) - 1
-        elif rows < axis_r[0] or (rows > axis_r[-1] and not grows):
+        i = self._bucket(rows, self.rows, self.rows_cut)
+        j = self._bucket(c4, self.c4, self.c4_cut)
+        return None if i is None or j is None else self.cells[i][j]
+
+    def _bucket(self, value: Optional[int], axis, cut) -> Optional[int]:
+        """The bucket of ``value`` along one axis: unknown or beyond the largest measured takes
+        the largest where the grid grows (prefill), else none; below the smallest, none."""
+        if value is None:
+            return len(axis) - 1 if self.grows else None
+        if value < axis[0] or (value > axis[-1] and not self.grows):
             return None
-        else:
-            i = bisect.bisect_right(self.rows_cut, rows)
-        if c4 is None:
-            if not grows:
-                return None
-            j = len(axis_c) - 1
-        elif c4 < axis_c[0] or (c4 > axis_c[-1] and not grows):
-            return None
-        else:
-            j = bisect.bisect_right(self.c4_cut, c4)
-        return self.cells[i][j]
+        return bisect.bisect_right(cut, value)
 
 
 class Table:
