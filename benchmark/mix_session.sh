@@ -8,6 +8,12 @@
 # over the mix compiles our kernels (TRITON_CACHE_DIR, seeded from .carry/tcache.tgz when
 # present); then SGLang's NaN handling is checked and the mix runs beside SGLang's path.
 # MIX_ARGS adds serving_mix.py options (--retune: the run's routes table, auto timed under it).
+# SGLANG_TGZ (the sglang 0.5.23 wheel's Python sources, packed) also runs SGLang's own indexer
+# code with and without our plugin (benchmark/sglang_gpu.sh; MSGSPEC_WHEEL for its msgspec).
+# KIT_BUILD_TGZ: a tarball of an earlier session's built kit (DeepGEMM's site, its kernel cache
+# and topk_v2's build), used instead of building; KIT_BUILD_OUT=1 writes this session's there.
+# NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's cache to $OUT/tcache.tgz
+# at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
 set -u -o pipefail
 OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
@@ -15,13 +21,21 @@ KIT=$(cd "${1:?usage: mix_session.sh KIT}" && pwd)
 export PYTHONPATH=${PYTHONPATH:-python} PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} CC=/usr/bin/gcc CXX=/usr/bin/g++
 export PATH=$CUDA_HOME/bin:$PATH DG_SITE=/tmp/dgsite DG_JIT_CACHE_DIR=/tmp/dg_jit DG_SKIP_LARGE=1 PYTHON=python3
-export DG_LOG=$OUT/deepgemm_build.log MAX_JOBS=8
+export DG_LOG=/tmp/deepgemm_build.log MAX_JOBS=8  # $OUT keeps few files: the build logs stay unless a build fails
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 mkdir -p "$TRITON_CACHE_DIR"
 [ -f .carry/tcache.tgz ] && tar xzf .carry/tcache.tgz -C "$TRITON_CACHE_DIR"
-( bash "$KIT/build_and_test.sh" > "$OUT/deepgemm_build.out" 2>&1
-  python3 "$KIT/sglang_topk_v2/bench_topk_v2.py" --shapes 8x196608 --topk 1024 > "$OUT/topk_v2_build.log" 2>&1 ) &
+KIT_DIRS=(dgsite dg_jit sgl_topk_v2_build)
+if [ -n "${KIT_BUILD_TGZ:-}" ] && [ -f "$KIT_BUILD_TGZ" ]; then
+  tar xzf "$KIT_BUILD_TGZ" -C /tmp && stamp "kit build unpacked from $KIT_BUILD_TGZ"
+fi
+( if ! { [ -f /tmp/dgsite/dg_env.sh ] && ( source /tmp/dgsite/dg_env.sh && python3 -c 'import deep_gemm' ) 2>/dev/null; }; then
+    bash "$KIT/build_and_test.sh" > /tmp/deepgemm_build.out 2>&1 || cp /tmp/deepgemm_build.out "$OUT/"
+  fi
+  python3 "$KIT/sglang_topk_v2/bench_topk_v2.py" --shapes 8x196608 --topk 1024 > /tmp/topk_v2_build.log 2>&1 ||
+    cp /tmp/topk_v2_build.log "$OUT/"
+  [ -n "${KIT_BUILD_OUT:-}" ] && tar czf "$OUT/kit_build.tgz" -C /tmp "${KIT_DIRS[@]}" ) &
 BUILD=$!
 if [ -n "${TESTS:-}" ]; then  # the GPU tests (they compile most of the mix's kernels too)
   stamp "GPU tests: $TESTS"
@@ -38,10 +52,18 @@ wait "$BUILD"
 stamp "SGLang's kernels built"
 # shellcheck disable=SC1091
 source /tmp/dgsite/dg_env.sh
-timeout 60 python3 benchmark/research/sglang_nan.py "$KIT" > "$OUT/sglang_nan.log" 2>&1
-stamp "NaN check rc $?"
-timeout "${MIX_S:-400}" python3 benchmark/serving_mix.py --sglang-kit "$KIT" --commit "${COMMIT:-unknown}" \
-  --out "$OUT/serving_mix_nvidia-h200.json" ${MIX_ARGS:-} > "$OUT/serving_mix.log" 2>&1
-stamp "mix rc $?"
+if [ -n "${SGLANG_TGZ:-}" ]; then
+  bash benchmark/sglang_gpu.sh "$KIT" "$SGLANG_TGZ" ${MSGSPEC_WHEEL:-} > "$OUT/sglang_gpu.out" 2>&1
+  stamp "SGLang's own indexer rc $?"
+fi
+if [ -z "${NO_MIX:-}" ]; then
+  timeout 60 python3 benchmark/research/sglang_nan.py "$KIT" > "$OUT/sglang_nan.log" 2>&1
+  stamp "NaN check rc $?"
+  timeout "${MIX_S:-400}" python3 benchmark/serving_mix.py --sglang-kit "$KIT" --commit "${COMMIT:-unknown}" \
+    --out "$OUT/serving_mix_nvidia-h200.json" ${MIX_ARGS:-} > "$OUT/serving_mix.log" 2>&1
+  stamp "mix rc $?"
+fi
+[ -n "${TCACHE_OUT:-}" ] && tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT"
 grep -E "passed|failed" "$OUT/gpu_tests.log" 2>/dev/null | tail -3
+cat "$OUT/sglang_gpu.out" 2>/dev/null
 cat "$OUT/sglang_nan.log"; grep -E "^retuned" "$OUT/serving_mix.log"; grep -E "^\||geometric" "$OUT/serving_mix.log" | tail -40

@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from .imports import AFTER_SGLANG, BEFORE_SGLANG, ImportDoubles
 from .kernels import Calls, Patcher, install_kernel_doubles
@@ -56,19 +56,35 @@ class SGLang(SimpleNamespace):
         os.environ.update(self._environ)
 
 
-def open_sglang(paths: Sequence[Path]) -> SGLang:
-    """Import SGLang from ``paths`` (see ``sglang_fetch.fetch_sglang_source``) with the doubles."""
+def open_sglang(paths: Sequence[Path], *, kernels: Optional[Callable[[SGLang], None]] = None,
+                shadow_installed: bool = False, stub_missing: bool = False) -> SGLang:
+    """Import SGLang from ``paths`` (see ``sglang_fetch.fetch_sglang_source``) with the doubles.
+
+    ``kernels(sg)`` binds the kernels (default: the CPU doubles of ``kernels.py``);
+    ``shadow_installed`` stubs the import-only packages even where installed; ``stub_missing``
+    stubs any other package SGLang's files import that is missing (``sg.stubbed`` lists them).
+    """
     environ = dict(os.environ)
     sys.path[:0] = [str(p) for p in paths]
     imports = ImportDoubles()
+    hidden = imports.hide(AFTER_SGLANG) if shadow_installed else None
     try:
-        imports.install(BEFORE_SGLANG)
+        imports.install(BEFORE_SGLANG, shadow=shadow_installed)
         importlib.import_module("sglang")
-        imports.install(AFTER_SGLANG)
+        imports.unhide(hidden)
+        imports.install(AFTER_SGLANG, shadow=shadow_installed)
+        if stub_missing:
+            imports.stub_missing(str(Path(p).resolve()) for p in paths)
         modules = {key: importlib.import_module(name) for key, name in MODULES.items()}
     except BaseException:
+        imports.unhide(hidden)
         imports.uninstall()
         raise
     sg = SGLang(**modules, calls=Calls(), patcher=Patcher(), _imports=imports, _paths=list(paths), _environ=environ)
-    install_kernel_doubles(sg, sg.patcher, sg.calls)
+    sg.stubbed = imports.stood_for
+    try:
+        (kernels or (lambda s: install_kernel_doubles(s, s.patcher, s.calls)))(sg)
+    except BaseException:
+        sg.close()
+        raise
     return sg

@@ -118,6 +118,55 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+class _Hidden(importlib.abc.MetaPathFinder):
+    """First on ``sys.meta_path``: the named top-level packages cannot be imported, installed
+    or not (SGLang's initialiser must see no transformers, as on a machine without it)."""
+
+    def __init__(self, tops: Iterable[str]):
+        self.tops = set(tops)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.tops:
+            raise ModuleNotFoundError(f"No module named {name!r} (hidden while SGLang initialises)", name=name)
+        return None
+
+
+class _MissingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Last on ``sys.meta_path``: a stub for a top-level package no other finder has, imported
+    from a file under ``roots`` (SGLang's sources). A GPU machine takes SGLang's CUDA import
+    branches, which name CUDA packages (sgl-kernel, FlashInfer, ...) this test does not carry;
+    imports from anywhere else (torch, Triton) still fail as they would."""
+
+    def __init__(self, roots: Iterable[str]):
+        self.roots = tuple(roots)
+        self.stood_for: List[str] = []
+
+    def _from_roots(self) -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if not (name.startswith("<frozen") or "importlib" in name or name == __file__):
+                return name.startswith(self.roots)
+            frame = frame.f_back
+        return False
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top not in self.stood_for and (path is not None or not self._from_roots()):
+            return None
+        if top not in self.stood_for:
+            self.stood_for.append(top)
+        return importlib.machinery.ModuleSpec(name, self, is_package=True)
+
+    def create_module(self, spec):
+        module = StubModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
 def _dill_double() -> types.ModuleType:
     # SGLang serialises a default logit processor with dill at import time.
     module = types.ModuleType("dill")
@@ -130,11 +179,14 @@ class ImportDoubles:
     """Installs and removes the stubs; remembers what it added to ``sys.modules``."""
 
     def __init__(self):
-        self.finders: List[_StubFinder] = []
+        self.finders: List[importlib.abc.MetaPathFinder] = []
         self.stubbed: List[str] = []
+        self.missing: "_MissingFinder | None" = None
 
-    def install(self, names: Iterable[str]) -> None:
-        missing = [n for n in names if n not in sys.modules and importlib.util.find_spec(n) is None]
+    def install(self, names: Iterable[str], *, shadow: bool = False) -> None:
+        """Stub each of ``names`` not imported yet that is not installed (or, with ``shadow``,
+        even where it is installed)."""
+        missing = [n for n in names if n not in sys.modules and (shadow or importlib.util.find_spec(n) is None)]
         special = {"dill": _dill_double, "regex": lambda: re}  # stdlib `re` stands in for `regex`
         plain = []
         for name in missing:
@@ -148,11 +200,32 @@ class ImportDoubles:
             self.finders.append(finder)
         self.stubbed += missing
 
+    def hide(self, names: Iterable[str]):
+        """Hide ``names`` (not imported yet) until the returned finder is passed to :meth:`unhide`."""
+        hidden = _Hidden(n for n in names if n not in sys.modules)
+        sys.meta_path.insert(0, hidden)
+        return hidden
+
+    @staticmethod
+    def unhide(hidden) -> None:
+        if hidden in sys.meta_path:
+            sys.meta_path.remove(hidden)
+
+    def stub_missing(self, roots: Iterable[str]) -> None:
+        """Stand for any package SGLang's files under ``roots`` import that is not installed."""
+        self.missing = _MissingFinder(roots)
+        sys.meta_path.append(self.missing)
+        self.finders.append(self.missing)
+
+    def stood_for(self) -> List[str]:
+        """Every package a stub stood for, installed or missing."""
+        return self.stubbed + (self.missing.stood_for if self.missing is not None else [])
+
     def uninstall(self) -> None:
         for finder in self.finders:
             if finder in sys.meta_path:
                 sys.meta_path.remove(finder)
-        tops = set(self.stubbed)
+        tops = set(self.stood_for())
         for name in [n for n in sys.modules if n.split(".")[0] in tops]:
             del sys.modules[name]
         self.finders.clear()

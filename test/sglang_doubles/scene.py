@@ -45,6 +45,9 @@ class SceneSpec:
     spare_rows : extra rows in SGLang's output buffers beyond the query rows
     raw_indices : SGLang asks for raw indices too (``c4_sparse_raw_indices``)
     chunk_rows : force SGLang's legacy path to score this many rows per chunk
+    device : where the tensors live ("cuda" runs SGLang's real CUDA kernels, see ``cuda.py``)
+    topk_backend : SGLang's ``DSATopKBackend`` value: "torch" (its torch transform) or
+                   "sgl-kernel" (``topk_v2``, with the plan SGLang builds per forward batch)
     """
 
     layout: str
@@ -59,6 +62,8 @@ class SceneSpec:
     chunk_rows: Optional[int] = None
     use_prefill_cuda_graph: bool = False
     sglang_torch_logits: bool = False
+    device: str = "cpu"
+    topk_backend: str = "torch"
 
 
 class _Projection:
@@ -95,11 +100,12 @@ class _Pool:
 
     def get_index_k_scale_buffer(self, layer_id, seq_len_tensor, page_indices, seq_len_sum, max_seq_len):
         """FP8 keys and scale bytes of one request's first ``seq_len_sum`` positions (non-paged path)."""
-        pos = torch.arange(seq_len_sum)
+        dev = self.with_scale.device
+        pos = torch.arange(seq_len_sum, device=dev)
         pages = page_indices[0].long()[pos // 64][:, None]
         off = (pos % 64)[:, None]
-        keys = self.with_scale[pages, off * 128 + torch.arange(128)]
-        scales = self.with_scale[pages, 64 * 128 + off * 4 + torch.arange(4)]
+        keys = self.with_scale[pages, off * 128 + torch.arange(128, device=dev)]
+        scales = self.with_scale[pages, 64 * 128 + off * 4 + torch.arange(4, device=dev)]
         return keys, scales
 
 
@@ -107,11 +113,11 @@ def _backend_class(sg):
     cls = getattr(sg, "_scene_backend_class", None)
     if cls is None:
         class SceneBackend(sg.indexer.C4IndexerBackendMixin, sg.compressor_v2.CompressorBackendMixin):
-            def __init__(self, pool, calls):
+            def __init__(self, pool, calls, topk_backend="torch"):
                 super().__init__()
                 self.token_to_kv_pool = pool
                 self.hisparse_coordinator = None
-                self.dsa_topk_backend = sg.dsa_topk_backend.DSATopKBackend.TORCH
+                self.dsa_topk_backend = sg.dsa_topk_backend.DSATopKBackend(topk_backend)
                 self._calls = calls
 
             def forward_indexer_compressor(self, *, x, forward_batch, layer_id, compressor):
@@ -148,12 +154,21 @@ class Scene:
         core.c4_sparse_page_indices.fill_(-1)
         if core.c4_sparse_raw_indices is not None:
             core.c4_sparse_raw_indices.fill_(-1)
+        self.call(original=original)
+        return self.outputs()
+
+    def call(self, *, original: bool = False) -> None:
+        """One ``forward_c4_indexer`` call and nothing else (what a timer or a graph records)."""
         fn = type(self.backend).forward_c4_indexer
         if original:
             fn = getattr(fn, "__wrapped__", fn)
         with self.platform():
             fn(self.backend, x=self.x, q_lora=self.q_lora, c4_indexer=self.c4_indexer,
                forward_batch=self.forward_batch)
+
+    def outputs(self):
+        """Copies of SGLang's output buffers: ``(page_indices, raw_indices or None)``."""
+        core = self.metadata.core_metadata
         raw = core.c4_sparse_raw_indices
         return core.c4_sparse_page_indices.clone(), None if raw is None else raw.clone()
 
@@ -237,19 +252,27 @@ def build_scene(sg, spec: SceneSpec) -> Scene:
     q_proj = q.reshape(rows, 64 * 128).to(torch.bfloat16)
     w_proj = w.to(torch.bfloat16)
 
+    dev = torch.device(spec.device)
+    k_cache = k_cache.to(dev)
+    k_scale = None if k_scale is None else k_scale.to(dev)
+    page_table, c4_lens, positions = page_table.to(dev), c4_lens.to(dev), positions.to(dev)
+    q_proj, w_proj = q_proj.to(dev), w_proj.to(dev)
+
     scene.calls = sg.calls
     with scene.platform():
         backend_cls = _backend_class(sg)
-        scene.backend = backend = backend_cls(_Pool(layout, k_cache, k_scale), sg.calls)
+        scene.backend = backend = backend_cls(_Pool(layout, k_cache, k_scale), sg.calls, spec.topk_backend)
         indexer_metadata = sg.metadata.PagedIndexerMetadata(
             page_size=256, compressed_page_size=64, page_table=page_table, compressed_seq_lens=c4_lens,
-            use_topk_v2=False, use_prefill_cuda_graph=spec.use_prefill_cuda_graph, compress_ratio=4,
+            use_topk_v2=spec.topk_backend == "sgl-kernel", use_prefill_cuda_graph=spec.use_prefill_cuda_graph,
+            compress_ratio=4,
         )
     capacity = rows + spec.spare_rows
     core = SimpleNamespace(
         positions=positions,
-        c4_sparse_page_indices=torch.full((capacity, topk), -1, dtype=torch.int32),
-        c4_sparse_raw_indices=torch.full((capacity, topk), -1, dtype=torch.int32) if spec.raw_indices else None,
+        c4_sparse_page_indices=torch.full((capacity, topk), -1, dtype=torch.int32, device=dev),
+        c4_sparse_raw_indices=(torch.full((capacity, topk), -1, dtype=torch.int32, device=dev)
+                               if spec.raw_indices else None),
     )
     scene.metadata = backend.forward_metadata = SimpleNamespace(
         indexer_metadata=indexer_metadata, core_metadata=core, fp4_q_positions=None,
@@ -263,20 +286,21 @@ def build_scene(sg, spec: SceneSpec) -> Scene:
     c4.softmax_scale = 128**-0.5
     c4.weight_scale = DSV4_WEIGHT_SCALE
     c4.wq_b, c4.weights_proj = _Projection(q_proj), _Projection(w_proj)
-    c4.compressor = SimpleNamespace(fp4_cos=torch.zeros(1), fp4_sin=torch.zeros(1))
-    c4.freqs_cis = torch.ones(8, 32, dtype=torch.complex64)
+    c4.compressor = SimpleNamespace(fp4_cos=torch.zeros(1, device=dev), fp4_sin=torch.zeros(1, device=dev))
+    c4.freqs_cis = torch.ones(8, 32, dtype=torch.complex64, device=dev)
     c4.rotary_emb, c4.alt_streams = None, None
     scene.c4_indexer = c4
 
     mode = getattr(sg.forward_batch_info.ForwardMode, spec.mode)
     scene.forward_batch = SimpleNamespace(
         forward_mode=mode, _original_forward_mode=None, tbo_parent_token_range=None,
-        batch_size=len(spec.contexts), seq_lens=torch.tensor(spec.contexts), seq_lens_cpu=torch.tensor(spec.contexts),
-        extend_seq_lens=torch.tensor(spec.extend), extend_seq_lens_cpu=list(spec.extend),
-        extend_start_loc=None, extend_num_tokens=rows, req_pool_indices=torch.arange(len(spec.contexts)),
+        batch_size=len(spec.contexts), seq_lens=torch.tensor(spec.contexts, device=dev),
+        seq_lens_cpu=torch.tensor(spec.contexts), extend_seq_lens=torch.tensor(spec.extend, device=dev),
+        extend_seq_lens_cpu=list(spec.extend), extend_start_loc=None, extend_num_tokens=rows,
+        req_pool_indices=torch.arange(len(spec.contexts), device=dev),
     )
-    scene.x = torch.zeros((rows, 32), dtype=torch.bfloat16)
-    scene.q_lora = torch.zeros((rows, 16), dtype=torch.bfloat16)
+    scene.x = torch.zeros((rows, 32), dtype=torch.bfloat16, device=dev)
+    scene.q_lora = torch.zeros((rows, 16), dtype=torch.bfloat16, device=dev)
     scene.rows, scene.c4_lens = rows, c4_lens
     return scene
 

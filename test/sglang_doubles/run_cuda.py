@@ -1,0 +1,288 @@
+"""SGLang 0.5.23's own DSv4 indexer on a CUDA GPU, with and without the plugin, side by side.
+
+    python -m sglang_doubles.run_cuda SGLANG_SRC [SGLANG_SRC ...] --kit KIT --out RESULT.json
+
+SGLang's released Python runs its ``forward_c4_indexer`` on CUDA tensors, with DeepGEMM and
+``topk_v2`` from the SGLang CUDA anchor kit ``KIT`` serving where sgl-kernel would (see
+``cuda.py``). The plugin is loaded as a deployment loads it: SGLang's ``load_plugins()`` finds
+the ``sglang.srt.plugins`` entry point of the installed package (``--entry-point DIR`` first
+writes the checkout's distribution metadata to ``DIR``, which must be on ``PYTHONPATH``, for a
+machine where the package cannot be pip-installed). The routes are the policy's own, read from
+the environment: set ``INDEXER_TOPK_FUSED_PREFILL=1`` / ``INDEXER_TOPK_FUSED_DECODE=1`` to make
+our kernels serve every call they can.
+
+Each case runs SGLang's unhooked method and the hooked one on the same bytes: prefill
+(EXTEND, with raw indices), TARGET_VERIFY (two rows a request), decode, and decode captured in
+a CUDA graph and replayed after a new batch (new queries, keys, lengths and page tables) was
+copied into the captured buffers. A case passes when both selections are identical per row
+(page indices and raw indices) and complete (each row holds ``min(topk, length)`` distinct
+valid positions). Times are per indexer call: CUDA-event time of single eager calls (host
+included, median), or of one graph replay. One JSON line per case on stdout; the whole run in
+``--out``. Exit status 0 when every case passes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import sys
+import time
+import tomllib
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+import indexer_topk.api as api
+from indexer_topk import sglang_plugin
+
+from .cuda import open_sglang_cuda
+from .scene import SceneSpec, build_scene, rows_differing
+
+REPO = Path(__file__).resolve().parents[2]
+
+# (name, spec fields): contexts are tokens seen after the step, extend the step's new tokens.
+CASES = (
+    ("extend 2 requests 64K+16K, 640 rows", dict(mode="EXTEND", contexts=(65536, 16384), extend=(512, 128),
+                                                   raw_indices=True)),
+    ("extend 1 request 256K, 1024 rows", dict(mode="EXTEND", contexts=(262144,), extend=(1024,), raw_indices=True)),
+    ("extend topk 512, 2 requests 32K+8K", dict(mode="EXTEND", topk=512, contexts=(32768, 8192), extend=(256, 64),
+                                                raw_indices=True)),
+    ("target_verify 4 requests x 2 rows, 16K-128K", dict(mode="TARGET_VERIFY", contexts=(131072, 65536, 32768, 16384),
+                                                          extend=(2, 2, 2, 2))),
+    ("decode 8 requests, 4K-128K", dict(mode="DECODE", contexts=(131072, 98304, 65536, 32768, 16384, 8192, 4100, 4096),
+                                        extend=(1,) * 8)),
+    ("decode 1 request 128K", dict(mode="DECODE", contexts=(131072,), extend=(1,))),
+)
+CAPTURED = ("decode 8 requests, 4K-128K, captured, replayed with a new batch",
+            dict(mode="DECODE", contexts=(131072, 98304, 65536, 32768, 16384, 8192, 4100, 4096), extend=(1,) * 8))
+QUICK = {"extend 2 requests 64K+16K, 640 rows", "target_verify 4 requests x 2 rows, 16K-128K",
+         "decode 8 requests, 4K-128K"}
+
+
+def write_entry_point(target: Path) -> Path:
+    """Write the checkout's distribution metadata (name, version, entry points) to ``target``,
+    as ``pip install`` would, so ``importlib.metadata`` finds the plugin's entry point."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    dist = target / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    lines = []
+    for group, entries in project.get("entry-points", {}).items():
+        lines.append(f"[{group}]")
+        lines += [f"{k} = {v}" for k, v in entries.items()]
+    (dist / "entry_points.txt").write_text("\n".join(lines) + "\n")
+    return dist
+
+
+def _sync():
+    torch.cuda.synchronize()
+
+
+def eager_ms(fn, iters: int) -> float:
+    """Median CUDA-event time of single calls, host time included (each call starts idle)."""
+    times = []
+    for _ in range(iters):
+        _sync()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
+    graph.replay()
+    _sync()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        graph.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def complete(sel: torch.Tensor, lens: torch.Tensor, topk: int) -> bool:
+    """Each row holds ``min(topk, length)`` distinct non-negative entries and ``-1`` elsewhere."""
+    valid = sel >= 0
+    want = lens.clamp(max=topk).to(valid.device)
+    if not torch.equal(valid.sum(1), want.to(torch.int64)) or bool(((sel < -1)).any()):
+        return False
+    s = sel.sort(dim=1).values
+    dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
+    return not bool(dup.any())
+
+
+def compare(scene, hooked, original) -> Dict[str, object]:
+    rows = scene.rows
+    (hp, hr), (op, orr) = hooked, original
+    out = {
+        "rows_differing": len(rows_differing(hp[:rows], op[:rows])),
+        "complete": complete(op[:rows], scene.c4_lens, scene.spec.topk) and complete(hp[:rows], scene.c4_lens,
+                                                                                      scene.spec.topk),
+        "spare_rows_untouched": bool((hp[rows:] == -1).all()) and bool((op[rows:] == -1).all()),
+    }
+    if orr is not None:
+        out["raw_rows_differing"] = len(rows_differing(hr[:rows], orr[:rows]))
+    out["identical"] = (out["rows_differing"] == 0 and out.get("raw_rows_differing", 0) == 0 and out["complete"]
+                        and out["spare_rows_untouched"])
+    return out
+
+
+class Served:
+    """Counts our operator's calls by backend (the plugin calls ``api.indexer_topk``)."""
+
+    def __init__(self):
+        self.count = Counter()
+        real = api.indexer_topk
+
+        def counted(*a, **k):
+            self.count[k.get("backend")] += 1
+            return real(*a, **k)
+
+        api.indexer_topk = counted
+
+    def take(self) -> Dict[str, int]:
+        out = dict(self.count)
+        self.count.clear()
+        return out
+
+
+def run_case(sg, served: Served, name: str, fields: dict, iters: int) -> dict:
+    spec = SceneSpec(layout="sglang_fp8", device="cuda", topk_backend="sgl-kernel", **fields)
+    t0 = time.perf_counter()
+    scene = build_scene(sg, spec)
+    built_s = time.perf_counter() - t0
+    served.take()
+    hooked = scene.forward()
+    first = served.take()
+    original = scene.forward(original=True)
+    rec = {"case": name, "mode": spec.mode, "topk": spec.topk, "rows": scene.rows, "contexts": list(spec.contexts),
+           "served_by": first or {"sglang": 1}, **compare(scene, hooked, original)}
+    rec["hooked_ms"] = eager_ms(lambda: scene.call(), iters)
+    rec["sglang_ms"] = eager_ms(lambda: scene.call(original=True), iters)
+    rec["scene_build_s"] = round(built_s, 1)
+    served.take()
+    return rec
+
+
+def copy_batch(dst, src) -> None:
+    """Copy ``src``'s inputs into ``dst``'s buffers (same rows, page-table width and pool size),
+    as SGLang refreshes a captured batch's buffers before a replay."""
+    pairs = [
+        (dst.c4_indexer.wq_b.out, src.c4_indexer.wq_b.out),
+        (dst.c4_indexer.weights_proj.out, src.c4_indexer.weights_proj.out),
+        (dst.backend.token_to_kv_pool.with_scale, src.backend.token_to_kv_pool.with_scale),
+        (dst.metadata.core_metadata.positions, src.metadata.core_metadata.positions),
+    ]
+    di, si = dst.metadata.indexer_metadata, src.metadata.indexer_metadata
+    pairs += [(di.page_table, si.page_table), (di.compressed_seq_lens, si.compressed_seq_lens),
+              (di.deep_gemm_metadata, si.deep_gemm_metadata), (di.topk_metadata, si.topk_metadata)]
+    for d, s in pairs:
+        if d.shape != s.shape:
+            raise ValueError(f"the new batch does not fit the captured buffers: {tuple(s.shape)} vs {tuple(d.shape)}")
+        d.copy_(s)
+    dst.c4_lens = src.c4_lens
+
+
+def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dict:
+    spec = SceneSpec(layout="sglang_fp8", device="cuda", topk_backend="sgl-kernel", **fields)
+    scene = build_scene(sg, spec)
+    # The new batch: the same lengths in another order (so the same rows, page-table width and
+    # pool size), new keys, queries, weights and page scattering.
+    new = build_scene(sg, dataclasses.replace(spec, seed=spec.seed + 1, contexts=tuple(reversed(spec.contexts))))
+    if new.metadata.indexer_metadata.max_compressed_seq_len != scene.metadata.indexer_metadata.max_compressed_seq_len:
+        raise ValueError("the new batch changes the captured width")
+    served.take()
+    graphs = {}
+    for arm, original in (("hooked", False), ("sglang", True)):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile and allocate outside the capture, as SGLang's warm-up does
+                scene.call(original=original)
+        torch.cuda.current_stream().wait_stream(stream)
+        _sync()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            scene.call(original=original)
+        graphs[arm] = graph
+    warm = served.take()
+    expected = new.forward(original=True)  # SGLang, eager, on the new batch's own buffers
+    copy_batch(scene, new)
+    results = {}
+    core = scene.metadata.core_metadata
+    for arm, graph in graphs.items():
+        core.c4_sparse_page_indices.fill_(-1)
+        graph.replay()
+        _sync()
+        results[arm] = scene.outputs()
+    rec = {"case": name, "mode": "DECODE (graph)", "topk": spec.topk, "rows": scene.rows,
+           "contexts": list(new.spec.contexts), "served_by": warm or {"sglang": 1}}
+    a = compare(scene, results["hooked"], results["sglang"])
+    b = compare(scene, results["hooked"], expected)
+    rec.update(a)
+    rec["rows_differing_vs_eager_new_batch"] = b["rows_differing"]
+    rec["identical"] = a["identical"] and b["identical"]
+    rec["hooked_ms"] = replay_ms(graphs["hooked"], iters)
+    rec["sglang_ms"] = replay_ms(graphs["sglang"], iters)
+    return rec
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("paths", nargs="+", type=Path, help="SGLang's unpacked release (and msgspec's, if separate)")
+    parser.add_argument("--kit", type=Path, required=True, help="the SGLang CUDA anchor kit, built")
+    parser.add_argument("--out", type=Path, help="write every record here (JSON)")
+    parser.add_argument("--entry-point", type=Path, help="write the checkout's entry point metadata here first")
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="three small cases and the captured decode")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+    if args.entry_point is not None:
+        write_entry_point(args.entry_point)
+
+    sg = open_sglang_cuda([p.resolve() for p in args.paths], args.kit)
+    served = Served()
+    sg.plugins.load_plugins()
+    hooked = hasattr(sg.indexer.C4IndexerBackendMixin.forward_c4_indexer, "__wrapped__")
+    env = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("INDEXER_TOPK_", "SGLANG_DSV4_"))}
+    run = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": sg.version.__version__,
+           "plugin_hooked": hooked, "env": env, "stubbed_imports": sorted(sg.stubbed()), "records": []}
+    print(json.dumps({k: v for k, v in run.items() if k != "records"}), flush=True)
+    cases = [c for c in CASES if not args.quick or c[0] in QUICK]
+    ok = hooked
+    for name, fields in cases + [CAPTURED]:
+        fn = run_captured if name == CAPTURED[0] else run_case
+        try:
+            rec = fn(sg, served, name, fields, args.iters)
+        except Exception as exc:  # one failing case must not hide the others
+            logging.exception("case %s failed", name)
+            rec = {"case": name, "error": f"{type(exc).__name__}: {exc}", "identical": False}
+        rec["plugin_disabled"] = sglang_plugin._STATE.disabled
+        ok = ok and rec["identical"] and rec["plugin_disabled"] is None
+        run["records"].append(rec)
+        print(json.dumps(rec), flush=True)
+        if args.out is not None:
+            args.out.write_text(json.dumps(run, indent=1) + "\n")
+    run["calls"] = dict(sg.calls)
+    if args.out is not None:
+        args.out.write_text(json.dumps(run, indent=1) + "\n")
+    for rec in run["records"]:
+        served_by = ",".join(f"{k}:{v}" for k, v in rec.get("served_by", {}).items())
+        print(f"SGLANG_GPU {rec['case']:<62} served={served_by:<12} identical={rec['identical']} "
+              f"hooked={rec.get('hooked_ms', float('nan')):.3f} ms sglang={rec.get('sglang_ms', float('nan')):.3f} ms")
+    sg.close()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
