@@ -273,22 +273,57 @@ def _forward_c4_indexer_hook(original, *args, **kwargs):
         # before binding the signature keeps an eager decode step at one attribute read.
         # Decode passed positionally still reaches the policy below.
         return original(*args, **kwargs)
-    signature = _SIGNATURES.get(original)
-    if signature is None:
-        signature = _SIGNATURES[original] = inspect.signature(original)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError:
+    a = _arguments(original, args, kwargs)
+    if a is None:
         return original(*args, **kwargs)
-    bound.apply_defaults()
-    a = bound.arguments
     call = _plan_call(a)
     if call is None:
         return original(*args, **kwargs)
     return _run_fused(original, a, call)
 
 
-_SIGNATURES: dict = {}
+class _Binder:
+    """``inspect.Signature.bind`` + ``apply_defaults`` for one function, at the cost of a dict
+    merge for the calls SGLang makes (``self`` positional, the rest by keyword): the hook runs
+    on every indexer call, also the ones it hands back to SGLang, so binding must cost little."""
+
+    def __init__(self, fn):
+        self.signature = inspect.signature(fn)
+        params = self.signature.parameters.values()
+        if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD, p.POSITIONAL_ONLY) for p in params):
+            self.names = None  # nothing to shortcut: every call binds in full
+            return
+        self.names = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+        self.keywords = frozenset(p.name for p in params)
+        self.defaults = {p.name: p.default for p in params if p.default is not p.empty}
+
+    def __call__(self, args, kwargs) -> Optional[dict]:
+        """The call's arguments by name, defaults filled in; ``None`` where they do not bind."""
+        names = self.names
+        if names is not None and len(args) <= len(names):
+            given = names[: len(args)]
+            if kwargs.keys() <= self.keywords and not any(n in kwargs for n in given):
+                a = dict(self.defaults)
+                a.update(zip(given, args))
+                a.update(kwargs)
+                if len(a) == len(self.keywords):  # every parameter without a default was given
+                    return a
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError:
+            return None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
+def _arguments(original, args, kwargs) -> Optional[dict]:
+    binder = _BINDERS.get(original)
+    if binder is None:
+        binder = _BINDERS[original] = _Binder(original)
+    return binder(args, kwargs)
+
+
+_BINDERS: dict = {}
 
 
 def _plan_call(a) -> Optional[_Call]:

@@ -9,6 +9,8 @@ What serves where sgl-kernel and SGLang's JIT kernels would (``open_sglang_cuda`
   computes the same schedule.
 * ``plan_topk_v2`` / ``topk_transform_paged_v2``: SGLang's ``topk_v2.cuh``, unmodified, built
   by the kit as a torch extension; SGLang's wrappers only bind it through tvm-ffi.
+* SGLang's server configuration, which its logits budget reads (``mem_fraction_static``): a
+  fixed value (``MEM_FRACTION_STATIC``), as a launched server would have published.
 * The query quantisers behind ``fused_q_indexer_rope_hadamard{,_fp4}_quant`` stay the doubles
   of ``kernels.py`` (they need SGLang's tvm-ffi JIT): both routes consume the same quantised
   query, so a double there cannot favour either.
@@ -28,6 +30,11 @@ import torch
 
 from .environment import SGLang, open_sglang
 from .kernels import Calls, Patcher, _QuantModule, spy
+
+
+# The fraction of GPU memory SGLang's server reserves for weights and caches; the logits budget
+# of a prefill's row chunking is sized from what it leaves.
+MEM_FRACTION_STATIC = 0.85
 
 
 def load_kit_topk(kit: Path):
@@ -61,6 +68,9 @@ def install_cuda_kernels(sg: SGLang, patcher: Patcher, calls: Calls, kit: Path) 
                     lambda dtype: _QuantModule(False, calls))
     patcher.setattr(sg.norm_rope, "_jit_main_q_indexer_rope_hadamard_fp4_quant_module",
                     lambda dtype: _QuantModule(True, calls))
+    import sglang.srt.layers.attention.mqa_logits_utils as logits_utils
+
+    patcher.setattr(logits_utils, "get_schedule", lambda: SimpleNamespace(mem_fraction_static=MEM_FRACTION_STATIC))
     for name in ("fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits", "fp8_mqa_logits"):
         spy(patcher, calls, deep_gemm, name, f"deep_gemm.{name}")
 
