@@ -32,7 +32,7 @@ for ARM in default ours; do
     export INDEXER_TOPK_FUSED_PREFILL=1 INDEXER_TOPK_FUSED_DECODE=1
   fi
   timeout "${ARM_S:-240}" python3 -m sglang_doubles.run_cuda "${PATHS[@]}" --kit "$KIT" --entry-point /tmp/sglang-ep \
-    --out "$OUT/sglang_gpu_$ARM.json" ${RUN_CUDA_ARGS:-} > "/tmp/sglang_gpu_$ARM.log" 2>&1
+    --commit "${COMMIT:-unknown}" --out "$OUT/sglang_gpu_$ARM.json" ${RUN_CUDA_ARGS:-} > "/tmp/sglang_gpu_$ARM.log" 2>&1
   rc=$?
   { echo "===== arm $ARM (rc $rc)"; cat "/tmp/sglang_gpu_$ARM.log"; } >> "$OUT/sglang_gpu.log"
   echo "arm $ARM rc $rc"

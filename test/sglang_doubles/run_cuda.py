@@ -248,6 +248,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", type=Path, help="write every record here (JSON)")
     parser.add_argument("--entry-point", type=Path, help="write the checkout's entry point metadata here first")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--commit", default="unknown", help="the checkout's commit, recorded with the results")
     parser.add_argument("--quick", action="store_true", help="three small cases and the captured decode")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -259,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     sg.plugins.load_plugins()
     hooked = hasattr(sg.indexer.C4IndexerBackendMixin.forward_c4_indexer, "__wrapped__")
     env = {k: os.environ[k] for k in sorted(os.environ) if k.startswith(("INDEXER_TOPK_", "SGLANG_DSV4_"))}
-    run = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": sg.version.__version__,
+    run = {"commit": args.commit, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "sglang": sg.version.__version__,
            "plugin_hooked": hooked, "env": env, "stubbed_imports": sorted(sg.stubbed()), "records": []}
     print(json.dumps({k: v for k, v in run.items() if k != "records"}), flush=True)
     cases = [c for c in CASES if not args.quick or c[0] in QUICK]
