@@ -118,6 +118,32 @@ def _fetch(version: str, cache_dir: Path) -> List[Path]:
     return paths
 
 
+def pack_for_gpu(src: Path, target: Path) -> Path:
+    """Write ``target`` (.tgz): the release's Python sources, its JIT kernel sources (SGLang
+    checks they exist at import) and its metadata, without the diffusion server, tests and
+    benchmarks. About 11 MB against 88 MB unpacked, so it travels to a GPU machine that cannot
+    download it (``benchmark/sglang_gpu.sh`` unpacks it)."""
+    import tarfile
+
+    skip = ("sglang/multimodal_gen/", "sglang/test/", "sglang/benchmark/")
+    with tarfile.open(target, "w:gz") as tar:
+        for path in sorted(src.rglob("*")):
+            name = path.relative_to(src).as_posix()
+            if not path.is_file() or name.startswith(skip) or name.endswith((".so", ".pyd")):
+                continue
+            if name.endswith(".py") or name.startswith(("sglang/kernels/jit/", f"sglang-{SGLANG_VERSION}.dist-info/")):
+                tar.add(path, arcname=name)
+    return target
+
+
 if __name__ == "__main__":
-    for path in fetch_sglang_source():
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Fetch SGLang's release sources; print the paths to import them from.")
+    parser.add_argument("--pack", type=Path, help="also write its sources for a GPU machine to this .tgz")
+    args = parser.parse_args()
+    paths = fetch_sglang_source()
+    for path in paths:
         print(path)
+    if args.pack is not None:
+        print(pack_for_gpu(paths[0], args.pack))

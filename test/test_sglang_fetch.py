@@ -43,3 +43,29 @@ def test_two_fetches_at_once_download_once_and_agree(tmp_path, monkeypatch):
     assert downloads.count("sglang==9.9.9") == 1, downloads
     assert results[0] == results[1]
     assert (results[0][0] / "sglang" / "__init__.py").is_file()
+
+
+def test_pack_for_gpu_keeps_what_the_indexer_imports(tmp_path):
+    """The packed sources for a GPU machine: every module, the JIT kernel tree SGLang checks for
+    at import, the metadata; not the diffusion server, tests, benchmarks or binaries."""
+    import tarfile
+
+    src = tmp_path / "sglang-src"
+    files = {
+        "sglang/__init__.py": True,
+        "sglang/srt/layers/attention/dsv4/indexer.py": True,
+        "sglang/kernels/jit/csrc/deepseek_v4/topk_v2.cuh": True,
+        "sglang/kernels/jit/include/sgl_kernel/utils.h": True,
+        f"sglang-{sglang_fetch.SGLANG_VERSION}.dist-info/METADATA": True,
+        "sglang/srt/configs/moe/some_tuning.json": False,
+        "sglang/multimodal_gen/model.py": False,
+        "sglang/test/test_x.py": False,
+        "sglang/benchmark/bench.py": False,
+        "sglang/kernels/jit/prebuilt.so": False,
+    }
+    for name in files:
+        (src / name).parent.mkdir(parents=True, exist_ok=True)
+        (src / name).write_text("x")
+    with tarfile.open(sglang_fetch.pack_for_gpu(src, tmp_path / "p.tgz")) as tar:
+        packed = set(tar.getnames())
+    assert packed == {name for name, keep in files.items() if keep}
