@@ -15,7 +15,7 @@
 # NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's cache to $OUT/tcache.tgz
 # at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
 set -u -o pipefail
-OUT=${OUT:-/tmp/mix_out}
+export OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
 KIT=$(cd "${1:?usage: mix_session.sh KIT}" && pwd)
 export PYTHONPATH=${PYTHONPATH:-python} PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
@@ -31,7 +31,7 @@ if [ -n "${KIT_BUILD_TGZ:-}" ] && [ -f "$KIT_BUILD_TGZ" ]; then
   tar xzf "$KIT_BUILD_TGZ" -C /tmp && stamp "kit build unpacked from $KIT_BUILD_TGZ"
 fi
 ( if ! { [ -f /tmp/dgsite/dg_env.sh ] && ( source /tmp/dgsite/dg_env.sh && python3 -c 'import deep_gemm' ) 2>/dev/null; }; then
-    bash "$KIT/build_and_test.sh" > /tmp/deepgemm_build.out 2>&1 || cp /tmp/deepgemm_build.out "$OUT/"
+    bash "$KIT/build_and_test.sh" > /tmp/deepgemm_build.out 2>&1 || cp /tmp/deepgemm_build.out "$DG_LOG" "$OUT/"
   fi
   python3 "$KIT/sglang_topk_v2/bench_topk_v2.py" --shapes 8x196608 --topk 1024 > /tmp/topk_v2_build.log 2>&1 ||
     cp /tmp/topk_v2_build.log "$OUT/"
@@ -66,4 +66,6 @@ fi
 [ -n "${TCACHE_OUT:-}" ] && tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT"
 grep -E "passed|failed" "$OUT/gpu_tests.log" 2>/dev/null | tail -3
 cat "$OUT/sglang_gpu.out" 2>/dev/null
-cat "$OUT/sglang_nan.log"; grep -E "^retuned" "$OUT/serving_mix.log"; grep -E "^\||geometric" "$OUT/serving_mix.log" | tail -40
+if [ -z "${NO_MIX:-}" ]; then
+  cat "$OUT/sglang_nan.log"; grep -E "^retuned" "$OUT/serving_mix.log"; grep -E "^\||geometric" "$OUT/serving_mix.log" | tail -40
+fi

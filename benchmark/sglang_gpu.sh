@@ -30,6 +30,8 @@ RC=0
 for ARM in default ours; do
   if [ "$ARM" = ours ]; then
     export INDEXER_TOPK_FUSED_PREFILL=1 INDEXER_TOPK_FUSED_DECODE=1
+  else
+    unset INDEXER_TOPK_FUSED_PREFILL INDEXER_TOPK_FUSED_DECODE
   fi
   timeout "${ARM_S:-240}" python3 -m sglang_doubles.run_cuda "${PATHS[@]}" --kit "$KIT" --entry-point /tmp/sglang-ep \
     --commit "${COMMIT:-unknown}" --out "$OUT/sglang_gpu_$ARM.json" ${RUN_CUDA_ARGS:-} > "/tmp/sglang_gpu_$ARM.log" 2>&1

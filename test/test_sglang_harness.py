@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from indexer_topk.sglang_plugin import _Binder
-from sglang_doubles.run_cuda import complete, write_entry_point
+from sglang_doubles.run_cuda import complete, maps_through_table, write_entry_point
 
 
 def forward(self, x, q_lora, c4_indexer, forward_batch, alt_streams=None, enable_multi_stream=False,
@@ -102,3 +102,12 @@ def test_missing_packages_are_stubbed_only_for_imports_from_the_roots(tmp_path):
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_raw_positions_map_to_their_page_indices():
+    table = torch.tensor([[7, 2], [5, 0]], dtype=torch.int32)
+    raw = torch.tensor([[0, 65, -1], [63, -1, -1]])
+    pages = torch.tensor([[7 * 64, 2 * 64 + 1, -1], [5 * 64 + 63, -1, -1]])
+    assert maps_through_table(raw, pages, table)
+    assert not maps_through_table(raw, pages + torch.tensor([[0, 64, 0], [0, 0, 0]]), table)  # wrong page
+    assert not maps_through_table(raw, torch.full_like(pages, -1), table)  # page indices never written

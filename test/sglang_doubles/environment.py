@@ -65,6 +65,7 @@ def open_sglang(paths: Sequence[Path], *, kernels: Optional[Callable[[SGLang], N
     stubs any other package SGLang's files import that is missing (``sg.stubbed`` lists them).
     """
     environ = dict(os.environ)
+    paths = [Path(p).resolve() for p in paths]
     sys.path[:0] = [str(p) for p in paths]
     imports = ImportDoubles()
     hidden = imports.hide(AFTER_SGLANG) if shadow_installed else None
@@ -74,7 +75,7 @@ def open_sglang(paths: Sequence[Path], *, kernels: Optional[Callable[[SGLang], N
         imports.unhide(hidden)
         imports.install(AFTER_SGLANG, shadow=shadow_installed)
         if stub_missing:
-            imports.stub_missing(str(Path(p).resolve()) for p in paths)
+            imports.stub_missing(str(p) for p in paths)
         modules = {key: importlib.import_module(name) for key, name in MODULES.items()}
     except BaseException:
         imports.unhide(hidden)

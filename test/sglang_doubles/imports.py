@@ -4,7 +4,9 @@ SGLang's DSv4 indexer module pulls in much of the server at import time (configs
 parsers), and with it third-party packages that play no part in the indexer's arithmetic.
 Each package listed here that is *not installed* is replaced by a permissive stub: any
 attribute is a class that can be subclassed, called, subscripted or used as a decorator
-(a decorator stub returns the function unchanged). Installed packages are never shadowed.
+(a decorator stub returns the function unchanged). Installed packages are shadowed only when
+asked (``shadow``: the GPU run, whose machine has other versions of them than SGLang pins);
+a shadowed or stubbed package is then a stub for the whole process, whoever imports it.
 
 The stubs are installed in two phases: ``transformers`` and friends only after
 ``import sglang`` ran, so SGLang's package initialiser sees no transformers (exactly as for a
@@ -16,6 +18,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import pickle
 import re
 import sys
@@ -120,7 +123,9 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 class _Hidden(importlib.abc.MetaPathFinder):
     """First on ``sys.meta_path``: the named top-level packages cannot be imported, installed
-    or not (SGLang's initialiser must see no transformers, as on a machine without it)."""
+    or not (SGLang's initialiser must see no transformers, as on a machine without it). An
+    import raises ``ModuleNotFoundError``; so does ``importlib.util.find_spec``, which would
+    otherwise return None."""
 
     def __init__(self, tops: Iterable[str]):
         self.tops = set(tops)
@@ -133,20 +138,25 @@ class _Hidden(importlib.abc.MetaPathFinder):
 
 class _MissingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Last on ``sys.meta_path``: a stub for a top-level package no other finder has, imported
-    from a file under ``roots`` (SGLang's sources). A GPU machine takes SGLang's CUDA import
-    branches, which name CUDA packages (sgl-kernel, FlashInfer, ...) this test does not carry;
-    imports from anywhere else (torch, Triton) still fail as they would."""
+    by a file under ``roots`` (SGLang's sources). A GPU machine takes SGLang's CUDA import
+    branches, which name CUDA packages (sgl-kernel, FlashInfer, ...) this test does not carry.
+    A first import from anywhere else (torch, Triton) fails as it would, and so does an
+    availability probe (``importlib.util.find_spec``) from SGLang, which then takes the branch
+    of a machine without the package; once stubbed, a package is a stub for every importer."""
 
     def __init__(self, roots: Iterable[str]):
-        self.roots = tuple(roots)
+        self.roots = tuple(os.path.join(os.path.abspath(r), "") for r in roots)
         self.stood_for: List[str] = []
 
     def _from_roots(self) -> bool:
         frame = sys._getframe(2)
         while frame is not None:
-            name = frame.f_code.co_filename
+            code = frame.f_code
+            name = code.co_filename
+            if name.endswith(os.path.join("importlib", "util.py")) and code.co_name == "find_spec":
+                return False  # a probe for the package, not an import of it
             if not (name.startswith("<frozen") or "importlib" in name or name == __file__):
-                return name.startswith(self.roots)
+                return os.path.abspath(name).startswith(self.roots)
             frame = frame.f_back
         return False
 

@@ -16,8 +16,9 @@ Each case runs SGLang's unhooked method and the hooked one on the same bytes: pr
 a CUDA graph and replayed after a new batch (new queries, keys, lengths and page tables) was
 copied into the captured buffers. A case passes when both selections are identical per row
 (page indices and raw indices) and complete (each row holds ``min(topk, length)`` distinct
-valid positions). Times are per indexer call: CUDA-event time of single eager calls (host
-included, median), or of one graph replay. One JSON line per case on stdout; the whole run in
+valid positions, raw positions map to the page indices beside them through the page table,
+spare rows of SGLang's buffers stay untouched). Times are per indexer call: CUDA-event time of
+single eager calls (host included; median and quartiles), or of one graph replay. One JSON line per case on stdout; the whole run in
 ``--out``. Exit status 0 when every case passes.
 """
 
@@ -86,20 +87,28 @@ def _sync():
     torch.cuda.synchronize()
 
 
-def eager_ms(fns, iters: int) -> List[float]:
-    """Median CUDA-event time of single calls of each of ``fns``, host time included (each call
-    starts on an idle device); the functions take turns, so drift touches all alike."""
+def eager_ms(fns, iters: int) -> List[Dict[str, float]]:
+    """CUDA-event time of single calls of each of ``fns``, host time included (each call starts
+    on an idle device): median and quartiles in ms. The functions take turns, in an order that
+    alternates between iterations, so drift touches all alike."""
     times = [[] for _ in fns]
-    for _ in range(iters):
-        for fn, out in zip(fns, times):
+    for it in range(iters):
+        order = list(range(len(fns)))
+        if it % 2:
+            order.reverse()
+        for i in order:
             _sync()
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
-            fn()
+            fns[i]()
             b.record()
             b.synchronize()
-            out.append(a.elapsed_time(b))
-    return [statistics.median(t) for t in times]
+            times[i].append(a.elapsed_time(b))
+    out = []
+    for t in times:
+        q = statistics.quantiles(t, n=4)
+        out.append({"median": statistics.median(t), "q1": q[0], "q3": q[2]})
+    return out
 
 
 def replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
@@ -125,19 +134,33 @@ def complete(sel: torch.Tensor, lens: torch.Tensor, topk: int) -> bool:
     return not bool(dup.any())
 
 
+def maps_through_table(raw: torch.Tensor, pages: torch.Tensor, table: torch.Tensor) -> bool:
+    """Each raw position ``p`` sits beside page index ``table[row, p // 64] * 64 + p % 64``."""
+    valid = raw >= 0
+    if not torch.equal(valid, pages >= 0):
+        return False
+    p = raw.clamp(min=0).long()
+    want = table.long().gather(1, p // 64) * 64 + p % 64
+    return torch.equal(torch.where(valid, want, -1), pages.long())
+
+
 def compare(scene, hooked, original) -> Dict[str, object]:
-    rows = scene.rows
+    """Both calls' selections against each other and each on its own (see the module docstring)."""
+    rows, topk, lens = scene.rows, scene.spec.topk, scene.c4_lens
     (hp, hr), (op, orr) = hooked, original
     out = {
         "rows_differing": len(rows_differing(hp[:rows], op[:rows])),
-        "complete": complete(op[:rows], scene.c4_lens, scene.spec.topk) and complete(hp[:rows], scene.c4_lens,
-                                                                                      scene.spec.topk),
+        "complete": complete(op[:rows], lens, topk) and complete(hp[:rows], lens, topk),
         "spare_rows_untouched": bool((hp[rows:] == -1).all()) and bool((op[rows:] == -1).all()),
     }
     if orr is not None:
+        table = scene.metadata.indexer_metadata.page_table[:rows]
         out["raw_rows_differing"] = len(rows_differing(hr[:rows], orr[:rows]))
+        out["raw_complete"] = all(complete(r[:rows], lens, topk) and maps_through_table(r[:rows], p[:rows], table)
+                                  for r, p in ((hr, hp), (orr, op)))
+        out["spare_rows_untouched"] &= bool((hr[rows:] == -1).all()) and bool((orr[rows:] == -1).all())
     out["identical"] = (out["rows_differing"] == 0 and out.get("raw_rows_differing", 0) == 0 and out["complete"]
-                        and out["spare_rows_untouched"])
+                        and out.get("raw_complete", True) and out["spare_rows_untouched"])
     return out
 
 
@@ -171,28 +194,30 @@ def run_case(sg, served: Served, name: str, fields: dict, iters: int) -> dict:
     original = scene.forward(original=True)
     rec = {"case": name, "mode": spec.mode, "topk": spec.topk, "rows": scene.rows, "contexts": list(spec.contexts),
            "served_by": first or {"sglang": 1}, **compare(scene, hooked, original)}
-    rec["hooked_ms"], rec["sglang_ms"] = eager_ms([lambda: scene.call(), lambda: scene.call(original=True)], iters)
+    hooked_t, sglang_t = eager_ms([lambda: scene.call(), lambda: scene.call(original=True)], iters)
+    rec["hooked_ms"], rec["sglang_ms"] = hooked_t["median"], sglang_t["median"]
+    rec["hooked_ms_q1_q3"] = [hooked_t["q1"], hooked_t["q3"]]
+    rec["sglang_ms_q1_q3"] = [sglang_t["q1"], sglang_t["q3"]]
     rec["scene_build_s"] = round(built_s, 1)
     served.take()
     return rec
 
 
 def copy_batch(dst, src) -> None:
-    """Copy ``src``'s inputs into ``dst``'s buffers (same rows, page-table width and pool size),
-    as SGLang refreshes a captured batch's buffers before a replay."""
+    """Copy ``src``'s inputs into ``dst``'s buffers (same rows, page-table width and pool size):
+    the indexer metadata through SGLang's own ``PagedIndexerMetadata.copy_`` (what its graph
+    runner does before a replay), the query and weight projections, the keys and positions."""
     pairs = [
         (dst.c4_indexer.wq_b.out, src.c4_indexer.wq_b.out),
         (dst.c4_indexer.weights_proj.out, src.c4_indexer.weights_proj.out),
         (dst.backend.token_to_kv_pool.with_scale, src.backend.token_to_kv_pool.with_scale),
         (dst.metadata.core_metadata.positions, src.metadata.core_metadata.positions),
     ]
-    di, si = dst.metadata.indexer_metadata, src.metadata.indexer_metadata
-    pairs += [(di.page_table, si.page_table), (di.compressed_seq_lens, si.compressed_seq_lens),
-              (di.deep_gemm_metadata, si.deep_gemm_metadata), (di.topk_metadata, si.topk_metadata)]
     for d, s in pairs:
         if d.shape != s.shape:
             raise ValueError(f"the new batch does not fit the captured buffers: {tuple(s.shape)} vs {tuple(d.shape)}")
         d.copy_(s)
+    dst.metadata.indexer_metadata.copy_(src.metadata.indexer_metadata)
     dst.c4_lens = src.c4_lens
 
 
@@ -219,6 +244,7 @@ def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dic
             scene.call(original=original)
         graphs[arm] = graph
     warm = served.take()
+    before = scene.forward(original=True)  # SGLang, eager, on the captured batch
     expected = new.forward(original=True)  # SGLang, eager, on the new batch's own buffers
     copy_batch(scene, new)
     results = {}
@@ -234,7 +260,9 @@ def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dic
     b = compare(scene, results["hooked"], expected)
     rec.update(a)
     rec["rows_differing_vs_eager_new_batch"] = b["rows_differing"]
-    rec["identical"] = a["identical"] and b["identical"]
+    # The new batch must select otherwise than the captured one, or a stale replay would pass.
+    rec["new_batch_rows_changed"] = len(rows_differing(before[0][: scene.rows], expected[0][: scene.rows]))
+    rec["identical"] = a["identical"] and b["identical"] and rec["new_batch_rows_changed"] == scene.rows
     rec["hooked_ms"] = replay_ms(graphs["hooked"], iters)
     rec["sglang_ms"] = replay_ms(graphs["sglang"], iters)
     rec["hooked_ms_again"] = replay_ms(graphs["hooked"], iters)  # a second turn shows the drift
