@@ -136,7 +136,7 @@ class _Hidden(importlib.abc.MetaPathFinder):
         return None
 
 
-class _MissingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+class _MissingFinder(_StubFinder):
     """Last on ``sys.meta_path``: a stub for a top-level package no other finder has, imported
     by a file under ``roots`` (SGLang's sources). A GPU machine takes SGLang's CUDA import
     branches, which name CUDA packages (sgl-kernel, FlashInfer, ...) this test does not carry.
@@ -167,14 +167,6 @@ class _MissingFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         if top not in self.stood_for:
             self.stood_for.append(top)
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
-
-    def create_module(self, spec):
-        module = StubModule(spec.name)
-        module.__path__ = []
-        return module
-
-    def exec_module(self, module):
-        pass
 
 
 def _dill_double() -> types.ModuleType:
