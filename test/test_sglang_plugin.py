@@ -191,6 +191,21 @@ def test_policy_built_when_sglang_builds_the_backend(sg, load, monkeypatch):
     assert not policy.routes  # built (frozen) before any call was routed
 
 
+def test_decline_probe_times_a_call_handed_back(sg, load):
+    """The GPU run's probe of what a handed-back call costs (``run_cuda.decline_host_us``): on
+    an H200, FP8 prefill inside SGLang stays on SGLang's path, so the hook declines it, never
+    calling our operator, and the probe reports a time and where it goes."""
+    from sglang_doubles.run_cuda import decline_host_us
+
+    policy = load()
+    scene = _scene(sg, layout="sglang_fp8")
+    calls = sg.calls.logits_calls()
+    got = decline_host_us(scene, calls=20)
+    assert got["hook_decline_us"] > 0 and any("_plan_call" in line for line in got["hook_decline_profile"])
+    assert sg.calls.logits_calls() == calls  # the stand-in original ran, not SGLang's kernels
+    assert sum(policy.routes.values()) >= 2 * 20  # the policy was asked on every call (warm-up and timed runs)
+
+
 # ---------------------------------------------------------------------------------------------
 # Prefill: served by our operator, identical to SGLang's own path
 # ---------------------------------------------------------------------------------------------

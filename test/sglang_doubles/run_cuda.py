@@ -199,8 +199,41 @@ def run_case(sg, served: Served, name: str, fields: dict, iters: int) -> dict:
     rec["hooked_ms_q1_q3"] = [hooked_t["q1"], hooked_t["q3"]]
     rec["sglang_ms_q1_q3"] = [sglang_t["q1"], sglang_t["q3"]]
     rec["scene_build_s"] = round(built_s, 1)
+    if not first:  # the hook handed the call back: what does that cost on this host?
+        rec.update(decline_host_us(scene))
     served.take()
     return rec
+
+
+def decline_host_us(scene, calls: int = 500) -> dict:
+    """Host time the plugin's hook adds to a call it hands back: the hook run with a stand-in
+    original that does nothing (mean over ``calls``), and where that time goes (cProfile's top
+    functions by own time, over as many calls)."""
+    import cProfile
+    import functools
+    import io
+    import pstats
+
+    original = type(scene.backend).forward_c4_indexer.__wrapped__
+    stand_in = functools.wraps(original)(lambda *a, **k: None)
+    kwargs = dict(x=scene.x, q_lora=scene.q_lora, c4_indexer=scene.c4_indexer, forward_batch=scene.forward_batch)
+    hook = sglang_plugin._forward_c4_indexer_hook
+
+    def run():
+        with scene.platform():
+            for _ in range(calls):
+                hook(stand_in, scene.backend, **kwargs)
+
+    run()
+    start = time.perf_counter()
+    run()
+    mean_us = (time.perf_counter() - start) / calls * 1e6
+    profile = cProfile.Profile()
+    profile.runcall(run)
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(10)
+    lines = [line.strip() for line in text.getvalue().splitlines() if line.strip()]
+    return {"hook_decline_us": round(mean_us, 2), "hook_decline_profile": lines[-11:]}
 
 
 def copy_batch(dst, src) -> None:
