@@ -201,9 +201,26 @@ def test_decline_probe_times_a_call_handed_back(sg, load):
     scene = _scene(sg, layout="sglang_fp8")
     calls = sg.calls.logits_calls()
     got = decline_host_us(scene, calls=20)
-    assert got["hook_decline_us"] > 0 and any("_plan_call" in line for line in got["hook_decline_profile"])
+    assert got["hook_decline_us"] > 0 and len(got["hook_decline_profile"]) > 1
     assert sg.calls.logits_calls() == calls  # the stand-in original ran, not SGLang's kernels
-    assert sum(policy.routes.values()) >= 2 * 20  # the policy was asked on every call (warm-up and timed runs)
+
+
+def test_calls_nothing_of_ours_could_serve_skip_the_policy(sg, load, served):
+    """On an H200 no call SGLang can hand the plugin goes to ours (the routes table keeps FP8
+    on SGLang's path in every mode): the frozen policy says so once, and each call then goes
+    back to SGLang without binding its arguments or asking the policy again."""
+    policy = load(H200)
+    scene = _scene(sg, layout="sglang_fp8")  # SGLang's backend __init__ freezes the policy here
+    # FP8 has SGLang's path in every mode; an FP4 cache has none on Hopper, so ours would serve it
+    assert sglang_plugin._STATE.prefill_ours == {False: False, True: True}
+    assert not sglang_plugin._STATE.decode_ours
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [] and sg.calls.logits_calls() == 1 and not policy.routes
+    assert torch.equal(pages, scene.forward(original=True)[0])
+    load(H200_FUSED)
+    _scene(sg, layout="sglang_fp8")
+    assert sglang_plugin._STATE.prefill_ours[False]  # opted in: FP8 prefill calls ask the policy again
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,7 +540,7 @@ def test_hip_verify_on_rowgroup_decode_workspace_stays_on_sglang(sg, load, serve
 @pytest.mark.parametrize("how", ["torch_stream_capture", "sglang_capture_mode", "breakable_cuda_graph",
                                  "prefill_cuda_graph_metadata"])
 def test_capture_stays_on_sglang(sg, load, served, how):
-    policy = load(H200)
+    policy = load(H200_FUSED)  # prefill opted in to ours, so the hook must ask, and see the capture
     scene = _scene(sg, layout="sglang_fp8", use_prefill_cuda_graph=how == "prefill_cuda_graph_metadata")
     sg.calls.clear()
     if how == "torch_stream_capture":
@@ -548,13 +565,14 @@ def test_capture_stays_on_sglang(sg, load, served, how):
 
 def test_fp8_prefill_stays_on_sglang_by_default(sg, load, served):
     """On NVIDIA SGLang's own CUDA path serves FP8 prefill unless the fused kernel is opted in:
-    it is measured faster than ours; the policy still answers once."""
+    it is measured faster than ours. The frozen policy said so when SGLang built the backend, so
+    the call asks it nothing."""
     policy = load(H200)
     assert policy.inner.route(layout="sglang_fp8", capturing=False) == "legacy"
     scene = _scene(sg, layout="sglang_fp8")
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)
-    assert policy.routes == {"legacy": 1}
+    assert not policy.routes
 
 
 def test_warm_up_compiles_only_what_our_routes_run(sg, load):
@@ -577,7 +595,12 @@ def test_kill_switch_stays_on_sglang(sg, load, served):
     scene = _scene(sg, layout="sglang_fp8")
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)
-    assert policy.routes == {"legacy": 1}
+    assert not policy.routes  # decided when SGLang built the backend: nothing of ours serves
+    assert sglang_plugin._STATE.prefill_ours == {False: False, True: False}
+    mx = _scene(sg, layout="sglang_mxfp4")  # the switch sends even this cache to SGLang's path
+    sg.calls.clear()
+    mx.forward()
+    assert served == [] and sg.calls.logits_calls() == 1
 
 
 def test_no_kernels_here_stays_on_sglang(sg, load, served):
@@ -588,7 +611,7 @@ def test_no_kernels_here_stays_on_sglang(sg, load, served):
     scene = _scene(sg, layout="sglang_fp8")
     sg.calls.clear()
     _assert_sglang_served(sg, scene, served)
-    assert policy.routes == {"reference": 1}
+    assert not policy.routes  # decided when SGLang built the backend
 
 
 def test_nonpaged_indexer_stays_on_sglang(sg, load, served, monkeypatch):

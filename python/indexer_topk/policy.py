@@ -302,12 +302,12 @@ class PathPolicy:
         cell = table.lookup(layout, mode, topk, rows, c4_len) if table is not None and layout is not None else None
         return self.pick(mode, cell, layout, topk, bool(engine_path))
 
-    def outcomes(self, layout, mode: str, engine_path: Optional[bool] = None) -> Tuple[list, Optional[str]]:
+    def outcomes(self, layout, mode: str, engine_path: Optional[bool] = None, topk: int = 1024) -> Tuple[list, Optional[str]]:
         """``(backend of each measured table entry, backend outside them)`` of ``layout`` and
-        ``mode`` (topk 1024), outside an engine (``engine_path`` None) or inside it."""
+        ``mode`` for ``topk``, outside an engine (``engine_path`` None) or inside it."""
         cells = self.table.cells(layout, mode) if self.table is not None and self._fixed is None else []
-        return ([self.pick(mode, c, layout, 1024, engine_path) for c in cells],
-                self.pick(mode, None, layout, 1024, engine_path))
+        return ([self.pick(mode, c, layout, topk, engine_path) for c in cells],
+                self.pick(mode, None, layout, topk, engine_path))
 
     def lines(self) -> list:
         """The table in force, the device and each route in short lines (:mod:`~indexer_topk.routes.words`)."""

@@ -75,6 +75,9 @@ class _PluginState:
         self.disabled: Optional[str] = None  # why our route is off for the rest of this process
         self.served_first_call = False
         self.decode_ours = False  # the frozen policy may send a decode or captured call to ours
+        # ... or a call of another mode (prefill, target-verify), by its cache (FP4 or not): until
+        # the policy is frozen, each call asks it
+        self.prefill_ours = {False: True, True: True}
         self.warmed = False  # the kernels our routes run were compiled (or there were none)
 
 
@@ -181,16 +184,33 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     policy = _policy_or_none()
     if policy is not None:
         layouts = _policy.engine_layouts(policy.probe)
-        _STATE.decode_ours = any(_engine_backends(policy, x, m) for x in layouts for m in ("decode", "capture"))
+        _STATE.decode_ours = any(_engine_backends(policy, x, m, SUPPORTED_TOPK) for x in layouts
+                                 for m in ("decode", "capture"))
+        for fp4 in (False, True):
+            layout = _covered_layout(fp4, policy.probe.device == "hip")
+            _STATE.prefill_ours[fp4] = layout is not None and any(
+                _engine_backends(policy, layout, m, SUPPORTED_TOPK) for m in ("prefill", "capture"))
         _warm_up(policy)
     return None
 
 
-def _engine_backends(policy, layout: str, mode: str) -> set:
-    """Our backends that SGLang's calls of ``layout`` in ``mode`` may take here (the routes
-    table's entries and the rule outside them)."""
-    measured, other = policy.outcomes(layout, mode, _policy.sglang_has_path(layout, policy.probe))
-    return {b for b in measured + [other] if b is not None}
+def _covered_layout(fp4: bool, hip: bool) -> Optional[str]:
+    """The layout of a covered call with an FP4 or an FP8 index cache on this vendor's GPU
+    (``_plan_call``'s branches); ``None`` for HIP FP8, which the hooks leave to SGLang."""
+    if fp4:
+        return "aiter_mxfp4" if hip else "sglang_mxfp4"
+    return None if hip else "sglang_fp8"
+
+
+def _engine_backends(policy, layout: str, mode: str, topks=(1024,)) -> set:
+    """Our backends that SGLang's calls of ``layout`` in ``mode`` with one of ``topks`` may take
+    here (the routes table's entries and the rule outside them)."""
+    engine_path = _policy.sglang_has_path(layout, policy.probe)
+    ours = set()
+    for topk in topks:
+        measured, other = policy.outcomes(layout, mode, engine_path, topk)
+        ours |= {b for b in measured + [other] if b is not None}
+    return ours
 
 
 def _warm_up(policy) -> None:
@@ -265,14 +285,21 @@ class _Call:
 def _forward_c4_indexer_hook(original, *args, **kwargs):
     """AROUND hook: our operator for covered calls the policy routes to our kernels, else SGLang's."""
     forward_batch = kwargs.get("forward_batch")
-    if forward_batch is not None and forward_batch.forward_mode.is_decode_or_idle() and (
-        not _STATE.decode_ours or forward_batch.forward_mode.is_idle()
-    ):
-        # Where the policy sends no decode call of a layout SGLang can hand us here to ours (the
-        # routes table and INDEXER_TOPK_FUSED_DECODE, read when the policy was built), answering
-        # before binding the signature keeps an eager decode step at one attribute read.
-        # Decode passed positionally still reaches the policy below.
-        return original(*args, **kwargs)
+    if forward_batch is not None:
+        # Where the frozen policy sends no call of this kind that SGLang can hand us here to ours
+        # (the routes table, the opt-ins and the kill switch, read when it was built), answering
+        # before binding the signature keeps the call at a few attribute reads: on an H200 every
+        # FP8 call goes back to SGLang. A target-verify call may be scored as decode rows (AITER),
+        # so other modes pass only when no decode call is ours either. Arguments passed
+        # positionally still reach the policy below.
+        mode = forward_batch.forward_mode
+        if mode.is_decode_or_idle():
+            if not _STATE.decode_ours or mode.is_idle():
+                return original(*args, **kwargs)
+        elif not _STATE.decode_ours:
+            c4_indexer = kwargs.get("c4_indexer")
+            if c4_indexer is not None and not _STATE.prefill_ours[bool(c4_indexer.use_fp4_indexer)]:
+                return original(*args, **kwargs)
     a = _arguments(original, args, kwargs)
     if a is None:
         return original(*args, **kwargs)
