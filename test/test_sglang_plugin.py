@@ -203,9 +203,10 @@ def test_decline_probe_times_a_call_handed_back(sg, load):
     got = decline_host_us(scene, calls=20)
     assert got["hook_decline_us"] > 0 and len(got["hook_decline_profile"]) > 1
     assert sg.calls.logits_calls() == calls  # the stand-in original ran, not SGLang's kernels
+    assert not policy.routes  # handed back by the frozen answer, the policy not asked
 
 
-def test_calls_nothing_of_ours_could_serve_skip_the_policy(sg, load, served):
+def test_calls_nothing_of_ours_could_serve_skip_the_policy(sg, load, served, monkeypatch):
     """On an H200 no call SGLang can hand the plugin goes to ours (the routes table keeps FP8
     on SGLang's path in every mode): the frozen policy says so once, and each call then goes
     back to SGLang without binding its arguments or asking the policy again."""
@@ -218,6 +219,10 @@ def test_calls_nothing_of_ours_could_serve_skip_the_policy(sg, load, served):
     pages, _ = scene.forward()
     assert served == [] and sg.calls.logits_calls() == 1 and not policy.routes
     assert torch.equal(pages, scene.forward(original=True)[0])
+    fused = CountingPolicy(H200_FUSED)  # a policy rebuilt after the freeze (tests and tools only)
+    monkeypatch.setattr(policy_module, "default_policy", lambda: fused)
+    scene.forward()
+    assert [c[0] for c in served] == ["fused"]  # the stale answer is not used: the new policy serves
     load(H200_FUSED)
     _scene(sg, layout="sglang_fp8")
     assert sglang_plugin._STATE.prefill_ours[False]  # opted in: FP8 prefill calls ask the policy again

@@ -12,13 +12,14 @@ are all present, registers two hooks with SGLang's ``HookRegistry``:
 
 ``sglang.srt.layers.attention.dsv4.indexer.C4IndexerBackendMixin.forward_c4_indexer`` (AROUND)
     On the two covered branches -- HIP with the FP4 indexer (AITER layout) and the CUDA paged
-    indexer over an FP4 or FP8 cache -- asks the policy, once per call, which backend serves
-    it (:meth:`indexer_topk.policy.PathPolicy.engine_route`: the routes table's entry for the
+    indexer over an FP4 or FP8 cache -- asks the policy which backend serves each call
+    (:meth:`indexer_topk.policy.PathPolicy.engine_route`: the routes table's entry for the
     call's layout, mode and shape, where ``"engine"`` keeps SGLang's path; outside the table,
-    SGLang's path, except AITER's kernel and the opt-ins). Where it names one of ours, runs
-    SGLang's own query/weights preparation and index-K compression, then writes the physical
-    page indices (and the raw indices when SGLang asks for them) through our operator in one
-    call. Where it says SGLang's own path, and on every branch not covered (the non-paged
+    SGLang's path, except AITER's kernel and the opt-ins). Where the frozen policy sends no
+    call of the call's kind (decode; or any other mode with the call's cache) to ours, the call
+    goes back without asking. Where it names one of ours, runs SGLang's own query/weights
+    preparation and index-K compression, then writes the physical page indices (and the raw
+    indices when SGLang asks for them) through our operator in one call. Where it says SGLang's own path, and on every branch not covered (the non-paged
     indexer, HiSparse, XPU, HIP FP8, ...), SGLang's original method runs unchanged.
 
 Importing this module never imports SGLang; without SGLang, :func:`load` logs and returns.
@@ -78,6 +79,7 @@ class _PluginState:
         # ... or a call of another mode (prefill, target-verify), by its cache (FP4 or not): until
         # the policy is frozen, each call asks it
         self.prefill_ours = {False: True, True: True}
+        self.frozen_policy = None  # the policy both answers were taken from
         self.warmed = False  # the kernels our routes run were compiled (or there were none)
 
 
@@ -173,7 +175,7 @@ def probe_sglang() -> List[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Routing: the path policy decides, once per call
+# Routing: the path policy decides, per call or, where nothing of ours can serve, once
 # ---------------------------------------------------------------------------------------------
 
 def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
@@ -186,12 +188,24 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
         layouts = _policy.engine_layouts(policy.probe)
         _STATE.decode_ours = any(_engine_backends(policy, x, m, SUPPORTED_TOPK) for x in layouts
                                  for m in ("decode", "capture"))
+        ix = _STATE.indexer_module  # the hook's own test for HIP, where SGLang is loaded
+        hip = bool(ix.is_hip()) if ix is not None else policy.probe.device == "hip"
         for fp4 in (False, True):
-            layout = _covered_layout(fp4, policy.probe.device == "hip")
+            layout = _covered_layout(fp4, hip)
             _STATE.prefill_ours[fp4] = layout is not None and any(
                 _engine_backends(policy, layout, m, SUPPORTED_TOPK) for m in ("prefill", "capture"))
+        _STATE.frozen_policy = policy
         _warm_up(policy)
     return None
+
+
+def _frozen_policy_in_force() -> bool:
+    """Whether the policy the shortcut's answers came from is still the process's (serving
+    never rebuilds it; a test or tool that does gets the full path until a backend is built)."""
+    try:
+        return _policy.default_policy() is _STATE.frozen_policy
+    except Exception:  # noqa: BLE001 - the full path reports it (our route off, SGLang's path)
+        return False
 
 
 def _covered_layout(fp4: bool, hip: bool) -> Optional[str]:
@@ -296,9 +310,10 @@ def _forward_c4_indexer_hook(original, *args, **kwargs):
         if mode.is_decode_or_idle():
             if not _STATE.decode_ours or mode.is_idle():
                 return original(*args, **kwargs)
-        elif not _STATE.decode_ours:
+        elif not _STATE.decode_ours and _STATE.frozen_policy is not None:
             c4_indexer = kwargs.get("c4_indexer")
-            if c4_indexer is not None and not _STATE.prefill_ours[bool(c4_indexer.use_fp4_indexer)]:
+            if (c4_indexer is not None and not _STATE.prefill_ours[bool(c4_indexer.use_fp4_indexer)]
+                    and _frozen_policy_in_force()):
                 return original(*args, **kwargs)
     a = _arguments(original, args, kwargs)
     if a is None:
