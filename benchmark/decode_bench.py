@@ -38,7 +38,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 from indexer_topk.bench.environment import environment, gpu_slug  # noqa: E402
-from indexer_topk.bench.mix import graph_ms  # noqa: E402
+from indexer_topk.bench.mix import graph_ms, load_anchor_kit  # noqa: E402
 from indexer_topk.bench.runs import workload_record  # noqa: E402
 from indexer_topk.bench.timing import median_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
@@ -94,17 +94,7 @@ _SGLANG = {}
 def sglang_kernels(kit: str, shape_hint: str):
     """DeepGEMM and SGLang's topk_v2 through the anchor kit at ``kit`` (loaded once)."""
     if "dg" not in _SGLANG:
-        from types import SimpleNamespace
-
-        kit = str(Path(kit).resolve())
-        sys.path.insert(0, kit)
-        import deep_gemm
-        import sglang_cuda_anchor as anchor
-
-        env = {}
-        jit = anchor.load_topk_v2(SimpleNamespace(topk_v2=str(Path(kit) / "sglang_topk_v2"), topk_v2_build_dir=None),
-                                  env, [shape_hint])
-        _SGLANG.update(dg=deep_gemm, anchor=anchor, topk=jit, env=env)
+        _SGLANG["dg"], _SGLANG["anchor"], _SGLANG["topk"] = load_anchor_kit(kit, [shape_hint])
     return _SGLANG["dg"], _SGLANG["anchor"], _SGLANG["topk"]
 
 

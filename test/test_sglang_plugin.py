@@ -349,6 +349,15 @@ def test_indexer_capturer_gets_the_raw_indices(sg, load, served, monkeypatch):
 # Decode, capture, kill switch, non-paged, failure: SGLang's own path
 # ---------------------------------------------------------------------------------------------
 
+def _assert_served_once(sg, scene, served, backend, layout):
+    """One call of ours (``backend``) serves every row of ``scene``, selecting as SGLang's path does."""
+    sg.calls.clear()
+    pages, _ = scene.forward()
+    assert served == [(backend, scene.rows, scene.spec.topk, layout)]
+    legacy_pages, _ = scene.forward(original=True)
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+
+
 def _assert_sglang_served(sg, scene, served):
     pages, _ = scene.forward()
     assert served == []
@@ -413,12 +422,7 @@ def test_a_routes_file_decides_inside_sglang(sg, load, served, tmp_path):
         return str(path)
 
     load(dataclasses.replace(H200_TABLE, routes_file=table("fused")))
-    scene = _scene(sg, layout="sglang_fp8", seed=31)
-    sg.calls.clear()
-    pages, _ = scene.forward()
-    assert served == [("fused", scene.rows, 512, "sglang_fp8")]
-    legacy_pages, _ = scene.forward(original=True)
-    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    _assert_served_once(sg, _scene(sg, layout="sglang_fp8", seed=31), served, "fused", "sglang_fp8")
     served.clear()
     sglang_plugin._STATE.warmed = False
     load(dataclasses.replace(H200_TABLE, routes_file=table("engine")))
@@ -441,12 +445,7 @@ def test_amd_without_aiter_symbol_stays_on_sglang(sg, load, served):
 
 def test_amd_triton_opt_in_serves_prefill_with_fused(sg, load, served):
     load(dataclasses.replace(MI355X, triton_rocm=True))
-    scene = _scene(sg, layout="aiter_mxfp4", seed=41)
-    sg.calls.clear()
-    pages, _ = scene.forward()
-    assert served == [("fused", scene.rows, 512, "aiter_mxfp4")]
-    legacy_pages, _ = scene.forward(original=True)
-    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    _assert_served_once(sg, _scene(sg, layout="aiter_mxfp4", seed=41), served, "fused", "aiter_mxfp4")
 
 
 def test_aiter_host_leaves_topk_2048_to_sglang(sg, load, served):

@@ -209,8 +209,9 @@ def _frozen_policy_in_force() -> bool:
 
 
 def _covered_layout(fp4: bool, hip: bool) -> Optional[str]:
-    """The layout of a covered call with an FP4 or an FP8 index cache on this vendor's GPU
-    (``_plan_call``'s branches); ``None`` for HIP FP8, which the hooks leave to SGLang."""
+    """The layout of a covered call with an FP4 or an FP8 index cache on this vendor's GPU:
+    HIP FP4 is AITER's, CUDA's are SGLang's; ``None`` for HIP FP8, which the hooks leave to
+    SGLang."""
     if fp4:
         return "aiter_mxfp4" if hip else "sglang_mxfp4"
     return None if hip else "sglang_fp8"
@@ -392,13 +393,12 @@ def _plan_call(a) -> Optional[_Call]:
         return None
 
     fp4 = bool(c4_indexer.use_fp4_indexer)
-    aiter = fp4 and ix.is_hip()
-    if not aiter:
-        # CUDA paged branch only: HIP FP8 may read a preshuffled cache, XPU has its own kernel.
-        if ix.is_hip() or ix.is_xpu():
-            return None
-        if fp4 and ix.envs.SGLANG_OPT_USE_TILELANG_INDEXER.get():
-            return None  # SGLang raises for this combination; keep its error
+    layout = _covered_layout(fp4, ix.is_hip())
+    aiter = layout == "aiter_mxfp4"
+    if layout is None or (not aiter and ix.is_xpu()):
+        return None  # HIP FP8 may read a preshuffled cache, XPU has its own kernel
+    if fp4 and not aiter and ix.envs.SGLANG_OPT_USE_TILELANG_INDEXER.get():
+        return None  # SGLang raises for this combination; keep its error
     page_indices = core.c4_sparse_page_indices
     if page_indices is None or page_indices.dim() != 2 or page_indices.shape[1] not in SUPPORTED_TOPK:
         return None
@@ -407,7 +407,6 @@ def _plan_call(a) -> Optional[_Call]:
     scored_as_decode = aiter and mode.is_target_verify() and isinstance(
         getattr(metadata, "fp4_decode_workspace", None), ix.FP4RowgroupDecodeWorkspace
     )
-    layout = "aiter_mxfp4" if aiter else ("sglang_mxfp4" if fp4 else "sglang_fp8")
     backend = _route(
         layout=layout, topk=page_indices.shape[1], forward_mode=mode, scored_as_decode=scored_as_decode,
         prefill_graph=bool(getattr(indexer_metadata, "use_prefill_cuda_graph", False)),

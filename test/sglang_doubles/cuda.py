@@ -20,13 +20,13 @@ Everything else on the path is SGLang's Python, run as released.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Sequence
 
 import torch
+
+from indexer_topk.bench.mix import load_anchor_kit
 
 from .environment import SGLang, open_sglang
 from .kernels import Calls, Patcher, _QuantModule, spy
@@ -37,20 +37,9 @@ from .kernels import Calls, Patcher, _QuantModule, spy
 MEM_FRACTION_STATIC = 0.85
 
 
-def load_kit_topk(kit: Path):
-    """The kit's ``topk_v2`` ops (``.plan(lens)``, ``.transform(logits, lens, table, out, page, plan, raw)``)."""
-    kit = Path(kit).resolve()
-    if str(kit) not in sys.path:
-        sys.path.insert(0, str(kit))
-    anchor = importlib.import_module("sglang_cuda_anchor")
-    return anchor.load_topk_v2(SimpleNamespace(topk_v2=str(kit / "sglang_topk_v2"), topk_v2_build_dir=None), {}, [])
-
-
 def install_cuda_kernels(sg: SGLang, patcher: Patcher, calls: Calls, kit: Path) -> None:
     """Bind SGLang's indexer to DeepGEMM and ``topk_v2`` (see the module docstring)."""
-    import deep_gemm  # the kit's build (its dg_env.sh puts it on PYTHONPATH)
-
-    topk = load_kit_topk(kit)
+    deep_gemm, _, topk = load_anchor_kit(str(kit))
 
     def plan_topk_v2(lens):
         calls["topk_v2.plan"] += 1

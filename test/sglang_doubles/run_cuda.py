@@ -18,7 +18,7 @@ copied into the captured buffers. A case passes when both selections are identic
 (page indices and raw indices) and complete (each row holds ``min(topk, length)`` distinct
 valid positions, raw positions map to the page indices beside them through the page table,
 spare rows of SGLang's buffers stay untouched). Times are per indexer call: CUDA-event time of
-single eager calls (host included; median and quartiles), or of one graph replay. One JSON line per case on stdout; the whole run in
+single eager calls (host included; median and quartiles), or the median of graph replays. One JSON line per case on stdout; the whole run in
 ``--out``. Exit status 0 when every case passes.
 """
 
@@ -33,16 +33,17 @@ import statistics
 import sys
 import time
 import tomllib
-from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
-import indexer_topk.api as api
 from indexer_topk import sglang_plugin
+from indexer_topk.bench.mix import capture_graph
+from indexer_topk.bench.timing import median_ms, synchronize
 
 from .cuda import open_sglang_cuda
+from .run_scene import Served
 from .scene import SceneSpec, build_scene, rows_differing
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,10 +84,6 @@ def write_entry_point(target: Path) -> Path:
     return dist
 
 
-def _sync():
-    torch.cuda.synchronize()
-
-
 def eager_ms(fns, iters: int) -> List[Dict[str, float]]:
     """CUDA-event time of single calls of each of ``fns``, host time included (each call starts
     on an idle device): median and quartiles in ms. The functions take turns, in an order that
@@ -97,7 +94,7 @@ def eager_ms(fns, iters: int) -> List[Dict[str, float]]:
         if it % 2:
             order.reverse()
         for i in order:
-            _sync()
+            synchronize("cuda")
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             a.record()
             fns[i]()
@@ -109,18 +106,6 @@ def eager_ms(fns, iters: int) -> List[Dict[str, float]]:
         q = statistics.quantiles(t, n=4)
         out.append({"median": statistics.median(t), "q1": q[0], "q3": q[2]})
     return out
-
-
-def replay_ms(graph: torch.cuda.CUDAGraph, iters: int) -> float:
-    graph.replay()
-    _sync()
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    for _ in range(iters):
-        graph.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) / iters
 
 
 def complete(sel: torch.Tensor, lens: torch.Tensor, topk: int) -> bool:
@@ -162,25 +147,6 @@ def compare(scene, hooked, original) -> Dict[str, object]:
     out["identical"] = (out["rows_differing"] == 0 and out.get("raw_rows_differing", 0) == 0 and out["complete"]
                         and out.get("raw_complete", True) and out["spare_rows_untouched"])
     return out
-
-
-class Served:
-    """Counts our operator's calls by backend (the plugin calls ``api.indexer_topk``)."""
-
-    def __init__(self):
-        self.count = Counter()
-        real = api.indexer_topk
-
-        def counted(*a, **k):
-            self.count[k.get("backend")] += 1
-            return real(*a, **k)
-
-        api.indexer_topk = counted
-
-    def take(self) -> Dict[str, int]:
-        out = dict(self.count)
-        self.count.clear()
-        return out
 
 
 def run_case(sg, served: Served, name: str, fields: dict, iters: int) -> dict:
@@ -263,19 +229,9 @@ def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dic
     if new.metadata.indexer_metadata.max_compressed_seq_len != scene.metadata.indexer_metadata.max_compressed_seq_len:
         raise ValueError("the new batch changes the captured width")
     served.take()
-    graphs = {}
-    for arm, original in (("hooked", False), ("sglang", True)):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile and allocate outside the capture, as SGLang's warm-up does
-                scene.call(original=original)
-        torch.cuda.current_stream().wait_stream(stream)
-        _sync()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            scene.call(original=original)
-        graphs[arm] = graph
+    # each captured after a run outside the capture, as SGLang warms up before it captures
+    graphs = {arm: capture_graph(lambda o=original: scene.call(original=o))
+              for arm, original in (("hooked", False), ("sglang", True))}
     warm = served.take()
     before = scene.forward(original=True)  # SGLang, eager, on the captured batch
     expected = new.forward(original=True)  # SGLang, eager, on the new batch's own buffers
@@ -285,7 +241,7 @@ def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dic
     for arm, graph in graphs.items():
         core.c4_sparse_page_indices.fill_(-1)
         graph.replay()
-        _sync()
+        synchronize("cuda")
         results[arm] = scene.outputs()
     rec = {"case": name, "mode": "DECODE (graph)", "topk": spec.topk, "rows": scene.rows,
            "contexts": list(new.spec.contexts), "served_by": warm or {"sglang": 1}}
@@ -296,9 +252,8 @@ def run_captured(sg, served: Served, name: str, fields: dict, iters: int) -> dic
     # The new batch must select otherwise than the captured one, or a stale replay would pass.
     rec["new_batch_rows_changed"] = len(rows_differing(before[0][: scene.rows], expected[0][: scene.rows]))
     rec["identical"] = a["identical"] and b["identical"] and rec["new_batch_rows_changed"] == scene.rows
-    rec["hooked_ms"] = replay_ms(graphs["hooked"], iters)
-    rec["sglang_ms"] = replay_ms(graphs["sglang"], iters)
-    rec["hooked_ms_again"] = replay_ms(graphs["hooked"], iters)  # a second turn shows the drift
+    for key, arm in (("hooked_ms", "hooked"), ("sglang_ms", "sglang"), ("hooked_ms_again", "hooked")):
+        rec[key] = median_ms(graphs[arm].replay, warmup=3, iters=iters, device="cuda")  # again: the drift
     return rec
 
 

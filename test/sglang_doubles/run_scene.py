@@ -24,6 +24,26 @@ from .environment import open_sglang
 from .scene import SceneSpec, build_scene, same_selection
 
 
+class Served:
+    """Counts our operator's calls by backend (the plugin calls ``api.indexer_topk``)."""
+
+    def __init__(self):
+        self.count = Counter()
+        real = api.indexer_topk
+
+        def counted(*a, **k):
+            self.count[k.get("backend")] += 1
+            return real(*a, **k)
+
+        api.indexer_topk = counted
+
+    def take(self) -> dict:
+        """The counts since the last take, by backend."""
+        out = dict(self.count)
+        self.count.clear()
+        return out
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("paths", nargs="+", type=Path)
@@ -33,21 +53,14 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
     sg = open_sglang(args.paths)
-    served = Counter()
-    real = api.indexer_topk
-
-    def counted(*a, **k):
-        served[k.get("backend")] += 1
-        return real(*a, **k)
-
-    api.indexer_topk = counted
+    served = Served()
     sg.plugins.load_plugins()
     scene = build_scene(sg, SceneSpec(layout=args.layout, contexts=(2100, 300), extend=(2, 2), mode=args.mode))
     hooked, _ = scene.forward()
     logits_calls = sg.calls.logits_calls()
     original, _ = scene.forward(original=True)
     print(json.dumps({
-        "operator_calls": dict(served),
+        "operator_calls": served.take(),
         "logits_calls_hooked": logits_calls,
         "same_selection": same_selection(hooked, original),
         "hooked": hasattr(type(scene.backend).forward_c4_indexer, "__wrapped__"),

@@ -334,6 +334,27 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
     return records
 
 
+def load_anchor_kit(kit: str, shapes: Sequence[str] = ()):
+    """``(deep_gemm, sglang_cuda_anchor, topk_v2 ops)`` from the SGLang CUDA anchor kit at
+    ``kit``, built (``deep_gemm`` importable, ``topk_v2`` in its default build folder). The ops
+    are SGLang's ``plan_topk_v2`` / ``topk_transform_paged_v2``: ``.plan(lens)``,
+    ``.transform(logits, lens, table, out_pages, page_size, plan, out_raw=None)``; ``shapes``
+    (``"ROWSxWIDTH"``) only name the dispatch the kit reports."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    kit = str(Path(kit).resolve())
+    if kit not in sys.path:
+        sys.path.insert(0, kit)
+    import deep_gemm
+    import sglang_cuda_anchor as anchor
+
+    topk = anchor.load_topk_v2(SimpleNamespace(topk_v2=str(Path(kit) / "sglang_topk_v2"), topk_v2_build_dir=None),
+                               {}, list(shapes))
+    return deep_gemm, anchor, topk
+
+
 class SGLangPath:
     """SGLang 0.5.23's own NVIDIA path for the FP8 cache, from the SGLang CUDA anchor kit.
 
@@ -347,20 +368,9 @@ class SGLangPath:
     NONPAGED_MIN_ROWS = 8192
 
     def __init__(self, kit: str):
-        import sys
-        from pathlib import Path
-        from types import SimpleNamespace
-
-        kit = str(Path(kit).resolve())
-        if kit not in sys.path:
-            sys.path.insert(0, kit)
-        import deep_gemm
-        import sglang_cuda_anchor as anchor
-
-        self.dg, self.anchor = deep_gemm, anchor
-        self.topk = anchor.load_topk_v2(SimpleNamespace(topk_v2=str(Path(kit) / "sglang_topk_v2"), topk_v2_build_dir=None),
-                                        {}, [])
-        self.paged, self.ragged, _, _ = anchor.dg_api(deep_gemm, False)
+        deep_gemm, self.anchor, self.topk = load_anchor_kit(kit)
+        self.dg = deep_gemm
+        self.paged, self.ragged, _, _ = self.anchor.dg_api(deep_gemm, False)
         self.nsm = deep_gemm.get_num_sms()
 
     def serves(self, shape: MixShape) -> bool:
