@@ -25,10 +25,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "python"))
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_atomic(text: str, path: Path) -> None:
+    from indexer_topk.files import write_atomically  # imported late: --smoke sets TRITON_INTERPRET first
+
+    write_atomically(path, lambda f: f.write(text))
 
 
 def _f(x, fmt="{:.3f}"):
@@ -60,9 +60,8 @@ def render(doc: dict) -> str:
     ]
     from indexer_topk.bench.mix import MixShape
 
-    fields = {f for f in MixShape.__dataclass_fields__}
     for r in doc["records"]:
-        shape = MixShape(**{k: r[k] for k in fields})
+        shape = MixShape.from_record(r)
         if r.get("error"):
             lines.append(f"| {shape.label} | error: {r['error'][:80]} | | | | | | | | |")
             continue
@@ -94,8 +93,7 @@ def plot(doc: dict, path: Path) -> bool:
         return False
     from indexer_topk.bench.mix import MixShape
 
-    fields = {f for f in MixShape.__dataclass_fields__}
-    rows = [(MixShape(**{k: r[k] for k in fields}).label, r["ours_ms"] / r["sglang_ms"]) for r in doc["records"]
+    rows = [(MixShape.from_record(r).label, r["ours_ms"] / r["sglang_ms"]) for r in doc["records"]
             if r.get("ours_ms") and r.get("sglang_ms")]
     if not rows:
         return False
@@ -121,7 +119,7 @@ def retune(doc: dict, out: Path, a) -> None:
 
     table = routes.table_from_file(out, source=a.cite or out.name)
     path = out.with_name(out.stem + "_routes.json")
-    routes.write_table(table, path, force=True)
+    routes.write_table(table, path)
     os.environ["INDEXER_TOPK_ROUTES"] = str(path)
     policy.default_policy.cache_clear()
     doc["env"]["routes"] = f"{path.name} (built from this run's candidates)"
@@ -136,7 +134,7 @@ def retune(doc: dict, out: Path, a) -> None:
         print(f"retuned {rec['kind']} {rec['layout']} {rec['rows']} x {rec['context_tokens'] // 1024}K: {before} -> "
               f"{rec.get('route')} {_f(rec.get('ours_ms'))} ms", flush=True)
     doc["summary"] = summarize(doc["records"])
-    write_atomic(out, json.dumps(doc, indent=1, default=str) + "\n")
+    write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out)
 
 
 def main(argv=None) -> int:
@@ -157,7 +155,7 @@ def main(argv=None) -> int:
     if a.render:
         src = Path(a.render)
         doc = json.loads(src.read_text())
-        write_atomic(src.with_suffix(".md"), render(doc))
+        write_atomic(render(doc), src.with_suffix(".md"))
         made = plot(doc, src.with_suffix(".png"))
         print(f"wrote {src.with_suffix('.md')}" + (f" and {src.with_suffix('.png')}" if made else ""))
         return 0
@@ -191,7 +189,7 @@ def main(argv=None) -> int:
     def saved(rec):
         doc["records"].append(rec)
         doc["summary"] = summarize(doc["records"])
-        write_atomic(out, json.dumps(doc, indent=1, default=str) + "\n")
+        write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out)
         ratio = rec["ours_ms"] / rec["sglang_ms"] if rec.get("ours_ms") and rec.get("sglang_ms") else None
         print(f"  route {rec.get('route')} ours {_f(rec.get('ours_ms'))} ms, SGLang {_f(rec.get('sglang_ms'))} ms "
               f"({_f(ratio, '{:.2f}x')}), legacy {_f(rec.get('legacy_ms'))}, host {_f(rec.get('host_us'), '{:.0f}')} us "

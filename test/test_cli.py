@@ -586,11 +586,19 @@ class FakeMix:
         return [dict(r) for r in self.records]
 
 
-def mix_record(kind="prefill", rows=1024, tokens=786432, sglang_ms=None, **cands):
-    return {"kind": kind, "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": rows, "rows": rows,
-            "context_tokens": tokens, "route": "fused", "timing": "eager" if kind == "prefill" else "graph",
-            "ours_ms": 1.0, "sglang_ms": sglang_ms, "host_us": 10.0, "matches_legacy": True, "sglang_overlap": None,
-            "candidates": cands or {"fused": 1.0, "legacy": 2.0}}
+_UNTIMED = object()
+
+
+def mix_record(kind="prefill", rows=1024, tokens=786432, sglang_ms=_UNTIMED, **cands):
+    """A record as ``run_mix`` writes it; ``sglang_ms`` left out unless given (SGLang not timed),
+    ``None`` where SGLang has no path."""
+    rec = {"kind": kind, "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": rows, "rows": rows,
+           "context_tokens": tokens, "route": "fused", "timing": "eager" if kind == "prefill" else "graph",
+           "ours_ms": 1.0, "host_us": 10.0, "matches_legacy": True, "sglang_overlap": None,
+           "candidates": cands or {"fused": 1.0, "legacy": 2.0}}
+    if sglang_ms is not _UNTIMED:
+        rec["sglang_ms"] = sglang_ms
+    return rec
 
 
 @pytest.fixture
@@ -622,7 +630,7 @@ def test_tune_writes_a_table_the_policy_uses(tune, tmp_path, capsys):
     from indexer_topk.policy import PathPolicy, Probe
 
     out = tmp_path / "h200.json"
-    status, mix = tune(["--out", str(out)], records=[mix_record(sglang_ms=None), mix_record(kind="decode", rows=8)])
+    status, mix = tune(["--out", str(out)], records=[mix_record(), mix_record(kind="decode", rows=8)])
     assert status == 0, capsys.readouterr()
     assert mix.calls == [{"shapes": ["prefill_1k", "decode_64"], "candidates": ("fused", "legacy"), "sglang": None}]
     table = routes.load_table(out)

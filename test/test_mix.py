@@ -36,5 +36,5 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     assert seen[0] == (0, 1, shape.label) and seen[1] is rec
     assert rec["matches_legacy"] is True and rec["route"] in ("legacy", "fused", "reference")
     assert rec["candidates"].keys() == {"legacy"} and rec["ours_ms"] > 0 and rec["host_us"] > 0
-    assert rec["sglang_ms"] is None and rec["timing"] == "eager"
+    assert "sglang_ms" not in rec and rec["timing"] == "eager"  # SGLang's path not timed: no key
     json.dumps(records)  # the record is what the JSON file holds

@@ -19,6 +19,7 @@ import torch
 import fake_aiter
 import indexer_topk
 from indexer_topk import api, policy
+from indexer_topk.routes import modes
 from indexer_topk.policy import PathPolicy, Probe, is_capturing, probe_environment
 from indexer_topk.reference import reference_indexer_topk
 from indexer_topk.workload import make_workload
@@ -46,7 +47,7 @@ def make_policy(**fields) -> PathPolicy:
 def no_capture(monkeypatch):
     """Tests see no capture unless they patch it in (the CPU torch build raises here anyway)."""
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
-    for group in policy._SGLANG_CAPTURE_PREDICATES:
+    for group in modes._SGLANG_CAPTURE_PREDICATES:
         for module_name, _ in group:
             monkeypatch.delitem(sys.modules, module_name, raising=False)
 

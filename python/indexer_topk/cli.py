@@ -576,8 +576,6 @@ def _mix_records(a, device, probe, cls) -> tuple:
 
         records = list(mix.run_mix(shapes, device=device, candidates=candidates, sglang=sglang, progress=step))
         progress.update(task, completed=len(shapes))
-    if sglang is None:  # not timed: the table keeps SGLang's own path wherever it has one
-        records = [{k: v for k, v in r.items() if k != "sglang_ms"} for r in records]
     return records, sglang is not None
 
 
@@ -587,7 +585,7 @@ def cmd_tune(a, device) -> int:
 
     from . import routes
     from .policy import probe_environment
-    from .versions import source_revision, triton_version
+    from .versions import source_revision
 
     out = Path(a.out)
     if routes.is_shipped_path(out):
@@ -610,14 +608,12 @@ def cmd_tune(a, device) -> int:
                                "on another machine", code=1)
             records, sglang_timed = _mix_records(a, device, probe, cls)
             env = {"device": str(device), "gpu": probe.device_name, "sm_count": cls.sm_count, "arch": cls.arch,
-                   "torch": __import__("torch").__version__, "triton": triton_version(),
+                   "torch": __import__("torch").__version__, "triton": probe.triton_version,
                    "commit": source_revision() or "unknown", "hopper_stream": probe.hopper_stream}
             records_path = out.with_name(out.stem + ".records.json")
             routes.write_atomic(json.dumps({"env": env, "records": records}, indent=1) + "\n", records_path,
                                 force=True)
-            doc = routes.table_from_records(records, cls, str(records_path), commit=env["commit"],
-                                            versions={"torch": env["torch"], "triton": env["triton"]},
-                                            conditions=routes.conditions_of(probe))
+            doc = routes.table_from_file(records_path)  # the table --from-records would build from them
         routes.write_table(doc, out, force=a.force)
     except routes.RoutesError as exc:
         raise CliError(str(exc), code=1) from None

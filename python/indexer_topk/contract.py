@@ -273,15 +273,16 @@ def _expect_none(name, t, layout):
         raise ValueError(f"{name}: must be None for layout {layout.value!r}")
 
 
-def _storage_span(t: torch.Tensor):
-    if t.numel() == 0:
+def storage_span(t: Optional[torch.Tensor]) -> Optional[Tuple[int, int]]:
+    """``(first byte, one past the last byte)`` of ``t``'s elements; ``None`` when there are none."""
+    if t is None or t.numel() == 0:
         return None
     start = t.data_ptr()
     return start, start + t.numel() * t.element_size()
 
 
 def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    sa, sb = _storage_span(a), _storage_span(b)
+    sa, sb = storage_span(a), storage_span(b)
     if sa is None or sb is None:
         return False
     return sa[0] < sb[1] and sb[0] < sa[1]

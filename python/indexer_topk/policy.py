@@ -29,7 +29,7 @@ from . import routes
 from .backends.aiter import AITER_TOPK, lookup_aiter_symbol
 from .contract import Layout, parse_layout
 from .envs import envs, interpreting
-from .routes.modes import _SGLANG_CAPTURE_PREDICATES, DECODE_MODES, PREFILL_MODES, call_mode, is_capturing  # noqa: F401
+from .routes.modes import DECODE_MODES, PREFILL_MODES, call_mode, is_capturing
 from .routes.words import kill_switch_off, route_lines, route_rows, why_not_aiter, why_not_triton
 
 LOGGER_NAME = "indexer_topk"
@@ -282,11 +282,15 @@ class PathPolicy:
         ``forward_mode`` (``"extend"``, ``"decode"``, ``"idle"``, ..., or an object with
         ``is_decode()``) make it decode; ``capturing`` (``None``: :func:`is_capturing`) capture.
         """
+        return self.pick(*self._lookup(layout, is_decode, capturing, forward_mode, topk, rows, c4_len), None)
+
+    def _lookup(self, layout, is_decode, capturing, forward_mode, topk, rows, c4_len) -> tuple:
+        """``(mode, table cell or None, layout, topk)`` of one call, for :meth:`pick`."""
         if layout is not None and layout not in _LAYOUT_KEYS:
             parse_layout(layout)  # raises, naming the argument
         mode, table = call_mode(is_decode, capturing, forward_mode), self.table
         cell = table.lookup(layout, mode, topk, rows, c4_len) if table is not None and layout is not None else None
-        return self.pick(mode, cell, layout, topk, None)
+        return mode, cell, layout, topk
 
     def engine_route(self, *, engine_path: bool, layout=None, is_decode: bool = False,
                      capturing: Optional[bool] = None, forward_mode: Any = None, topk: Optional[int] = None,
@@ -296,11 +300,8 @@ class PathPolicy:
         own here (see :func:`sglang_has_path`). The table's entry decides (``"engine"`` keeps
         the call there); outside its entries the engine keeps every call it has a path for,
         except AITER's kernel and the opt-ins. The other parameters are :meth:`route`'s."""
-        if layout is not None and layout not in _LAYOUT_KEYS:
-            parse_layout(layout)
-        mode, table = call_mode(is_decode, capturing, forward_mode), self.table
-        cell = table.lookup(layout, mode, topk, rows, c4_len) if table is not None and layout is not None else None
-        return self.pick(mode, cell, layout, topk, bool(engine_path))
+        return self.pick(*self._lookup(layout, is_decode, capturing, forward_mode, topk, rows, c4_len),
+                         bool(engine_path))
 
     def outcomes(self, layout, mode: str, engine_path: Optional[bool] = None, topk: int = 1024) -> Tuple[list, Optional[str]]:
         """``(backend of each measured table entry, backend outside them)`` of ``layout`` and

@@ -37,6 +37,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .contract import storage_span
+
 # The interpreter patches triton.language's module state for the length of a launch, so two
 # interpreted launches at once (threads) break each other: every interpreted launch holds this.
 INTERPRETER_LOCK = threading.RLock()
@@ -77,13 +79,6 @@ def launch(kernel, grid, *args, **kwargs):
         rec.in_launch -= 1
     rec.add_launch(kernel, grid, args, kwargs, compiled)
     return compiled
-
-
-def _span(t: Optional[torch.Tensor]) -> Optional[Tuple[int, int]]:
-    if t is None or t.numel() == 0:
-        return None
-    start = t.data_ptr()
-    return start, start + t.numel() * t.element_size()
 
 
 class _Address:
@@ -137,7 +132,7 @@ class Recorder:
     """
 
     def __init__(self, roots: Sequence[Optional[torch.Tensor]]):
-        self.spans: List[Optional[Tuple[int, int]]] = [_span(t) for t in roots]
+        self.spans: List[Optional[Tuple[int, int]]] = [storage_span(t) for t in roots]
         self.steps: list = []
         self.env: Dict[str, Optional[str]] = {}
         self.why_not: Optional[str] = None
@@ -172,7 +167,7 @@ class Recorder:
 
     def add_alloc(self, t: torch.Tensor) -> None:
         self.steps.append(_Alloc(tuple(t.shape), tuple(t.stride()), t.dtype, t.device))
-        self.spans.append(_span(t) or (-1, -1))
+        self.spans.append(storage_span(t) or (-1, -1))
 
     def add_launch(self, kernel, grid, args, kwargs, compiled) -> None:
         if self.why_not is not None:

@@ -11,7 +11,10 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
 - each of our exact backends (``candidates``: ``fused``, ``legacy``, and ``aiter`` where it
   runs) the same way, each compared with legacy bit for bit;
 - the serving engine's own path where it has one (SGLang's: DeepGEMM's MQA logits, then its
-  ``topk_v2``; see :class:`SGLangPath`), and how much of its selection ours shares.
+  ``topk_v2``; see :class:`SGLangPath`), and how much of its selection ours shares:
+  ``sglang_ms``, ``null`` where SGLang has no path for the shape, absent where its path was
+  not timed (no kit given, or its timing failed: ``sglang_error``), which a routes table reads
+  as "the engine keeps the shapes it has a path for".
 
 Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time
 of single calls, host time included where the GPU waits for it; ``host_us`` the mean host wall
@@ -30,9 +33,12 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
 from .timing import median_ms, synchronize
 
-DECODE_FLOOR_BYTES = {"sglang_fp8": 132, "sglang_mxfp4": 68, "aiter_mxfp4": 68}  # key bytes a position
+# key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
+DECODE_FLOOR_BYTES = {"sglang_fp8": SGLANG_FP8_SLOT_BYTES, "sglang_mxfp4": SGLANG_MXFP4_SLOT_BYTES,
+                      "aiter_mxfp4": SGLANG_MXFP4_SLOT_BYTES}
 HBM_BYTES_PER_S = 4.8e12
 
 
@@ -53,6 +59,11 @@ class MixShape:
     rows_per_request: int
     context_tokens: int
     spread: bool = False
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "MixShape":
+        """The shape a record of :func:`run_mix` was measured on."""
+        return cls(**{k: rec[k] for k in cls.__dataclass_fields__})
 
     @property
     def rows(self) -> int:
@@ -193,11 +204,17 @@ class OurPath:
 
 
 def route_of(w, shape: MixShape) -> str:
-    """The backend ``auto`` takes for this shape: a decode step as captured in a CUDA graph."""
+    """The backend ``auto`` takes for this shape on inputs ``w``: a decode step as captured in a
+    CUDA graph."""
+    return _auto_route(shape, w.page_table.shape[1] * PAGE_SIZE)
+
+
+def _auto_route(shape: MixShape, c4_len: int) -> str:
     from ..policy import default_policy
 
-    return default_policy().route(layout=w.layout, topk=w.topk, is_decode=shape.kind == "decode",
-                                  capturing=shape.kind == "decode", rows=w.rows, c4_len=w.page_table.shape[1] * 64)
+    decode = shape.kind == "decode"
+    return default_policy().route(layout=shape.layout, topk=shape.topk, is_decode=decode, capturing=decode,
+                                  rows=shape.rows, c4_len=c4_len)
 
 
 def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, host: bool = True) -> Dict[str, float]:
@@ -229,22 +246,28 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     return fields
 
 
+def _inputs_and_legacy(shape: MixShape, device, seed: int):
+    """``(inputs, rows_per_request hint, a fused workspace, legacy's path run once)`` of one shape."""
+    import indexer_topk
+
+    w = make_inputs(shape, device, seed)
+    hint = shape.rows_per_request if shape.kind == "decode" else None
+    workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
+                            dtype=torch.uint8, device=device)
+    base = OurPath(w, "legacy", None, device, hint)  # its own matrix, as an engine's fallback has
+    base.step()
+    return w, hint, workspace, base
+
+
 def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 200, seed: int = 0) -> dict:
     """Time ``auto`` again on the shape of ``rec`` (a record of :func:`run_mix`), as routed by the
     process's policy now (a routes table built from the run, say), and update ``rec``: its
     ``route``, ``ours_ms``, host fields and ``matches_legacy``; the earlier route is kept as
     ``route_before``. The other fields (candidates, SGLang's) stand: the same bytes, the same bits."""
-    import indexer_topk
-
     from ..compare import bitwise_equal
 
-    shape = MixShape(**{k: rec[k] for k in MixShape.__dataclass_fields__})
-    w = make_inputs(shape, device, seed)
-    hint = shape.rows_per_request if shape.kind == "decode" else None
-    workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
-                            dtype=torch.uint8, device=device)
-    base = OurPath(w, "legacy", None, device, hint)
-    base.step()
+    shape = MixShape.from_record(rec)
+    w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
     path = OurPath(w, "auto", workspace, device, hint)
     fields = time_ours(path, shape, iters=iters, host_calls=host_calls)
     rec["route_before"] = rec.get("route")
@@ -255,12 +278,8 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
 
 def shape_route(rec: dict) -> str:
     """The backend ``auto`` takes now for the shape of record ``rec`` (no inputs built)."""
-    from ..policy import default_policy
-
-    shape = MixShape(**{k: rec[k] for k in MixShape.__dataclass_fields__})
-    c4_len = max(1, -(-max(shape.context_lengths()) // 4 // 64)) * 64
-    return default_policy().route(layout=shape.layout, topk=shape.topk, is_decode=shape.kind == "decode",
-                                  capturing=shape.kind == "decode", rows=shape.rows, c4_len=c4_len)
+    shape = MixShape.from_record(rec)
+    return _auto_route(shape, max(1, -(-max(shape.context_lengths()) // 4 // PAGE_SIZE)) * PAGE_SIZE)
 
 
 def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[str] = ("fused", "legacy", "aiter"),
@@ -274,8 +293,6 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
     shape; ``on_record(record)`` after each (the caller may save as it goes). A shape that
     fails is recorded with its ``error`` and the run goes on.
     """
-    import indexer_topk
-
     from ..compare import bitwise_equal
     from ..errors import BackendUnavailable, failure_reason
 
@@ -285,15 +302,10 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
             progress(i, len(shapes), shape)
         graphs = shape.kind == "decode" and torch.device(device).type == "cuda"
         rec = {**asdict(shape), "rows": shape.rows, "timing": "graph" if graphs else "eager",
-               "route": None, "ours_ms": None, "sglang_ms": None, "host_us": None, "matches_legacy": None,
+               "route": None, "ours_ms": None, "host_us": None, "matches_legacy": None,
                "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape)}
         try:
-            w = make_inputs(shape, device, seed)
-            hint = shape.rows_per_request if shape.kind == "decode" else None
-            workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
-                                    dtype=torch.uint8, device=device)
-            base = OurPath(w, "legacy", None, device, hint)  # its own matrix, as an engine's fallback has
-            base.step()
+            w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
             synchronize(device)
             legacy_bits = [t.clone() for t in base.out]
             outs = {}
@@ -315,7 +327,9 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                         rec["candidates"][name] = fields["ms"]
                     if name == "legacy":
                         rec["legacy_ms"] = fields["ms"]
-            if sglang is not None and sglang.serves(shape):
+            if sglang is not None and not sglang.serves(shape):
+                rec["sglang_ms"] = None  # SGLang has no path for this shape here
+            elif sglang is not None:
                 try:
                     ms, selected = sglang.time(w, shape, iters=iters)
                     rec["sglang_ms"] = ms

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from ..files import write_atomically
 from ..options import format_tokens
 from .runs import MATCH_RULE
 from .timing import FLOP_RULE, PEAK_MEMORY_METHOD, TIMING_METHOD
@@ -98,25 +98,10 @@ def new_stem(out_dir, prefix: str, when: Optional[_dt.datetime] = None) -> Path:
         return stem
 
 
-def _write_atomically(path, write: Callable, *, binary: bool = False) -> Path:
-    """``write(f)`` into a temporary file beside ``path``, then rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with tmp.open("wb") if binary else tmp.open("w", encoding="utf-8") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
 def write_json(records: Sequence[dict], path) -> Path:
     """Write ``records`` as a JSON list (one object per backend x case), atomically."""
     text = json.dumps(list(records), indent=1, default=str) + "\n"
-    return _write_atomically(path, lambda f: f.write(text))
+    return write_atomically(path, lambda f: f.write(text))
 
 
 def markdown_table(records: Sequence[dict]) -> str:
@@ -152,7 +137,7 @@ def write_markdown(records: Sequence[dict], path, *, env: dict, command: str) ->
             "",
         ]
     )
-    return _write_atomically(path, lambda f: f.write(text))
+    return write_atomically(path, lambda f: f.write(text))
 
 
 def plot_selection(records: Sequence[dict], rows: int, topk: int) -> Tuple[List[dict], int, int]:
@@ -213,7 +198,7 @@ def write_plot(records: Sequence[dict], path, *, rows: int = PLOT_ROWS, topk: in
     fig.suptitle(f"{title or 'indexer top-k'}: rows={rows}, topk={topk}, random scores")
     fig.tight_layout()
     try:
-        return _write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
+        return write_atomically(path, lambda f: fig.savefig(f, format="png", dpi=120), binary=True)
     finally:
         plt.close(fig)
 

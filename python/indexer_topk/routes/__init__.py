@@ -47,14 +47,13 @@ import bisect
 import functools
 import json
 import math
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..contract import SUPPORTED_TOPK, Layout
+from ..files import write_atomically
 
 SCHEMA = 1
 MODES = ("prefill", "decode", "capture")
@@ -538,31 +537,11 @@ def write_atomic(text: str, path, *, force: bool = False) -> Path:
     p = Path(path)
     if p.exists() and not force:
         raise FileExistsError(f"{p} exists; pass force=True (--force) to replace it")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=str(p.parent))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return p
-
-
-def conditions_of(probe) -> dict:
-    """The ``conditions`` a table measured in ``probe``'s process holds under."""
-    cond = {"triton": _triton_minor(probe.triton_version)} if _triton_minor(probe.triton_version) else {}
-    if probe.device == "cuda":
-        cond["hopper_stream"] = bool(probe.hopper_stream)
-    return cond
+    return write_atomically(p, lambda f: f.write(text))
 
 
 __all__ = [
-    "ENGINE", "ENGINE_MARGIN", "MODES", "OURS", "SCHEMA", "DeviceClass", "RoutesError", "Table", "conditions_of",
+    "ENGINE", "ENGINE_MARGIN", "MODES", "OURS", "SCHEMA", "DeviceClass", "RoutesError", "Table",
     "device_class_of", "device_from_env", "dumps_table", "is_shipped_path", "load_table", "parse_table", "select_table",
     "shipped_tables", "table_from_file", "table_from_records", "write_atomic", "write_table",
 ]
