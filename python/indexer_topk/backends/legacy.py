@@ -21,23 +21,27 @@ import torch
 import triton
 
 from ..contract import IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, launches_kernels, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
+from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
-# How the top-k stage learns each row's k-th key: "torch" runs torch.topk over the key matrix
-# first; "radix" lets the select kernel search it (radix passes over each row, one program per
-# row), so the call is launches only and its host work can be replayed (indexer_topk.replay);
-# "auto" takes radix for key matrices of at least RADIX_MIN_ROWS rows and at most
-# RADIX_MAX_KEYS keys, torch.topk otherwise. Same selection, same bits. Measured on an H200
-# (benchmark/results/host_path/): there radix costs the GPU about what torch.topk does and saves
-# torch.topk's host path on every eager call; with more keys, or fewer rows than fill the GPU
-# (one program per row: a single decode row of 768K tokens), torch.topk is faster.
+# How the top-k stage selects: "rows" reads each row once in register tiles through a bounded
+# candidate pool (kernels/row_topk.py: persistent programs, launches only, so the call's host
+# work can be replayed, indexer_topk.replay); "torch" runs torch.topk over the key matrix for
+# each row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
+# histogram passes over the whole row, one program per row (the select stage before "rows").
+# "auto" takes "rows" for key matrices of at least RADIX_MIN_ROWS rows and torch.topk below:
+# one program per row leaves most SMs idle for a few decode rows. Same selection, same bits.
 KTH_SEARCH = "auto"
-RADIX_MAX_KEYS = 1 << 22
 RADIX_MIN_ROWS = 128
+
+# The "rows" select: keys per register tile, warps and programs per SM.
+ROWS_TILE = 8192
+ROWS_WARPS = 8
+ROWS_PROGRAMS_PER_SM = 4
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -97,8 +101,21 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if row_count == 0:
         return
     check_runnable(keys.device)
-    known_t = KTH_SEARCH == "torch" or (KTH_SEARCH == "auto" and (
-        keys.numel() > RADIX_MAX_KEYS or row_count < RADIX_MIN_ROWS))
+    search = KTH_SEARCH
+    if search == "auto":
+        search = "rows" if row_count >= RADIX_MIN_ROWS else "torch"
+    if search == "rows":
+        programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
+        # each program's candidate pool (2 * topk keys and positions); untouched by rows of
+        # at most ROWS_TILE keys
+        pools = keys.new_empty(programs * 4 * topk) if keys.shape[1] > ROWS_TILE else keys
+        launch(
+            topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
+            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
+            TOPK=topk, TILE=ROWS_TILE, num_warps=ROWS_WARPS,
+        )
+        return
+    known_t = search == "torch"
     kth, need = kth_keys(keys, topk) if known_t else (seq_lens, seq_lens)  # unread without KNOWN_T
     launch(
         select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
