@@ -1,0 +1,125 @@
+"""The legacy select stage on its own: the one-read row select against the earlier ones.
+
+Run on a GPU from the repository root::
+
+    PYTHONPATH=python python3 benchmark/research/row_select.py [--shapes 1024x8192,...] [--configs 8192:8:4,...]
+
+Builds key matrices as the score stage leaves them (int32 order keys of fp32 scores,
+``KEY_NONE`` past each row's length; every row as long as the matrix) from normal scores
+("random") and from scores that increase along the row ("increasing"), and times
+:func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
+host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM``
+config, ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
+histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
+With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
+scores beside them. Prints a table; ``--json`` writes the records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.bench.mix import graph_ms
+from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits
+
+
+def key_matrix(rows, width, pattern, device):
+    gen = torch.Generator(device=device).manual_seed(rows * 7919 + width)
+    if pattern == "random":
+        scores = torch.randn((rows, width), generator=gen, device=device)
+    else:  # increasing along the row, with a little noise per row
+        base = torch.linspace(0.0, 8.0, width, device=device)
+        scores = base[None, :] + 1e-3 * torch.rand((rows, width), generator=gen, device=device)
+    return ordered_score_bits(scores), scores
+
+
+def run_select(keys, seq_lens, page_table, topk, out):
+    legacy_backend.legacy_select(keys, seq_lens, page_table, topk=topk, out=out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="128x4096,1024x4096,1024x8192,1024x16384,8192x4096,1024x65536,128x196608,1024x196608")
+    ap.add_argument("--patterns", default="random,increasing")
+    ap.add_argument("--configs", default="8192:8:4,8192:16:2,4096:8:4")
+    ap.add_argument("--ways", default="rows,torch,radix")
+    ap.add_argument("--topk", type=int, default=1024)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--sglang-kit", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    device = "cuda"
+    topk_v2 = None
+    if args.sglang_kit:
+        from indexer_topk.bench.mix import load_anchor_kit
+
+        topk_v2 = load_anchor_kit(args.sglang_kit)[2]
+    records = []
+    lines = []
+    for shape in args.shapes.split(","):
+        rows, width = (int(x) for x in shape.split("x"))
+        for pattern in args.patterns.split(","):
+            keys, scores = key_matrix(rows, width, pattern, device)
+            seq_lens = torch.full((rows,), width, dtype=torch.int32, device=device)
+            page_table = torch.arange(rows * (width // 64), dtype=torch.int32, device=device).view(rows, -1)
+            ref = None
+            row = {"rows": rows, "keys": width, "pattern": pattern, "topk": args.topk}
+            ways = []
+            for way in args.ways.split(","):
+                configs = args.configs.split(",") if way == "rows" else [None]
+                for cfg in configs:
+                    legacy_backend.KTH_SEARCH = way
+                    name = way
+                    if cfg:
+                        tile, warps, pps = (int(x) for x in cfg.split(":"))
+                        legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
+                        legacy_backend.ROWS_PROGRAMS_PER_SM = pps
+                        name = f"rows {cfg}"
+                    if way == "radix" and rows * width > (1 << 24):
+                        continue  # minutes at these sizes: one program per row, many passes
+                    out = allocate_result(rows, args.topk, device)
+                    out.raw_indices.fill_(-7)
+                    try:
+                        ms = graph_ms(lambda: run_select(keys, seq_lens, page_table, args.topk, out), iters=args.iters, device=device)
+                    except Exception as e:  # a config that does not compile is a finding, not a stop
+                        print(f"{shape} {pattern} {name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+                        continue
+                    bits = [t.view(torch.int32).clone() for t in out]
+                    if ref is None:
+                        ref = bits
+                    same = all(torch.equal(a, b) for a, b in zip(bits, ref))
+                    row[name] = {"ms": ms, "same": same}
+                    ways.append(f"{name}={ms:.3f}{'' if same else '!'}")
+            if topk_v2 is not None:
+                pages_out = torch.empty((rows, args.topk), dtype=torch.int32, device=device)
+                raw_out = torch.empty_like(pages_out)
+
+                def sglang_step():
+                    topk_v2.transform(scores, seq_lens, page_table, pages_out, 64, topk_v2.plan(seq_lens), raw_out)
+
+                try:
+                    row["topk_v2"] = {"ms": graph_ms(sglang_step, iters=args.iters, device=device)}
+                    ways.append(f"topk_v2={row['topk_v2']['ms']:.3f}")
+                except Exception as e:
+                    print(f"topk_v2 {shape}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
+            records.append(row)
+            lines.append(f"{rows:>5} x {width:<7} {pattern:<10} " + "  ".join(ways))
+            print(lines[-1], flush=True)
+            del keys, scores
+            torch.cuda.empty_cache()
+    legacy_backend.KTH_SEARCH = "auto"
+    print("\nms per call, CUDA-graph replays ('!' = differs from the first way's bits)")
+    print("\n".join(lines))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "records": records}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
