@@ -38,10 +38,12 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 KTH_SEARCH = "auto"
 RADIX_MIN_ROWS = 128
 
-# The "rows" select: keys per register tile, warps and programs per SM.
-ROWS_TILE = 8192
+# The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
+# and programs per SM.
+ROWS_TILE = 4096
+ROWS_SAMPLE = 1024
 ROWS_WARPS = 8
-ROWS_PROGRAMS_PER_SM = 4
+ROWS_PROGRAMS_PER_SM = 1
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -107,12 +109,12 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if search == "rows":
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool (2 * topk keys and positions); untouched by rows of
-        # at most ROWS_TILE keys
-        pools = keys.new_empty(programs * 4 * topk) if keys.shape[1] > ROWS_TILE else keys
+        # at most 2 * topk keys
+        pools = keys.new_empty(programs * 4 * topk) if keys.shape[1] > 2 * topk else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, num_warps=ROWS_WARPS,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, num_warps=ROWS_WARPS,
         )
         return
     known_t = search == "torch"

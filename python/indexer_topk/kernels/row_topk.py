@@ -1,20 +1,25 @@
-"""Top-k of key-matrix rows that reads each row once.
+"""Top-k of key-matrix rows that reads each row about once.
 
-The legacy path's select stage. A persistent grid of programs takes rows in turn; a row is read
-in register tiles of ``TILE`` keys, in position order:
+The legacy path's select stage. A persistent grid of programs takes rows in turn:
 
-* a row of at most ``TILE`` keys is one tile: its k-th key is found in registers and the tile's
-  selected entries are written, in position order, straight to the row's outputs;
-* a longer row streams its tiles through a candidate pool of ``CAP = 2 * TOPK`` entries (the
-  program's slice of scratch, L2-resident). A tile's keys that reach the row's gate are appended
-  with one prefix sum; when they would not fit, the pool is first cut to its best ``TOPK``,
-  which raises the gate, and a tile that alone still holds more entrants than fit is cut to its
-  own best ``TOPK`` in registers first. After the last tile the pool is cut to ``TOPK``.
+* a row of at most ``CAP = 2 * TOPK`` keys is one register tile: its k-th key is found in
+  registers and the selected entries are written, in position order, to the row's outputs;
+* a longer row first reads ``SAMPLE`` keys spread evenly over it, and takes as its gate a key
+  that about ``1.5 * TOPK`` of the row's keys should reach (:func:`sampled_gate`). It then
+  streams its tiles of ``TILE`` keys, in position order, through a candidate pool of ``CAP``
+  entries (the program's slice of scratch, L2-resident): a tile's keys that reach the gate are
+  appended with one prefix sum; when they would not fit, the pool is cut to its best ``TOPK``,
+  which raises the gate, and a tile that alone holds more entrants than fit is cut to its own
+  best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
+  row is streamed again with none. The pool is finally cut to ``TOPK``.
 
-The k-th key of a tile is searched with 5-bit radix digits (32-bin histograms; the last digit is 2 bits) from the top,
-stopping once the boundary bucket is taken whole: ``tl.histogram`` counts a bin with a ballot
-per digit bit and a popcount per bin a lane owns, so its cost grows with the bins, and seven
-passes of 32 bins cost a third of four passes of 256.
+Because the gate comes from a sample of the whole row, scores that trend along the row (every
+tile better than the last) enter the pool no more often than random ones.
+
+The k-th key of a tile is searched with 5-bit radix digits (32-bin histograms; the last digit
+is 2 bits) from the top, stopping once the boundary bucket is taken whole: ``tl.histogram``
+counts a bin with a ballot per digit bit and a popcount per bin a lane owns, so its cost grows
+with the bins, and seven passes of 32 bins cost a third of four passes of 256.
 
 Storage order is position order everywhere (tiles are read in order, cuts keep order), so the
 tie rule is the select stage's: every key above the k-th, then the first keys equal to it. A
@@ -50,6 +55,17 @@ def digit_pass(b, valid, tb, need, SH: tl.constexpr, W: tl.constexpr, BINS: tl.c
 
 
 @triton.jit
+def radix_step(b, valid, state, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
+    """:func:`digit_pass` unless an earlier pass took its boundary bucket whole."""
+    tb, need, shift, done = state
+    if done == 0:
+        need, tb, whole = digit_pass(b, valid, tb, need, SH, W, BINS)
+        shift = tl.zeros([], dtype=tl.int32) + SH
+        done = whole.to(tl.int32)
+    return tb, need, shift, done
+
+
+@triton.jit
 def tile_kth(key, valid, k):
     """The k-th largest valid key of a register tile (int32 keys; needs more than ``k`` valid).
 
@@ -59,20 +75,16 @@ def tile_kth(key, valid, k):
     """
     b = key ^ KEY_MIN  # sign bit flipped: unsigned order is key order
     zero = tl.zeros([], dtype=tl.int32)
-    tb = zero
-    need = zero + k
-    shift = zero
-    done = zero
+    state = (zero, zero + k, zero, zero)  # (tb, need, shift, done)
     # digits of 5 bits from bit 27 down, then the last 2: seven passes at most
-    for p in tl.static_range(7):
-        SH: tl.constexpr = 27 - 5 * p if p < 6 else 0
-        W: tl.constexpr = 5 if p < 6 else 2
-        BINS: tl.constexpr = 32 if p < 6 else 4
-        if done == 0:
-            need, tb, whole = digit_pass(b, valid, tb, need, SH, W, BINS)
-            shift = zero + SH
-            if whole:
-                done = zero + 1
+    state = radix_step(b, valid, state, 27, 5, 32)
+    state = radix_step(b, valid, state, 22, 5, 32)
+    state = radix_step(b, valid, state, 17, 5, 32)
+    state = radix_step(b, valid, state, 12, 5, 32)
+    state = radix_step(b, valid, state, 7, 5, 32)
+    state = radix_step(b, valid, state, 2, 5, 32)
+    state = radix_step(b, valid, state, 0, 2, 4)
+    tb, need, shift, _done = state
     return tb ^ KEY_MIN, shift, need
 
 
@@ -103,12 +115,60 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
 
 
 @triton.jit
-def select_row(src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr):
+def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr):
+    """A gate that about ``1.5 * TOPK`` of a row's ``n > 2 * TOPK`` keys reach: the bucket floor
+    of the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row, ``r`` scaled from
+    ``1.5 * TOPK`` by ``SAMPLE / n``. At least ``r`` keys of the row reach it; whether ``TOPK``
+    do is what the scan that uses it checks."""
+    j = tl.arange(0, SAMPLE)
+    key = tl.load(src + ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32))
+    r = (3 * TOPK * SAMPLE) // (2 * n) + 1  # below SAMPLE as n > 2 * TOPK
+    t, shift, _need = tile_kth(key, j < SAMPLE, r)
+    return (t >> shift) << shift
+
+
+@triton.jit
+def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr):
+    """Stream the row's tiles through the pool, from the gate ``gate``: returns how many entries
+    the pool holds, in position order. When that is ``TOPK`` or more, they hold the row's top
+    ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means the
+    gate was too high and nothing is known."""
+    CAP: tl.constexpr = 2 * TOPK
+    offs = tl.arange(0, TILE)
+    count = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, n, TILE):
+        pos = c0 + offs
+        valid = pos < n
+        key = tl.load(src + pos, mask=valid, other=0, eviction_policy="evict_first")
+        enter = valid & (key >= gate)
+        n_in = tl.sum(enter.to(tl.int32), axis=0)
+        if count + n_in > CAP:
+            if count > TOPK:
+                gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP))
+                count = tl.zeros([], dtype=tl.int32) + TOPK
+                enter = enter & (key >= gate)
+                n_in = tl.sum(enter.to(tl.int32), axis=0)
+            if count + n_in > CAP:
+                # the tile alone holds more entrants than fit: only its own best TOPK can
+                # enter, and a later entry must beat its TOPK-th
+                t, shift, need = tile_kth(key, enter, TOPK)
+                enter, _eq = take_mask(key, enter, t, shift, need, 0)
+                gate = tl.maximum(gate, next_gate(t, shift))
+        if n_in > 0:
+            count += append(pool_key, pool_pos, count, key, pos, enter)
+            tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
+    return count
+
+
+@triton.jit
+def select_row(
+    src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+):
     """Write the best ``min(n, TOPK)`` of the ``n`` keys at ``src`` (positions ``0 .. n - 1``) to
     ``out_key`` / ``out_pos`` in position order."""
     CAP: tl.constexpr = 2 * TOPK
-    offs = tl.arange(0, TILE)
-    if n <= TILE:
+    if n <= CAP:
+        offs = tl.arange(0, CAP)
         valid = offs < n
         key = tl.load(src + offs, mask=valid, other=0)
         take = valid
@@ -117,28 +177,12 @@ def select_row(src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr,
             take, _eq = take_mask(key, valid, t, shift, need, 0)
         append(out_key, out_pos, 0, key, offs, take)
     else:
-        gate = tl.zeros([], dtype=tl.int32) + KEY_MIN
-        count = tl.zeros([], dtype=tl.int32)
-        for c0 in range(0, n, TILE):
-            pos = c0 + offs
-            valid = pos < n
-            key = tl.load(src + pos, mask=valid, other=0, eviction_policy="evict_first")
-            enter = valid & (key >= gate)
-            n_in = tl.sum(enter.to(tl.int32), axis=0)
-            if count + n_in > CAP:
-                if count > TOPK:
-                    gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP))
-                    count = tl.zeros([], dtype=tl.int32) + TOPK
-                    enter = enter & (key >= gate)
-                    n_in = tl.sum(enter.to(tl.int32), axis=0)
-                if count + n_in > CAP:
-                    # the tile alone holds more entrants than fit: only its own best TOPK can
-                    # enter, and a later entry must beat its TOPK-th
-                    t, shift, need = tile_kth(key, enter, TOPK)
-                    enter, _eq = take_mask(key, enter, t, shift, need, 0)
-                    gate = tl.maximum(gate, next_gate(t, shift))
-            count += append(pool_key, pool_pos, count, key, pos, enter)
-            tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
+        # a gate from a sample lets about 1.5 * TOPK keys into the pool, so the scan rarely
+        # cuts, whatever the order of the scores along the row; where the sample misjudged
+        # and fewer than TOPK got in, the row is scanned again without a gate
+        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE), TOPK, TILE)
+        if count < TOPK:
+            count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE)
         if count > TOPK:
             cut_pool(pool_key, pool_pos, count, out_key, out_pos, TOPK, CAP)
         else:
@@ -151,7 +195,7 @@ def select_row(src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr,
 @triton.jit(do_not_specialize=["stride_src", "rows", "row_start"])
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    scratch, TOPK: tl.constexpr, TILE: tl.constexpr,
+    scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
@@ -166,7 +210,7 @@ def topk_rows_kernel(
         # an unchecked length past the row (or below 0) must not read, and so select, beyond it
         n = tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
         orow = row.to(tl.int64) * TOPK
-        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE)
+        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
         tl.debug_barrier()
         finalize_row(
             out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
