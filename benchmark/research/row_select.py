@@ -8,7 +8,7 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 ``KEY_NONE`` past each row's length; every row as long as the matrix) from normal scores
 ("random") and from scores that increase along the row ("increasing"), and times
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
-host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM``
+host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG]``
 config, ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
 With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="128x4096,1024x4096,1024x8192,1024x16384,8192x4096,1024x65536,128x196608,1024x196608")
     ap.add_argument("--patterns", default="random,increasing")
-    ap.add_argument("--configs", default="8192:8:4,8192:16:2,4096:8:4")
+    ap.add_argument("--configs", default="4096:8:2:128")
     ap.add_argument("--ways", default="rows,torch,radix")
     ap.add_argument("--topk", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
@@ -76,9 +76,10 @@ def main(argv=None) -> int:
                     legacy_backend.KTH_SEARCH = way
                     name = way
                     if cfg:
-                        tile, warps, pps = (int(x) for x in cfg.split(":"))
+                        tile, warps, pps, maxnreg = (int(x) for x in (cfg + ":0").split(":")[:4])
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
+                        legacy_backend.ROWS_MAXNREG = maxnreg or None
                         name = f"rows {cfg}"
                     if way == "radix" and rows * width > (1 << 24):
                         continue  # minutes at these sizes: one program per row, many passes

@@ -29,7 +29,7 @@ wait "$BUILD"
 # shellcheck disable=SC1091
 source /tmp/dgsite/dg_env.sh
 timeout "${SGLANG_S:-150}" python3 benchmark/research/row_select.py --sglang-kit "$KIT" --ways "${SGLANG_WAYS:-rows}" \
-  --configs "${SGLANG_CONFIGS:-8192:8:4}" --patterns random --json "$OUT/row_select_sglang.json" > "$OUT/row_select_sglang.log" 2>&1
+  --configs "${SGLANG_CONFIGS:-4096:8:2:128}" --patterns random --json "$OUT/row_select_sglang.json" > "$OUT/row_select_sglang.log" 2>&1
 echo "beside topk_v2 rc $?"
 [ -n "${TCACHE_OUT:-}" ] && tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" .
 tail -30 "$OUT/row_select.log"; tail -12 "$OUT/row_select_sglang.log"

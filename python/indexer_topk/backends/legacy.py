@@ -21,7 +21,7 @@ import torch
 import triton
 
 from ..contract import IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, launches_kernels, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
@@ -40,10 +40,13 @@ RADIX_MIN_ROWS = 128
 
 # The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
 # and programs per SM.
+# Measured on an H200 (benchmark/research/row_select.py): 8 warps capped at 128 registers, two
+# programs an SM, beat one program of 8 or 16 warps, and 4 warps at 3 or 4 an SM.
 ROWS_TILE = 4096
-ROWS_SAMPLE = 1024
+ROWS_SAMPLE = 2048  # at most ROWS_TILE: rows longer than the tile are sampled
 ROWS_WARPS = 8
-ROWS_PROGRAMS_PER_SM = 1
+ROWS_PROGRAMS_PER_SM = 2
+ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM.
@@ -115,6 +118,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
             TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, num_warps=ROWS_WARPS,
+            **({"maxnreg": ROWS_MAXNREG} if ROWS_MAXNREG and not kernels_interpreted() else {}),
         )
         return
     known_t = search == "torch"

@@ -2,16 +2,16 @@
 
 The legacy path's select stage. A persistent grid of programs takes rows in turn:
 
-* a row of at most ``CAP = 2 * TOPK`` keys is one register tile: its k-th key is found in
+* a row of at most ``TILE`` keys is one register tile: its k-th key is found in
   registers and the selected entries are written, in position order, to the row's outputs;
 * a longer row first reads ``SAMPLE`` keys spread evenly over it, and takes as its gate a key
   that about ``1.5 * TOPK`` of the row's keys should reach (:func:`sampled_gate`). It then
-  streams its tiles of ``TILE`` keys, in position order, through a candidate pool of ``CAP``
+  streams its tiles, in position order, through a candidate pool of ``CAP = 2 * TOPK``
   entries (the program's slice of scratch, L2-resident): a tile's keys that reach the gate are
   appended with one prefix sum; when they would not fit, the pool is cut to its best ``TOPK``,
   which raises the gate, and a tile that alone holds more entrants than fit is cut to its own
   best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
-  row is streamed again with none. The pool is finally cut to ``TOPK``.
+  row is streamed again from a lower one, then from none. The pool is finally cut to ``TOPK``.
 
 Because the gate comes from a sample of the whole row, scores that trend along the row (every
 tile better than the last) enter the pool no more often than random ones.
@@ -30,7 +30,7 @@ The selection is the contract's and :func:`.select.finalize_row` sorts and write
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN
+from .common import INT32_MAX, KEY_MIN
 from .select import finalize_row, next_gate, take_mask
 
 @triton.jit
@@ -115,16 +115,18 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
 
 
 @triton.jit
-def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr):
-    """A gate that about ``1.5 * TOPK`` of a row's ``n > 2 * TOPK`` keys reach: the bucket floor
-    of the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row, ``r`` scaled from
-    ``1.5 * TOPK`` by ``SAMPLE / n``. At least ``r`` keys of the row reach it; whether ``TOPK``
-    do is what the scan that uses it checks."""
+def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr):
+    """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n > SAMPLE`` keys reach: the ``r``-th
+    largest of ``SAMPLE`` keys spread evenly over the row, ``r`` scaled from ``HALVES / 2 * TOPK``
+    by ``SAMPLE / n`` (at most the sample's second smallest). At least ``r`` keys of the row
+    reach it; whether ``TOPK`` do is what the scan that uses it checks."""
     j = tl.arange(0, SAMPLE)
     key = tl.load(src + ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32))
-    r = (3 * TOPK * SAMPLE) // (2 * n) + 1  # below SAMPLE as n > 2 * TOPK
+    r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
     t, shift, _need = tile_kth(key, j < SAMPLE, r)
-    return (t >> shift) << shift
+    # the r-th largest itself, also where the search stopped at a bucket taken whole: the
+    # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
+    return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)
 
 
 @triton.jit
@@ -167,8 +169,8 @@ def select_row(
     """Write the best ``min(n, TOPK)`` of the ``n`` keys at ``src`` (positions ``0 .. n - 1``) to
     ``out_key`` / ``out_pos`` in position order."""
     CAP: tl.constexpr = 2 * TOPK
-    if n <= CAP:
-        offs = tl.arange(0, CAP)
+    if n <= TILE:
+        offs = tl.arange(0, TILE)
         valid = offs < n
         key = tl.load(src + offs, mask=valid, other=0)
         take = valid
@@ -178,9 +180,12 @@ def select_row(
         append(out_key, out_pos, 0, key, offs, take)
     else:
         # a gate from a sample lets about 1.5 * TOPK keys into the pool, so the scan rarely
-        # cuts, whatever the order of the scores along the row; where the sample misjudged
-        # and fewer than TOPK got in, the row is scanned again without a gate
-        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE), TOPK, TILE)
+        # cuts, whatever the order of the scores along the row. A sample misjudges a row now
+        # and then (the r-th of a sample is a noisy quantile): where fewer than TOPK got in,
+        # the row is scanned again from a gate four times as generous, then from none
+        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 3), TOPK, TILE)
+        if count < TOPK:
+            count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 12), TOPK, TILE)
         if count < TOPK:
             count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE)
         if count > TOPK:

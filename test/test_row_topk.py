@@ -1,0 +1,154 @@
+"""The one-read row select (kernels/row_topk.py) against the other ways of the legacy select stage.
+
+``legacy_select`` takes it by default from 128 rows; these tests force it (``KTH_SEARCH =
+"rows"``) on small matrices, with a small tile and sample under the interpreter so that rows
+span many tiles, and compare every output bit for bit with the ``torch`` way (torch.topk's
+k-th key, then the select pass), on the patterns a sampled gate and a bounded pool can get
+wrong: scores rising or falling along the row, ties everywhere, spikes exactly where the sample
+reads (its gate lets too few keys in, so the row is scanned again), NaN keys, and lengths
+around ``topk``, zero and past the matrix. Outputs are poisoned first, so every slot must be
+written. The legacy path end to end is checked against the fp64 reference with it as well.
+"""
+
+import pytest
+import torch
+
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.contract import KEY_NAN, KEY_NONE, allocate_result
+from indexer_topk.guards import poisoned_result, unwritten_slots
+
+from kernel_cases import assert_contract, assert_matches_reference, build, pattern_cases, reference_result, run_legacy
+
+TOPK = 512
+
+
+@pytest.fixture
+def rows_way(monkeypatch, device):
+    """The row select with a tile and sample small enough to give many tiles to a short row."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "rows")
+    if device == "cpu":
+        monkeypatch.setattr(legacy_backend, "ROWS_TILE", 1024)
+        monkeypatch.setattr(legacy_backend, "ROWS_SAMPLE", 512)
+    return legacy_backend
+
+
+def key_matrix(pattern: str, lens, width: int, device, seed: int = 0):
+    """int32 order keys ``[len(lens), width]`` as the score stage leaves them (``KEY_NONE``
+    past each row's length)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = len(lens)
+    pos = torch.arange(width)
+    if pattern == "random":
+        keys = torch.randint(-(2**31) + 2, 2**31 - 1, (rows, width), generator=gen, dtype=torch.int32)
+    elif pattern == "increasing":
+        keys = (pos * 3 - 5000).to(torch.int32).repeat(rows, 1)
+    elif pattern == "decreasing":
+        keys = (-pos).to(torch.int32).repeat(rows, 1)
+    elif pattern == "ties":
+        keys = torch.randint(0, 3, (rows, width), generator=gen, dtype=torch.int32)
+    elif pattern == "nan":  # NaN keys (below every number) among a few numbers
+        keys = torch.full((rows, width), KEY_NAN, dtype=torch.int32)
+        keys[:, ::7] = torch.randint(0, 100, (rows, width), generator=gen, dtype=torch.int32)[:, ::7]
+    elif pattern == "spikes":  # the keys the sample reads beat every other key, each a new best:
+        # the sampled gates let fewer than topk in, so the row is scanned again, then without one
+        keys = torch.randint(0, 1000, (rows, width), generator=gen, dtype=torch.int32)
+        sample = legacy_backend.ROWS_SAMPLE
+        for r, n in enumerate(lens):
+            if n > sample:
+                keys[r, (torch.arange(sample) * n) // sample] = 10**6 + torch.arange(sample, dtype=torch.int32)
+    else:
+        raise ValueError(pattern)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    keys[pos[None, :] >= lens_t[:, None].clamp(min=0).long()] = KEY_NONE
+    return keys.to(device), lens_t.to(device)
+
+
+def select(keys, lens, topk, way, monkeypatch):
+    rows, width = keys.shape
+    page_table = torch.arange(rows * (width // 64), dtype=torch.int32, device=keys.device).view(rows, -1).flip(1)
+    out = poisoned_result(rows, topk, keys.device)
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
+    legacy_backend.legacy_select(keys, lens, page_table, topk=topk, out=out)
+    return out
+
+
+def assert_same_bits(got, want):
+    for name, a, b in zip(got._fields, got, want):
+        assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name
+
+
+@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "ties", "nan", "spikes"])
+def test_rows_equal_torch_way(pattern, rows_way, monkeypatch, device):
+    """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot."""
+    width = 4160
+    lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
+    keys, lens_t = key_matrix(pattern, lens, width, device)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
+
+
+def test_rows_lengths_past_the_matrix(rows_way, monkeypatch, device):
+    """Unchecked lengths below zero or past the matrix's width read no further than the row: the
+    row select gives what the torch way gives (both clamp to the row)."""
+    width = 1280
+    keys, _ = key_matrix("random", [width] * 3, width, device, seed=3)
+    lens = torch.tensor([-5, width + 999, 2**31 - 1], dtype=torch.int32, device=device)
+    got = select(keys, lens, TOPK, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert got.counts.tolist() == [0, TOPK, TOPK]
+    assert_same_bits(got, select(keys, lens, TOPK, "torch", monkeypatch))
+
+
+def test_rows_topk_1024_and_more_rows_than_programs(rows_way, monkeypatch, device):
+    """topk 1024 over more rows than the persistent grid has programs (each program takes
+    several rows in turn and reuses its pool)."""
+    width = 2560
+    lens = [width - 13 * i for i in range(11)]
+    keys, lens_t = key_matrix("random", lens, width, device, seed=5)
+    got = select(keys, lens_t, 1024, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, 1024, "torch", monkeypatch))
+
+
+def test_rows_write_only_their_outputs(rows_way, monkeypatch, device):
+    """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched."""
+    width = 2048
+    keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
+    before = keys.clone()
+    out = allocate_result(5, TOPK, device)
+    for t in out:
+        t.view(torch.int32).fill_(0x5A5A5A5A)
+    page_table = torch.zeros((5, width // 64), dtype=torch.int32, device=device)
+    full_lens = torch.tensor([0, 0, width, 700, 0], dtype=torch.int32, device=device)
+    legacy_backend.legacy_select(keys, full_lens, page_table, topk=TOPK, out=out, row_start=2)
+    assert torch.equal(keys, before)
+    for t in out:
+        rows = t.view(torch.int32)
+        for r in (0, 1, 4):
+            assert bool((rows[r] == 0x5A5A5A5A).all())
+        assert not bool((rows[2:4] == 0x5A5A5A5A).any())
+
+
+@pytest.mark.parametrize("case", pattern_cases()[:4] + [c for c in pattern_cases() if "increasing" in c.name], ids=str)
+def test_legacy_with_rows_matches_reference(case, rows_way, device):
+    """The legacy path end to end with the row select agrees with the fp64 reference (run here,
+    not taken from the shared cache of default legacy results)."""
+    wl = build(case, device)
+    res = run_legacy(wl)
+    assert_contract(res, wl)
+    assert_matches_reference(res, wl, reference_result(case, device))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["random", "increasing", "ties", "spikes"])
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+def test_rows_equal_torch_way_gpu(pattern, topk, monkeypatch, device):
+    """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
+    tokens), 16,384 and one tile, beside lengths around topk."""
+    width = 196608
+    lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
+    keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)
+    got = select(keys, lens_t, topk, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, topk, "torch", monkeypatch))
