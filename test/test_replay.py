@@ -49,7 +49,7 @@ def replays_of(backend):
 
 
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
-@pytest.mark.parametrize("backend,kth", [("fused", "torch"), ("legacy", "radix")])
+@pytest.mark.parametrize("backend,kth", [("fused", "torch"), ("legacy", "radix"), ("legacy", "rows")])
 def test_replayed_calls_give_the_full_paths_bits_on_new_tensors(layout, backend, kth, monkeypatch):
     """Three calls of one signature on fresh tensors (new addresses, new values), into poisoned
     outputs with a caller's workspace: the second and third are replays, bit for bit the full path."""
@@ -99,6 +99,26 @@ def test_aliasing_is_checked_on_every_call():
     out.counts.copy_(w.args()[6])
     with pytest.raises(ValueError, match="aliases an input"):
         indexer_topk.indexer_topk(*args, **w.kwargs(), backend="fused", out=out)
+
+
+def test_an_overlapping_call_leaves_the_signatures_record(monkeypatch):
+    """A call whose tensors overlap (as far as the byte spans tell) takes the full path and
+    neither replaces the signature's record nor records its own launches; the next disjoint
+    call replays the first record."""
+    w = batch(seed=1)
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
+    (first,) = replays_of("fused")
+    assert first is not None
+    monkeypatch.setattr(api, "disjoint", lambda ptrs, lengths: False)
+    w2 = batch(seed=2)
+    out = indexer_topk.indexer_topk(*w2.args(), **w2.kwargs(), backend="fused", out=poisoned(w2))
+    assert_bitwise(out, full_path(w2, "fused"), "overlapping call")
+    assert replays_of("fused") == [first]
+    monkeypatch.undo()
+    w3 = batch(seed=3)
+    out = indexer_topk.indexer_topk(*w3.args(), **w3.kwargs(), backend="fused", out=poisoned(w3))
+    assert_bitwise(out, full_path(w3, "fused"), "the call after")
+    assert replays_of("fused") == [first]
 
 
 def test_values_are_checked_on_a_replayed_signature():

@@ -182,7 +182,9 @@ def indexer_topk(
     key, ptrs = signature(tensors, scalars)
     known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None
     if known is None or not disjoint(ptrs, known.lengths):
-        return _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
+        # a call whose tensors overlap takes the full path and leaves the signature's record
+        # alone: its launches, recorded, would name one buffer for two arguments
+        return _first_call(key if known is None else None, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
                            weight_scale=weight_scale, backend=backend, out=out, workspace=workspace,
                            check_values=check_values, rows_per_request=rows_per_request)
     # a signature validated before: only what depends on addresses and values is checked again
@@ -213,7 +215,8 @@ _REPLAYABLE = ("legacy", "fused")
 
 def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale, backend,
                 out, workspace, check_values, rows_per_request) -> IndexerTopKResult:
-    """The full path: validate everything, remember the signature, route and run."""
+    """The full path: validate everything, route and run; with a ``key``, remember the
+    signature and record the launches for the calls that follow."""
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
@@ -223,11 +226,14 @@ def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table,
                       inputs.device, lengths)
     if out is None:
         out = allocate_result(inputs.rows, inputs.topk, inputs.device)
-    if key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get():
+    remember = key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get()
+    if remember:
         _KNOWN.add(key, known)
     name = resolve_backend(backend, layout=known.layout, topk=topk, rows=known.rows, c4_len=known.c4_len)
     if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
         workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
+    if not remember:
+        known.replays[name] = None  # nothing will replay this call's record: do not record it
     return _run(known, name, inputs, out, workspace, rows_per_request)
 
 
@@ -238,7 +244,7 @@ def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKRes
     fn = _backend_fn(name)
     kwargs = {"rows_per_request": rows_per_request} if name == "fused" else {}
     if (name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None)))
-            or known.replays.get(name, _UNSEEN) is None):  # recorded before: not replayable, not recorded again
+            or known.replays.get(name, _UNSEEN) is None):  # not replayable, or not to be recorded
         known.replays[name] = None
         return fn(inputs, out=out, workspace=workspace, **kwargs)
     recorder = Recorder((*inputs.tensors, *out, workspace))

@@ -31,8 +31,6 @@ from .contract import IndexerTopKResult
 
 NAMESPACE = "indexer_topk"
 
-_OUTPUTS = ("values", "raw_indices", "physical_indices", "counts")
-
 # Defined with torch.library.Library rather than torch.library.custom_op: the decorator's
 # Python wrapper costs several microseconds per call, which an eager prefill pays on every
 # layer (the operator's own host path is a few tens of microseconds).
