@@ -113,7 +113,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool (2 * topk keys and positions); untouched by rows of
         # at most 2 * topk keys
-        pools = keys.new_empty(programs * 4 * topk) if keys.shape[1] > 2 * topk else keys
+        # (torch.empty: an allocation the replay of this call repeats, indexer_topk.replay)
+        pools = torch.empty(programs * 4 * topk, dtype=torch.int32, device=keys.device) if keys.shape[1] > 2 * topk else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
