@@ -72,9 +72,10 @@ def table(*, aiter, sglang, fp8=None, decode="legacy", capture="legacy", none=No
 
 ROUTING = [
     # NVIDIA without a table for the device: the proven rule (legacy); the fused kernel for every
-    # prefill when opted in; with the shipped table: its largest measured prefill shapes (fused)
+    # prefill when opted in; with the shipped table: its largest measured prefill shapes (FP8 and
+    # sglang_mxfp4 fused, aiter_mxfp4 legacy)
     ("nvidia_sm90_no_table", H200, "fused", table(aiter="legacy", sglang="legacy")),
-    ("nvidia_sm90_table", H200_TABLE, "fused", table(aiter="fused", sglang="fused", none="legacy")),
+    ("nvidia_sm90_table", H200_TABLE, "fused", table(aiter="legacy", sglang="fused", none="legacy")),
     ("nvidia_sm100", B200, "fused", table(aiter="legacy", sglang="legacy")),
     ("nvidia_sm90_fused_prefill", dict(H200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
     ("nvidia_sm100_fused_prefill", dict(B200, fused_prefill=True), "fused", table(aiter="fused", sglang="fused")),
@@ -378,7 +379,7 @@ STREAM = Probe(**H200_TABLE)
     (64, 16384, ("legacy", "legacy")),  # fewer rows than measured: the proven rule
     (8, 196608, ("legacy", "legacy")),
     (8, None, ("legacy", "legacy")),
-    (1024, 16383, ("fused", "legacy")),  # nearest measured: 1024 x 16384 (topk 512: below its one point)
+    (1024, 16383, ("legacy", "legacy")),  # nearest measured: 1024 x 16384, legacy with the row select
     (None, 4096, ("legacy", "legacy")),
     (16384, 262144, ("fused", "fused")),  # beyond the largest measured prefill: the largest bucket
 ])
