@@ -111,17 +111,19 @@ def test_rows_topk_1024_and_more_rows_than_programs(rows_way, monkeypatch, devic
     assert_same_bits(got, select(keys, lens_t, 1024, "torch", monkeypatch))
 
 
-def test_rows_write_only_their_outputs(rows_way, monkeypatch, device):
-    """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched."""
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_rows_write_only_their_outputs(topk, rows_way, monkeypatch, device):
+    """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched,
+    also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size)."""
     width = 2048
     keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
     before = keys.clone()
-    out = allocate_result(5, TOPK, device)
+    out = allocate_result(5, topk, device)
     for t in out:
         t.view(torch.int32).fill_(0x5A5A5A5A)
     page_table = torch.zeros((5, width // 64), dtype=torch.int32, device=device)
     full_lens = torch.tensor([0, 0, width, 700, 0], dtype=torch.int32, device=device)
-    legacy_backend.legacy_select(keys, full_lens, page_table, topk=TOPK, out=out, row_start=2)
+    legacy_backend.legacy_select(keys, full_lens, page_table, topk=topk, out=out, row_start=2)
     assert torch.equal(keys, before)
     for t in out:
         rows = t.view(torch.int32)

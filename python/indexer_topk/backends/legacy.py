@@ -111,10 +111,12 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         search = "rows" if row_count >= RADIX_MIN_ROWS else "torch"
     if search == "rows":
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
-        # each program's candidate pool (2 * topk keys and positions); untouched by rows of
-        # at most 2 * topk keys
-        # (torch.empty: an allocation the replay of this call repeats, indexer_topk.replay)
-        pools = torch.empty(programs * 4 * topk, dtype=torch.int32, device=keys.device) if keys.shape[1] > 2 * topk else keys
+        if ROWS_SAMPLE > ROWS_TILE:
+            raise ValueError(f"ROWS_SAMPLE ({ROWS_SAMPLE}) must not exceed ROWS_TILE ({ROWS_TILE})")
+        # each program's candidate pool (2 * topk keys and positions), used by rows longer than
+        # the tile only (torch.empty: an allocation the replay repeats, indexer_topk.replay)
+        scans = keys.shape[1] > ROWS_TILE
+        pools = torch.empty(programs * 4 * topk, dtype=torch.int32, device=keys.device) if scans else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
