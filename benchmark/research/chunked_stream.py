@@ -44,6 +44,7 @@ from indexer_topk.kernels.candidates import beats_gate, cut, order_by_position
 from indexer_topk.kernels.common import INT32_MAX, KEY_MIN
 from indexer_topk.kernels.launch import device_sm_count, launches_kernels, pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel
+from indexer_topk.kernels.row_topk import append
 from indexer_topk.kernels.select import finalize_row
 
 STATE_WORDS = tl.constexpr(4)  # count, gate key, gate position, (padding)
@@ -52,11 +53,7 @@ STATE_WORDS = tl.constexpr(4)  # count, gate key, gate position, (padding)
 @triton.jit
 def _append(buf_key, buf_pos, count, key, pos, take):
     """Append the taken entries after the buffer's ``count``; returns the new count."""
-    take_i = take.to(tl.int32)
-    dst = count + tl.cumsum(take_i, axis=0) - take_i
-    tl.store(buf_key + dst, key, mask=take)
-    tl.store(buf_pos + dst, pos, mask=take)
-    return count + tl.sum(take_i, axis=0)
+    return count + append(buf_key, buf_pos, count, key, pos, take)
 
 
 @triton.jit(do_not_specialize=["stride_keys", "col0", "ncols", "row_start", "n_rows", "width", "stride_pt", "first", "last"])
