@@ -111,6 +111,7 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     take, _eq = take_mask(key, valid, t, shift, need, 0)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
     append(dst_key, dst_pos, 0, key, pos, take)
+    tl.debug_barrier()  # and written before any thread reads the pool again
     return next_gate(t, shift)
 
 
