@@ -8,9 +8,11 @@ against and the fallback the policy keeps for decode and graph capture.
 
 The matrix is a *key matrix*: it stores each score as its int32 order key (the same 4 bytes
 as the fp32 score, see :mod:`indexer_topk.kernels.logits`), so the top-k stage can rank
-integers. It runs ``torch.topk`` on each row to learn the k-th key, then one exact pass per row
-takes every key above it and the lowest positions among keys equal to it, and sorts the result
-under the contract's order.
+integers. From 128 rows the top-k stage reads each row about once (:mod:`indexer_topk.kernels.row_topk`:
+a radix search of the k-th key in registers, a sampled gate and a bounded candidate pool for
+long rows); below, it runs ``torch.topk`` on each row to learn the k-th key, then one exact
+pass per row. Either way it takes every key above the k-th and the lowest positions among keys
+equal to it, and sorts the result under the contract's order.
 """
 
 from __future__ import annotations
