@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN
-from .select import finalize_row, next_gate, take_mask
+from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
 def digit_pass(b, valid, tb, need, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
@@ -43,15 +43,9 @@ def digit_pass(b, valid, tb, need, SH: tl.constexpr, W: tl.constexpr, BINS: tl.c
     # entries left out count in bin 0 and are taken back out: a histogram of BINS bins, not
     # 2 * BINS with a sentinel bin, costs half the ballots' popcounts
     hist = tl.histogram(tl.where(m, (b >> SH) & (BINS - 1), 0), BINS)
-    bins = tl.arange(0, BINS)
     left_out = tl.sum((m == 0).to(tl.int32), axis=0)
-    hist = hist - tl.where(bins == 0, left_out, 0)
-    ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    digit = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
-    bucket = tl.sum(tl.where(bins == digit, hist, 0), axis=0)
-    need = need - above
-    return need, tb | (digit << SH), bucket == need
+    hist = hist - tl.where(tl.arange(0, BINS) == 0, left_out, 0)
+    return radix_update(hist, need, tb, SH)
 
 
 @triton.jit
@@ -206,6 +200,7 @@ def topk_rows_kernel(
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program."""
+    tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)
     pool_pos = pool_key + 2 * TOPK

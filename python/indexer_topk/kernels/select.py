@@ -37,15 +37,15 @@ def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOP
 
 @triton.jit
 def radix_digit(hist, need):
-    """One radix step over a 512-bin histogram (bins 256.. are the masked-out sentinel).
+    """One radix step over a digit histogram (bin ``d`` counts the entries whose digit is ``d``;
+    bins no digit reaches hold 0).
 
     Returns ``(digit, above, bucket)``: the largest digit whose bucket and those above it hold at
     least ``need`` entries, how many lie strictly above it, and how many in it.
     """
-    bins = tl.arange(0, 512)
-    hist = tl.where(bins < 256, hist, 0)
+    bins = tl.arange(0, hist.shape[0])
     ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    digit = tl.max(tl.where((ge >= need) & (bins < 256), bins, -1), axis=0)
+    digit = tl.max(tl.where(ge >= need, bins, -1), axis=0)
     above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
     bucket = tl.sum(tl.where(bins == digit, hist, 0), axis=0)
     return digit, above, bucket
@@ -54,11 +54,13 @@ def radix_digit(hist, need):
 @triton.jit
 def digit_histogram(b, valid, tb, SH: tl.constexpr):
     """512-bin histogram of the 8-bit digit at ``SH`` of the valid biased keys ``b`` that share
-    the threshold prefix ``tb`` above it (bin 256 collects the rest)."""
+    the threshold prefix ``tb`` above it (the rest are counted in bin 256, then dropped: bins
+    256.. hold 0)."""
     m = valid
     if SH + 8 < b.dtype.primitive_bitwidth:
         m = m & ((b >> (SH + 8)) == (tb >> (SH + 8)))
-    return tl.histogram(tl.where(m, ((b >> SH) & 0xFF).to(tl.int32), 256), 512)
+    hist = tl.histogram(tl.where(m, ((b >> SH) & 0xFF).to(tl.int32), 256), 512)
+    return tl.where(tl.arange(0, 512) < 256, hist, 0)
 
 
 @triton.jit
@@ -179,29 +181,6 @@ def select_into(
         tl.store(dst_pos + dst, pos, mask=room)
         taken += tl.sum(take_i, axis=0)
         eq_seen += tl.sum(eq_i, axis=0)
-
-
-@triton.jit
-def compact_tile(buf_key, buf_pos, count, TOPK: tl.constexpr, CAP: tl.constexpr):
-    """In-place cut of a candidate buffer (``TOPK < count <= CAP`` entries, position order) to
-    its top ``TOPK``, held in registers as one ``[CAP]`` tile (no loops, so callers keep their
-    streaming loop the only loop: a nested loop scored measurably slower).
-
-    Same selection as :func:`select_into`; returns ``(TOPK, gate)``.
-    """
-    offs = tl.arange(0, CAP)
-    valid = offs < count
-    key = tl.load(buf_key + offs, mask=valid, other=0)
-    pos = tl.load(buf_pos + offs, mask=valid, other=0)
-    tb, shift, need = tile_threshold(key ^ KEY_MIN, valid, TOPK, 32)
-    t = tb ^ KEY_MIN
-    take, _eq = take_mask(key, valid, t, shift, need, 0)
-    take_i = take.to(tl.int32)
-    dst = tl.cumsum(take_i, axis=0) - take_i
-    tl.debug_barrier()
-    tl.store(buf_key + dst, key, mask=take)
-    tl.store(buf_pos + dst, pos, mask=take)
-    return tl.full([], TOPK, tl.int32), next_gate(t, shift)
 
 
 @triton.jit
