@@ -308,7 +308,7 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos,
             seg_cnt, plan.splits,
             **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
-            num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg, ka.interpret),
+            num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg.fused_maxnreg, ka.interpret),
         )
     if plan.splits > 1:
         merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt, merge)

@@ -23,7 +23,7 @@ import torch
 import triton
 
 from ..contract import IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launches_kernels, pack_args, tile_config
+from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
@@ -35,17 +35,17 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # work can be replayed, indexer_topk.replay); "torch" runs torch.topk over the key matrix for
 # each row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
 # histogram passes over the whole row, one program per row (the select stage before "rows").
-# "auto" takes "rows" for key matrices of at least RADIX_MIN_ROWS rows and torch.topk below:
+# "auto" takes "rows" for key matrices of at least ROWS_MIN_ROWS rows and torch.topk below:
 # one program per row leaves most SMs idle for a few decode rows. Same selection, same bits.
 KTH_SEARCH = "auto"
-RADIX_MIN_ROWS = 128
+ROWS_MIN_ROWS = 128
 
 # The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
 # and programs per SM.
 # Measured on an H200 (benchmark/research/row_select.py): 8 warps capped at 128 registers, two
 # programs an SM, beat one program of 8 or 16 warps, and 4 warps at 3 or 4 an SM.
 ROWS_TILE = 4096
-ROWS_SAMPLE = 2048  # at most ROWS_TILE: rows longer than the tile are sampled
+ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer than the tile are sampled
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
@@ -110,11 +110,9 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     check_runnable(keys.device)
     search = KTH_SEARCH
     if search == "auto":
-        search = "rows" if row_count >= RADIX_MIN_ROWS else "torch"
+        search = "rows" if row_count >= ROWS_MIN_ROWS else "torch"
     if search == "rows":
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
-        if ROWS_SAMPLE > ROWS_TILE:
-            raise ValueError(f"ROWS_SAMPLE ({ROWS_SAMPLE}) must not exceed ROWS_TILE ({ROWS_TILE})")
         # each program's candidate pool (2 * topk keys and positions), used by rows longer than
         # the tile only (torch.empty: an allocation the replay repeats, indexer_topk.replay)
         scans = keys.shape[1] > ROWS_TILE
@@ -123,7 +121,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
             TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, num_warps=ROWS_WARPS,
-            **({"maxnreg": ROWS_MAXNREG} if ROWS_MAXNREG and not kernels_interpreted() else {}),
+            **launch_options(ROWS_MAXNREG, kernels_interpreted()),
         )
         return
     known_t = search == "torch"

@@ -85,9 +85,10 @@ SELECT_CHUNK = 1024
 SELECT_WARPS = 8
 
 
-def launch_options(cfg: TileConfig, interpret: bool) -> dict:
-    """Compile options of the fused kernel beyond warps and stages (none under the interpreter)."""
-    return {} if interpret or not cfg.fused_maxnreg else {"maxnreg": cfg.fused_maxnreg}
+def launch_options(maxnreg: Optional[int], interpret: bool) -> dict:
+    """Compile options beyond warps and stages: a register cap per thread where one is set
+    (none under the interpreter)."""
+    return {} if interpret or not maxnreg else {"maxnreg": maxnreg}
 
 
 def tile_config(layout: Layout) -> TileConfig:
