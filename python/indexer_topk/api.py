@@ -232,19 +232,19 @@ def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table,
     name = resolve_backend(backend, layout=known.layout, topk=topk, rows=known.rows, c4_len=known.c4_len)
     if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):
         workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
-    if not remember:
-        known.replays[name] = None  # nothing will replay this call's record: do not record it
-    return _run(known, name, inputs, out, workspace, rows_per_request)
+    # nothing replays the launches of a call whose signature is not remembered: not recorded
+    return _run(known, name, inputs, out, workspace, rows_per_request, record=remember)
 
 
 def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKResult, workspace,
-         rows_per_request) -> IndexerTopKResult:
-    """Run backend ``name``; our Triton backends' launches are recorded for the calls that follow."""
+         rows_per_request, record: bool = True) -> IndexerTopKResult:
+    """Run backend ``name``; with ``record``, our Triton backends' launches are recorded for the
+    calls that follow."""
     require_runnable(name, inputs.device)
     fn = _backend_fn(name)
     kwargs = {"rows_per_request": rows_per_request} if name == "fused" else {}
-    if (name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None)))
-            or known.replays.get(name, _UNSEEN) is None):  # not replayable, or not to be recorded
+    if (not record or name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None)))
+            or known.replays.get(name, _UNSEEN) is None):  # not replayable, or recorded before as not
         known.replays[name] = None
         return fn(inputs, out=out, workspace=workspace, **kwargs)
     recorder = Recorder((*inputs.tensors, *out, workspace))
