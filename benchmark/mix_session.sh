@@ -18,25 +18,11 @@ set -u -o pipefail
 export OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
 KIT=$(cd "${1:?usage: mix_session.sh KIT}" && pwd)
-export PYTHONPATH=${PYTHONPATH:-python} PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} CC=/usr/bin/gcc CXX=/usr/bin/g++
-export PATH=$CUDA_HOME/bin:$PATH DG_SITE=/tmp/dgsite DG_JIT_CACHE_DIR=/tmp/dg_jit DG_SKIP_LARGE=1 PYTHON=python3
-export DG_LOG=/tmp/deepgemm_build.log MAX_JOBS=8  # $OUT keeps few files: the build logs stay unless a build fails
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-mkdir -p "$TRITON_CACHE_DIR"
-[ -f .carry/tcache.tgz ] && tar xzf .carry/tcache.tgz -C "$TRITON_CACHE_DIR"
-KIT_DIRS=(dgsite dg_jit sgl_topk_v2_build)
-if [ -n "${KIT_BUILD_TGZ:-}" ] && [ -f "$KIT_BUILD_TGZ" ]; then
-  tar xzf "$KIT_BUILD_TGZ" -C /tmp && stamp "kit build unpacked from $KIT_BUILD_TGZ"
-fi
-( if ! { [ -f /tmp/dgsite/dg_env.sh ] && ( source /tmp/dgsite/dg_env.sh && python3 -c 'import deep_gemm' ) 2>/dev/null; }; then
-    bash "$KIT/build_and_test.sh" > /tmp/deepgemm_build.out 2>&1 || cp /tmp/deepgemm_build.out "$DG_LOG" "$OUT/"
-  fi
-  python3 "$KIT/sglang_topk_v2/bench_topk_v2.py" --shapes 8x196608 --topk 1024 > /tmp/topk_v2_build.log 2>&1 ||
-    cp /tmp/topk_v2_build.log "$OUT/"
-  [ -n "${KIT_BUILD_OUT:-}" ] && tar czf "$OUT/kit_build.tgz" -C /tmp "${KIT_DIRS[@]}" ) &
-BUILD=$!
+# shellcheck source=benchmark/kit_env.sh
+source benchmark/kit_env.sh
+start_kit_build
 if [ -n "${TESTS:-}" ]; then  # the GPU tests (they compile most of the mix's kernels too)
   stamp "GPU tests: $TESTS"
   # shellcheck disable=SC2086
