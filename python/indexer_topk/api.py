@@ -242,7 +242,7 @@ def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKRes
     calls that follow."""
     require_runnable(name, inputs.device)
     fn = _backend_fn(name)
-    kwargs = {"rows_per_request": rows_per_request} if name == "fused" else {}
+    kwargs = {"rows_per_request": rows_per_request} if name in ("fused", "legacy") else {}
     if (not record or name not in _REPLAYABLE or not isinstance(workspace, (torch.Tensor, type(None)))
             or known.replays.get(name, _UNSEEN) is None):  # not replayable, or recorded before as not
         known.replays[name] = None

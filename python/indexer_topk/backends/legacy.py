@@ -10,9 +10,14 @@ The matrix is a *key matrix*: it stores each score as its int32 order key (the s
 as the fp32 score, see :mod:`indexer_topk.kernels.logits`), so the top-k stage can rank
 integers. From 128 rows the top-k stage reads each row about once (:mod:`indexer_topk.kernels.row_topk`:
 a radix search of the k-th key in registers, a sampled gate and a bounded candidate pool for
-long rows); below, it runs ``torch.topk`` on each row to learn the k-th key, then one exact
-pass per row. Either way it takes every key above the k-th and the lowest positions among keys
-equal to it, and sorts the result under the contract's order.
+long rows); below, each row is spread over many programs that gather the keys reaching a
+sampled gate into a small buffer, searched by one program per row
+(:mod:`indexer_topk.kernels.split_topk`). Either way it takes every key above the k-th and the
+lowest positions among keys equal to it, and sorts the result under the contract's order.
+
+A decode batch (``rows_per_request=1``: every row has pages of its own) is scored one row per
+tile, so each program streams its own row's pages with its loads pipelined; a row's scores
+have the same bits in a one-row tile as in the two-row tile (:mod:`indexer_topk.kernels.score`).
 """
 
 from __future__ import annotations
@@ -22,21 +27,24 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
+from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
 from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels, pack_args, tile_config
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
+from ..kernels.split_topk import finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
 # How the top-k stage selects: "rows" reads each row once in register tiles through a bounded
 # candidate pool (kernels/row_topk.py: persistent programs, launches only, so the call's host
-# work can be replayed, indexer_topk.replay); "torch" runs torch.topk over the key matrix for
-# each row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
+# work can be replayed, indexer_topk.replay); "split" spreads each row over many programs that
+# gather the keys above a sampled gate, then one program per row selects from them
+# (kernels/split_topk.py, launches only); "torch" runs torch.topk over the key matrix for each
+# row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
 # histogram passes over the whole row, one program per row (the select stage before "rows").
-# "auto" takes "rows" for key matrices of at least ROWS_MIN_ROWS rows and torch.topk below:
-# one program per row leaves most SMs idle for a few decode rows. Same selection, same bits.
+# "auto" takes "rows" for key matrices of at least ROWS_MIN_ROWS rows and "split" below: one
+# program per row leaves most SMs idle for a few decode rows. Same selection, same bits.
 KTH_SEARCH = "auto"
 ROWS_MIN_ROWS = 128
 
@@ -50,18 +58,44 @@ ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 
+# The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
+# SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
+# reads at once, gathering programs per SM, and the finishing program's warps.
+SPLIT_TILE = 4096
+SPLIT_SAMPLE = 4096
+SPLIT_BLOCK = 1024
+SPLIT_PROGRAMS_PER_SM = 4
+SPLIT_WARPS = 16
+SPLIT_GATHER_WARPS = 4
+
 # Positions per score program: long enough to amortise the query load, short enough to spread
-# a few rows over every SM.
+# a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
+# until it fills SCORE_PROGRAMS_PER_SM programs an SM).
 SCORE_SPAN = 8192
+SCORE_MIN_SPAN = 512
+SCORE_PROGRAMS_PER_SM = 4
+
+
+def score_span(groups: int, width: int, sm_count: int) -> int:
+    """Positions per score program for ``groups`` row groups of ``width`` positions: ``SCORE_SPAN``
+    unless that leaves programs short of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole pages, at
+    least ``SCORE_MIN_SPAN``."""
+    want = -(-SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
+    span = -(-width // want)
+    span = -(-span // PAGE_SIZE) * PAGE_SIZE
+    return max(SCORE_MIN_SPAN, min(SCORE_SPAN, span))
 
 
 @launches_kernels
-def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=None) -> torch.Tensor:
+def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=None,
+                 rows_per_request: Optional[int] = None) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
     ``keys`` (int32 or float32 storage of that shape, reinterpreted as
     int32) is written in full: score keys below each row's ``seq_len``, ``KEY_NONE`` past it.
     Decode a key with :func:`indexer_topk.contract.scores_from_ordered_bits`.
+    ``rows_per_request=1`` scores one row per tile (rows with pages of their own); the bits are
+    the same either way.
     """
     ka = pack_args(inputs)
     rows = inputs.rows
@@ -74,12 +108,14 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     if row_count == 0 or width == 0:
         return keys
     cfg = tile_config(inputs.layout)
-    span = SCORE_SPAN
-    grid = (triton.cdiv(row_count, cfg.rows), triton.cdiv(width, span))
+    group = 1 if rows_per_request == 1 else cfg.rows
+    groups = triton.cdiv(row_count, group)
+    span = score_span(groups, width, device_sm_count(keys.device))
+    grid = (groups, triton.cdiv(width, span))
     launch(
         logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
         ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
-        width, span, LAYOUT=ka.layout, R=cfg.rows, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
+        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
     return keys
@@ -110,7 +146,10 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     check_runnable(keys.device)
     search = KTH_SEARCH
     if search == "auto":
-        search = "rows" if row_count >= ROWS_MIN_ROWS else "torch"
+        search = "rows" if row_count >= ROWS_MIN_ROWS else "split"
+    if search == "split":
+        split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start)
+        return
     if search == "rows":
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool (2 * topk keys and positions), used by rows longer than
@@ -133,10 +172,49 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     )
 
 
+def split_runs(rows: int, width: int, sm_count: int) -> int:
+    """Gathering programs per row of the "split" select: ``SPLIT_PROGRAMS_PER_SM`` an SM over
+    the batch, no more than the row's blocks."""
+    return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
+
+
+def split_scratch_size(rows: int, topk: int) -> int:
+    """int32 entries of the "split" select's scratch for ``rows`` rows: per row its gate, its
+    candidate count and a buffer of ``4 * topk`` keys and ``4 * topk`` positions."""
+    return rows * (2 + 8 * topk)
+
+
+@launches_kernels
+def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None) -> None:
+    """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
+    :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
+    call, ``scratch[rows:2 * rows]`` holds each row's candidate count: the keys that reached its
+    gate (the row was selected from them when that lies in ``[topk, 4 * topk]`` and the row is
+    longer than ``SPLIT_TILE``)."""
+    keys = keys.view(torch.int32)
+    rows, width = keys.shape
+    need = split_scratch_size(rows, topk)
+    if scratch is None:
+        # torch.empty: an allocation the replay repeats (indexer_topk.replay)
+        scratch = torch.empty(need, dtype=torch.int32, device=keys.device)
+    elif scratch.dtype != torch.int32 or not scratch.is_contiguous() or scratch.numel() < need:
+        raise ValueError(f"scratch: expected a contiguous int32 tensor of at least {need} entries")
+    gates, counts, cand = scratch[:rows], scratch[rows: 2 * rows], scratch[2 * rows: need]
+    runs = split_runs(rows, width, device_sm_count(keys.device))
+    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, num_warps=SPLIT_WARPS)
+    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, cand, runs,
+           TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_GATHER_WARPS)
+    launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
+           out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, counts, cand,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, num_warps=SPLIT_WARPS)
+
+
 @launches_kernels
 def legacy_indexer_topk(
     inputs, *, topk=None, layout=None, weight_scale=None, out: Optional[IndexerTopKResult] = None,
     workspace: Optional[torch.Tensor] = None, budget_bytes: Optional[int] = None,
+    rows_per_request: Optional[int] = None,
 ) -> IndexerTopKResult:
     """Score all rows into a key matrix (chunked by rows under the budget), then select.
 
@@ -147,7 +225,8 @@ def legacy_indexer_topk(
     (e.g. sized for the fused path by :func:`indexer_topk.workspace_size` on a call the policy
     sent here) is left untouched and the chunk is allocated for the call: cutting the matrix
     to the workspace's size would run the rows in many small chunks, each a pass of the
-    select, for no saving the budget does not already make.
+    select, for no saving the budget does not already make. ``rows_per_request=1`` says every
+    row has pages of its own (a decode batch): rows are then scored one per tile.
     """
     inputs = as_inputs(inputs, topk=topk, layout=layout, weight_scale=weight_scale)
     page_table, seq_lens = inputs.page_table, inputs.seq_lens
@@ -168,7 +247,7 @@ def legacy_indexer_topk(
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
-        legacy_score(inputs, keys=keys, row_start=r0, row_count=n)
+        legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0)
     return out
 

@@ -1,0 +1,142 @@
+"""Top-k of a few long key-matrix rows, each row spread over many programs.
+
+The legacy path's select stage for batches of few rows (a decode step: one row per request).
+One program per row (:mod:`.row_topk`) would leave most SMs idle and read a 196,608-key row at
+one SM's pace, so a row is split three ways, one launch each:
+
+1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2 * TOPK`` of the row's
+   keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
+   (:func:`.row_topk.sampled_gate`); it also clears the row's candidate count.
+2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
+   appends the keys that reach the gate (key and position) to the row's candidate buffer of
+   ``CAP = 4 * TOPK`` entries, at an offset taken with one atomic add per block of keys. The
+   count keeps counting past ``CAP`` (those entries are not stored), so an overflow is seen.
+3. :func:`finish_rows_kernel`, a program per row: when the row's count lies in
+   ``[TOPK, CAP]``, the buffer holds every key that reaches the gate and the row's best
+   ``TOPK`` are among them (a key below the gate loses to ``TOPK`` that reach it); the k-th is
+   searched in one register tile (:func:`.row_topk.tile_kth`). The buffer's order is the
+   atomics' order, not position order, so keys equal to the k-th are ranked by position with a
+   second search over their positions: the lowest positions win, as everywhere in the
+   contract. A row the gate misjudged (fewer than ``TOPK`` or more than ``CAP`` reached it:
+   ties, plateaus, a sample that missed the row's shape) and a row of at most ``TILE`` keys are
+   selected by the one-program row select instead, which is exact whatever the data. Then the
+   selection is sorted and written (:func:`.select.finalize_row`).
+
+With about ``2 * TOPK`` entrants expected, a sample of 4,096 keys puts the count below
+``TOPK`` or above ``4 * TOPK`` rarely (its quantile's spread is a few percent of ``TOPK`` per
+thousand sampled keys), so random and trending scores alike take the split path; only data
+with many equal keys around the k-th pays the one-program select.
+"""
+
+import triton
+import triton.language as tl
+
+from .common import INT32_MAX, KEY_MIN
+from .row_topk import append, sampled_gate, select_row, tile_kth
+from .select import finalize_row, take_mask
+
+GATE_HALVES = tl.constexpr(4)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
+
+
+@triton.jit
+def _row_length(seq_lens, row, stride_src):
+    # an unchecked length past the row (or below 0) must not read, and so select, beyond it
+    return tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
+
+
+@triton.jit(do_not_specialize=["stride_src", "row_start"])
+def gate_rows_kernel(
+    src, stride_src, seq_lens, row_start, gates, counts,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+):
+    """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only) and a zero count."""
+    tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
+    i = tl.program_id(0)
+    n = _row_length(seq_lens, row_start + i, stride_src)
+    tl.store(counts + i, 0)
+    if n > TILE:
+        tl.store(gates + i, sampled_gate(src + i.to(tl.int64) * stride_src, n, TOPK, SAMPLE, GATE_HALVES))
+
+
+@triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
+def gather_rows_kernel(
+    src, stride_src, seq_lens, row_start, gates, counts, cand, splits,
+    TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
+    gate, appended to its candidate buffer (``cand``: ``8 * TOPK`` int32 a row, keys then
+    positions)."""
+    CAP: tl.constexpr = 4 * TOPK
+    i = tl.program_id(0)
+    n = _row_length(seq_lens, row_start + i, stride_src)
+    if n > TILE:
+        gate = tl.load(gates + i)
+        run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
+        lo = tl.program_id(1) * run
+        hi = tl.minimum(lo + run, n)
+        row = src + i.to(tl.int64) * stride_src
+        ck = cand + i.to(tl.int64) * (2 * CAP)
+        offs = tl.arange(0, BLOCK)
+        for c0 in range(lo, hi, BLOCK):
+            pos = c0 + offs
+            key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
+            enter = (pos < hi) & (key >= gate)
+            enter_i = enter.to(tl.int32)
+            n_in = tl.sum(enter_i, axis=0)
+            if n_in > 0:
+                dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
+                room = enter & (dst < CAP)
+                tl.store(ck + dst, key, mask=room)
+                tl.store(ck + CAP + dst, pos, mask=room)
+
+
+@triton.jit
+def _select_candidates(ck, count, out_key, out_pos, TOPK: tl.constexpr):
+    """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates at ``ck`` (any order) to
+    ``out``: every key above the k-th, then the keys equal to it at the lowest positions."""
+    CAP: tl.constexpr = 4 * TOPK
+    offs = tl.arange(0, CAP)
+    valid = offs < count
+    key = tl.load(ck + offs, mask=valid, other=0)
+    pos = tl.load(ck + CAP + offs, mask=valid, other=0)
+    take = valid
+    if count > TOPK:
+        t, shift, need = tile_kth(key, valid, TOPK)
+        above = valid & ((key >> shift) > (t >> shift))
+        eq = valid & ((key >> shift) == (t >> shift))
+        # the bucket is taken whole unless keys equal to the k-th are more than it needs: then
+        # the lowest positions among them, a search over INT32_MAX - position (distinct keys)
+        if tl.sum(eq.to(tl.int32), axis=0) > need:
+            lowest = INT32_MAX - pos
+            t2, shift2, need2 = tile_kth(lowest, eq, need)
+            eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0)
+        take = above | eq
+    append(out_key, out_pos, 0, key, pos, take)
+
+
+@triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
+def finish_rows_kernel(
+    src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
+    counts, cand, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+):
+    """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
+    candidates or, where the gate misjudged the row or the row fits a tile, by the one-program
+    row select (:func:`.row_topk.select_row`, its pool in the row's candidate buffer); then
+    sorted and written to the four outputs."""
+    CAP: tl.constexpr = 4 * TOPK
+    i = tl.program_id(0)
+    row = row_start + i
+    n = _row_length(seq_lens, row, stride_src)
+    orow = row.to(tl.int64) * TOPK
+    ck = cand + i.to(tl.int64) * (2 * CAP)
+    count = tl.load(counts + i)
+    if (n > TILE) & (count >= TOPK) & (count <= CAP):
+        _select_candidates(ck, count, out_bits + orow, out_raw + orow, TOPK)
+    else:
+        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
+                   TOPK, TILE, SAMPLE)
+    tl.debug_barrier()
+    finalize_row(
+        out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
+        out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
+    )

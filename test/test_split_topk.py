@@ -1,0 +1,253 @@
+"""The split select (kernels/split_topk.py) against the other ways of the legacy select stage,
+and the one-row score tile that decode batches take.
+
+``legacy_select`` takes the split select by default below 128 rows (a decode batch); these tests
+force it (``KTH_SEARCH = "split"``) with a small tile and sample under the interpreter, and
+compare every output bit for bit with the ``torch`` way on the patterns a sampled gate and an
+unordered candidate buffer can get wrong: scores rising or falling along the row, ties at the
+k-th key (the buffer's order is the atomics', so equal keys must be ranked by position), ties
+everywhere (the buffer overflows), spikes where the sample reads (too few keys reach the gate),
+NaN keys, and lengths around ``topk``, the tile, zero and past the matrix. Each test also reads
+the rows' candidate counts, so both the candidate path and the one-program fallback are known
+to have run. Outputs are poisoned first, so every slot must be written.
+"""
+
+import pytest
+import torch
+
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.contract import KEY_NONE, allocate_result
+from indexer_topk.guards import poisoned_result, unwritten_slots
+
+from kernel_cases import (
+    assert_bitwise, assert_contract, assert_matches_reference, build, mixed_requests_case, pattern_cases,
+    reference_result, run_legacy,
+)
+from test_row_topk import assert_same_bits, key_matrix
+
+TOPK = 128
+GUARD = 4096  # int32 entries past the scratch that no launch may write
+SENTINEL = 0x5A5A5A5A
+
+
+@pytest.fixture
+def split_way(monkeypatch, device):
+    """The split select with a tile, sample and block small enough for the interpreter."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    if device == "cpu":
+        monkeypatch.setattr(legacy_backend, "SPLIT_TILE", 1024)
+        monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE", 1024)
+        monkeypatch.setattr(legacy_backend, "SPLIT_BLOCK", 256)
+    # the "spikes" keys (test_row_topk.key_matrix) sit where the split select samples
+    monkeypatch.setattr(legacy_backend, "ROWS_SAMPLE", legacy_backend.SPLIT_SAMPLE)
+    return legacy_backend
+
+
+def page_table_for(rows: int, width: int, device):
+    return torch.arange(rows * (width // 64), dtype=torch.int32, device=device).view(rows, -1).flip(1).contiguous()
+
+
+def split(keys, lens, topk, row_start=0, out=None):
+    """The split select on a guarded scratch: ``(outputs, candidate counts)``; the scratch's
+    guard band must be untouched."""
+    rows, width = keys.shape
+    need = legacy_backend.split_scratch_size(rows, topk)
+    scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
+    if out is None:
+        out = poisoned_result(rows, topk, keys.device)
+    page_table = page_table_for(row_start + rows, width, keys.device)
+    legacy_backend.split_select(keys, lens, page_table, topk=topk, out=out, row_start=row_start, scratch=scratch[:need])
+    assert bool((scratch[need:] == SENTINEL).all()), "the split select wrote past its scratch"
+    return out, scratch[rows: 2 * rows].cpu()
+
+
+def torch_way(keys, lens, topk, monkeypatch, row_start=0):
+    rows, width = keys.shape
+    out = poisoned_result(row_start + rows, topk, keys.device)
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "torch")
+    legacy_backend.legacy_select(keys, lens, page_table_for(row_start + rows, width, keys.device), topk=topk, out=out,
+                                 row_start=row_start)
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    return out
+
+
+def took_candidates(counts, lens, topk) -> list:
+    """Rows selected from their candidates (the others took the one-program fallback)."""
+    tile = legacy_backend.SPLIT_TILE
+    return [i for i, (c, n) in enumerate(zip(counts.tolist(), lens.tolist())) if n > tile and topk <= c <= 4 * topk]
+
+
+def tied_keys(lens, width, device, seed=0):
+    """Every key value about three times along the row: the k-th key is almost always tied, with
+    equal keys on both sides of the cut, while the gate still lets about ``2 * topk`` keys in."""
+    gen = torch.Generator().manual_seed(seed)
+    keys = torch.stack([torch.randperm(width, generator=gen) // 3 for _ in lens]).to(torch.int32)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    keys[torch.arange(width)[None, :] >= lens_t[:, None].clamp(min=0).long()] = KEY_NONE
+    return keys.to(device), lens_t.to(device)
+
+
+@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "ties", "nan", "spikes"])
+def test_split_equals_torch_way(pattern, split_way, monkeypatch, device):
+    """Rows of many blocks, just past the tile, one tile, exactly topk and fewer: the same four
+    outputs, every slot. Random and trending rows take the candidate path; rows of three values
+    overflow the buffer and spiked rows let too few in: both take the fallback."""
+    width = 5120
+    lens = [width, width - 1, 3000, 1025, 1024, 700, TOPK + 1, TOPK, TOPK - 1, 1, 0]
+    keys, lens_t = key_matrix(pattern, lens, width, device)
+    got, counts = split(keys, lens_t, TOPK)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
+    if pattern in ("random", "increasing", "decreasing"):
+        assert took_candidates(counts, lens_t, TOPK) == long_rows
+    elif pattern in ("ties", "spikes"):
+        # ties: a third of a long row equals its best key, more than the buffer holds; spikes:
+        # only the sampled keys reach the gate, fewer than topk
+        assert not set(took_candidates(counts, lens_t, TOPK)) & {0, 1, 2}
+
+
+@pytest.mark.parametrize("topk", [TOPK, 512])
+def test_split_ties_at_the_kth_key(topk, split_way, monkeypatch, device):
+    """Keys equal to the k-th on both sides of the cut, in a buffer filled in no particular order:
+    the lowest positions among them are taken, as by the torch way."""
+    width = 6144
+    lens = [width, width - 5, 4000, 2500]
+    keys, lens_t = tied_keys(lens, width, device, seed=topk)
+    got, counts = split(keys, lens_t, topk)
+    assert unwritten_slots(got) == []
+    assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    # the k-th key is tied across the cut (equal keys left out) in some row: else this test
+    # would check nothing the random pattern does not
+    cut = 0
+    for r, n in enumerate(lens):
+        taken = keys[r, got.raw_indices[r].long()]
+        kth = taken.min()
+        cut += int((taken == kth).sum()) < int((keys[r, :n] == kth).sum())
+    assert cut > 0
+
+
+def test_split_lengths_past_the_matrix(split_way, monkeypatch, device):
+    """Unchecked lengths below zero or past the matrix's width read no further than the row."""
+    width = 2048
+    keys, _ = key_matrix("random", [width] * 3, width, device, seed=3)
+    lens = torch.tensor([-5, width + 999, 2**31 - 1], dtype=torch.int32, device=device)
+    got, _counts = split(keys, lens, TOPK)
+    assert unwritten_slots(got) == []
+    assert got.counts.tolist() == [0, TOPK, TOPK]
+    assert_same_bits(got, torch_way(keys, lens, TOPK, monkeypatch))
+
+
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_split_writes_only_its_outputs(topk, split_way, device):
+    """Output rows beside the selected ones (``row_start``), the key matrix and the scratch's
+    guard band stay untouched, on rows that overflow their buffer and rows that do not."""
+    width = 4 * 1024 + 1024
+    keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
+    keys[0, : width // 2] = torch.arange(width // 2, dtype=torch.int32, device=device)  # half distinct
+    before = keys.clone()
+    out = allocate_result(5, topk, device)
+    for t in out:
+        t.view(torch.int32).fill_(SENTINEL)
+    full_lens = torch.tensor([0, 0, width, 700, 0], dtype=torch.int32, device=device)
+    split(keys, full_lens[2:4], topk, row_start=0, out=None)  # the scratch guard alone
+    rows, _w = keys.shape
+    need = legacy_backend.split_scratch_size(rows, topk)
+    scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=device)
+    legacy_backend.split_select(keys, full_lens, page_table_for(5, width, device), topk=topk, out=out, row_start=2,
+                                scratch=scratch[:need])
+    assert bool((scratch[need:] == SENTINEL).all())
+    assert torch.equal(keys, before)
+    for t in out:
+        rows_ = t.view(torch.int32)
+        for r in (0, 1, 4):
+            assert bool((rows_[r] == SENTINEL).all())
+        assert not bool((rows_[2:4] == SENTINEL).any())
+
+
+def test_split_scratch_is_checked(device):
+    keys = torch.zeros((2, 256), dtype=torch.int32, device=device)
+    lens = torch.tensor([256, 256], dtype=torch.int32, device=device)
+    out = allocate_result(2, 64, device)
+    small = torch.empty(legacy_backend.split_scratch_size(2, 64) - 1, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="scratch"):
+        legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=out, scratch=small)
+
+
+# ---------------------------------------------------------------------------------------------
+# The legacy path end to end: decode rows scored one per tile, selected by the split select
+# ---------------------------------------------------------------------------------------------
+
+DECODE_CASES = [mixed_requests_case(layout) for layout in ("sglang_fp8", "sglang_mxfp4", "aiter_mxfp4")]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES + pattern_cases()[:4], ids=str)
+def test_one_row_tiles_give_the_same_bits(case, split_way, device):
+    """``rows_per_request=1`` (one row per score tile) gives legacy's default bits, on one-row
+    requests and on requests of several rows (the hint only changes the tile), and agrees with
+    the fp64 reference."""
+    wl = build(case, device)
+    one = run_legacy(wl, rows_per_request=1)
+    assert_contract(one, wl)
+    assert_bitwise(one, run_legacy(wl), "rows_per_request=1 vs the two-row tile")
+    assert_matches_reference(one, wl, reference_result(case, device))
+
+
+def test_score_span_fills_the_device():
+    """Few row groups take shorter spans (whole pages) until they fill the programs; many keep
+    the longest span; no span is shorter than the floor."""
+    span = legacy_backend.score_span
+    full = legacy_backend.SCORE_SPAN
+    assert span(1, 196608, 132) % 64 == 0
+    assert span(1, 196608, 132) * 4 * 132 >= 196608
+    assert legacy_backend.SCORE_MIN_SPAN <= span(1, 196608, 132) < full
+    assert span(512, 196608, 132) == full
+    assert span(1, 64, 132) == legacy_backend.SCORE_MIN_SPAN
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: DeepSeek-V4 decode widths with the shipped tile, sample and block
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["random", "increasing", "ties", "spikes"])
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+@pytest.mark.parametrize("rows", [1, 8, 64])
+def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch, device):
+    """196,608-key rows (768K tokens) and shorter ones beside lengths around topk and the tile,
+    in decode batches of 1, 8 and 64 rows."""
+    width = 196608
+    lens = ([width, 32768, width - 1, 4097, 4096, topk + 1, topk, topk - 1, 1, 0] * 7)[:rows]
+    keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk + rows)
+    got, counts = split(keys, lens_t, topk)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    if pattern in ("random", "increasing"):
+        assert took_candidates(counts, lens_t, topk) == [i for i, n in enumerate(lens) if n > 4096]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_split_ties_at_the_kth_key_gpu(topk, split_way, monkeypatch, device):
+    width = 196608
+    lens = [width, 100000, 32768, 5000]
+    keys, lens_t = tied_keys(lens, width, device, seed=topk)
+    got, counts = split(keys, lens_t, topk)
+    assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
+def test_one_row_tiles_give_the_same_bits_gpu(layout, device):
+    """Eight one-row requests of up to 128K tokens: the one-row tile's key matrix equals the
+    two-row tile's bit for bit (the whole legacy result with it)."""
+    from indexer_topk.workload import make_workload
+
+    wl = make_workload(layout, context_tokens=[131072, 4096, 65536, 98307, 131072, 1000, 50000, 70001],
+                       rows_per_request=[1] * 8, topk=1024, seed=21, device=device)
+    one = legacy_backend.legacy_score(wl.inputs(), rows_per_request=1)
+    two = legacy_backend.legacy_score(wl.inputs())
+    assert torch.equal(one, two)
+    assert_bitwise(run_legacy(wl, rows_per_request=1), run_legacy(wl), "legacy decode")
