@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import indexer_topk  # noqa: E402
+from indexer_topk import api  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
 from indexer_topk.bench.mix import graph_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
                     setattr(legacy_backend, k, v)
                 for k, v in parse_config(text).items():
                     setattr(legacy_backend, k, v)
+                api._KNOWN.clear()  # a signature's recorded launches would replay the earlier settings
                 out = indexer_topk.allocate_result(w.rows, w.topk, device)
 
                 def step():
