@@ -60,9 +60,12 @@ ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
-# reads at once, gathering programs per SM, and the finishing program's warps.
+# reads at once, gathering programs per SM, and the finishing program's warps. Measured on an
+# H200 (benchmark/research/split_decode.py, device time per kernel at 1 x 768K, 8 x 768K and
+# 64 x 128K): 16 finishing warps beat 8 and 32; a sample of 2,048 keys gates in 4.9-8.2 us
+# against 6.7-10.0 for 4,096 (kernels/split_topk.py's gate then aims at 2.5 * topk entrants).
 SPLIT_TILE = 4096
-SPLIT_SAMPLE = 4096
+SPLIT_SAMPLE = 2048
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
@@ -70,10 +73,11 @@ SPLIT_GATHER_WARPS = 4
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
-# until it fills SCORE_PROGRAMS_PER_SM programs an SM).
+# until it fills SCORE_PROGRAMS_PER_SM programs an SM). On an H200, 8 programs an SM scored
+# 8 x 768K in 56.5 us against 67.7 for 4, 64 x 128K in 75.7 against 86.9 (split_decode.py).
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
-SCORE_PROGRAMS_PER_SM = 4
+SCORE_PROGRAMS_PER_SM = 8
 
 
 def score_span(groups: int, width: int, sm_count: int) -> int:

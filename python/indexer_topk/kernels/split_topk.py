@@ -4,7 +4,7 @@ The legacy path's select stage for batches of few rows (a decode step: one row p
 One program per row (:mod:`.row_topk`) would leave most SMs idle and read a 196,608-key row at
 one SM's pace, so a row is split three ways, one launch each:
 
-1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2 * TOPK`` of the row's
+1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sampled_gate`); it also clears the row's candidate count.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
@@ -22,10 +22,11 @@ one SM's pace, so a row is split three ways, one launch each:
    selected by the one-program row select instead, which is exact whatever the data. Then the
    selection is sorted and written (:func:`.select.finalize_row`).
 
-With about ``2 * TOPK`` entrants expected, a sample of 4,096 keys puts the count below
-``TOPK`` or above ``4 * TOPK`` rarely (its quantile's spread is a few percent of ``TOPK`` per
-thousand sampled keys), so random and trending scores alike take the split path; only data
-with many equal keys around the k-th pays the one-program select.
+With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys puts the count below
+``TOPK`` or above ``4 * TOPK`` about once in a thousand rows of random scores (the sampled
+quantile's spread: at 196,608 keys, the gate is the 27th of the sample, so the count's standard
+deviation is about a fifth of its mean), so random and trending scores alike take the split
+path; only data with many equal keys around the k-th pays the one-program select.
 """
 
 import triton
@@ -35,7 +36,7 @@ from .common import INT32_MAX, KEY_MIN
 from .row_topk import append, sampled_gate, select_row, tile_kth
 from .select import finalize_row, take_mask
 
-GATE_HALVES = tl.constexpr(4)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
+GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
 
 
 @triton.jit
