@@ -38,3 +38,53 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     assert rec["candidates"].keys() == {"legacy"} and rec["ours_ms"] > 0 and rec["host_us"] > 0
     assert "sglang_ms" not in rec and rec["timing"] == "eager"  # SGLang's path not timed: no key
     json.dumps(records)  # the record is what the JSON file holds
+
+
+def _reroute_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmark" / "mix_reroute.py"
+    spec = importlib.util.spec_from_file_location("mix_reroute", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_mix_reroute_rebuilds_the_committed_mix(tmp_path):
+    """The committed serving mix is what mix_reroute.py makes of the two runs it was joined from:
+    the same records, routes and times."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
+    parts = results / "serving_mix" / "fbd5b98"
+    out = tmp_path / "serving_mix_nvidia-h200.json"
+    assert _reroute_module().main([str(parts / "serving_mix_run1.json"), "--add", str(parts / "serving_mix_run2_rest.json"),
+                                   "--out", str(out)]) == 0
+    got, want = json.loads(out.read_text()), json.loads((results / "serving_mix_nvidia-h200.json").read_text())
+    assert got["records"] == want["records"] and got["summary"] == want["summary"]
+    assert got["env"]["assembled"] == want["env"]["assembled"]
+    rerouted = [r for r in got["records"] if "route_before" in r]
+    assert rerouted and all(r["ours_ms"] == r["candidates"][r["route"]] for r in rerouted)
+    assert (tmp_path / "serving_mix_nvidia-h200_routes.json").exists()
+
+
+def test_mix_reroute_refuses_another_commit_and_keeps_untimed_routes(tmp_path):
+    import pytest
+
+    m = _reroute_module()
+    rec = {"kind": "decode", "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": 1,
+           "context_tokens": 131072, "spread": False, "rows": 1, "route": "fused", "ours_ms": 0.1, "candidates": {"fused": 0.1}}
+    doc = {"env": {"commit": "a"}, "records": [dict(rec)]}
+    with pytest.raises(SystemExit, match="commit"):
+        m.merge(doc, [("other.json", {"env": {"commit": "b"}, "records": []})])
+    assert m.merge(doc, [("same.json", {"env": {"commit": "a"}, "records": [dict(rec), dict(rec, requests=8, rows=8)]})])
+    assert [r["requests"] for r in doc["records"]] == [1, 8]  # the repeated shape is not taken twice
+
+    class Table:  # routes every shape to legacy, which these records did not time
+        def lookup(self, *args):
+            return ("engine", "legacy")
+
+    notes = m.reroute(doc["records"], Table())
+    assert all(r["route"] == "fused" and "route_before" not in r for r in doc["records"])
+    assert all("not timed" in n for n in notes) and len(notes) == 2

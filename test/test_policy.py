@@ -393,8 +393,9 @@ def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
 
 
 @pytest.mark.parametrize("layout, rows, c4_len, want", [
-    ("sglang_fp8", 8, 196608, "fused"),
-    ("sglang_fp8", 256, 32768, "fused"),  # the shortest and widest measured
+    ("sglang_fp8", 8, 196608, "legacy"),  # legacy's split select, measured faster than the stream
+    ("sglang_fp8", 32, 196608, "fused"),  # the stream, measured faster than legacy
+    ("sglang_fp8", 256, 32768, "fused"),  # the widest measured
     ("sglang_fp8", 256, 32767, "fused"),  # the nearest measured context
     ("sglang_fp8", 257, 196608, "legacy"),  # nor more requests
     ("sglang_fp8", 8, None, "legacy"),  # an unknown length stays on the proven path
@@ -403,8 +404,9 @@ def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
     ("aiter_mxfp4", 64, 196608, "legacy"),  # its decode is not in the mix: the proven rule
 ])
 def test_shipped_table_routes_decode_and_capture(layout, rows, c4_len, want):
-    """Decode steps and graph replays of the measured shapes take the fused path (faster than the
-    legacy path there); inside SGLang the FP8 cache's decode stays on SGLang's own, faster still."""
+    """Decode steps and graph replays of the measured shapes take the backend measured faster there
+    (the fused stream or legacy's split select); inside SGLang the FP8 cache's decode stays on
+    SGLang's own, faster still."""
     policy_ = PathPolicy(STREAM)
     assert policy_.decode_backend == "legacy"
     assert policy_.route(layout=layout, is_decode=True, rows=rows, c4_len=c4_len) == want

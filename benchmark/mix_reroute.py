@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""Finish a serving-mix run that its device time cut short, without timing anything again.
+
+    python benchmark/mix_reroute.py RECORDS.json [--add MORE.json ...] --out OUT.json
+
+``RECORDS.json``: a serving-mix file (``benchmark/serving_mix.py``); ``--add``: files of the same
+commit with shapes it lacks (a second invocation in the same device session, say), taken in
+order, a shape's first record kept. Then, as ``serving_mix.py --retune`` would, the routes table
+of these records is built (``OUT`` with ``_routes.json`` for ``.json``) and every record whose
+shape that table routes otherwise takes the time of the routed candidate, measured in the same
+run on the same bytes and bitwise equal to legacy: ``route_before`` keeps the earlier route,
+``ours_from`` says where the time came from. A rerouted prefill record's host fields belonged to
+the earlier route, so they move to ``host_before`` (a replayed call's host time differs little
+between our backends, but it was not measured for the new one). ``env.assembled`` lists what was
+done. Render the result with ``serving_mix.py --render OUT.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "python"))
+
+HOST_FIELDS = ("host_us", "host_us_first", "host_us_checked")
+
+
+def shape_key(rec: dict) -> tuple:
+    return (rec["kind"], rec["layout"], rec["topk"], rec["requests"], rec["rows_per_request"], rec["context_tokens"],
+            rec.get("spread", False))
+
+
+def merge(doc: dict, extra: list) -> list:
+    """The records of ``doc`` then, from each extra document of the same commit, the shapes not yet
+    seen; returns what was taken from where."""
+    seen = {shape_key(r) for r in doc["records"]}
+    notes = []
+    for path, other in extra:
+        if other["env"].get("commit") != doc["env"].get("commit"):
+            raise SystemExit(f"{path}: commit {other['env'].get('commit')}, not {doc['env'].get('commit')}")
+        taken = [r for r in other["records"] if shape_key(r) not in seen]
+        seen.update(shape_key(r) for r in taken)
+        doc["records"].extend(taken)
+        notes.append(f"{len(taken)} records from {Path(path).name} ({other['env'].get('timestamp')})")
+    return notes
+
+
+def routed(table, rec: dict):
+    """The backend ``table`` gives the shape of ``rec`` (``None``: no entry), looked up as the
+    policy of the GPU that ran it does (:func:`indexer_topk.bench.mix.shape_route`; a decode step
+    as captured), without asking this machine's device."""
+    from indexer_topk.bench.mix import MixShape
+    from indexer_topk.contract import PAGE_SIZE
+
+    shape = MixShape.from_record(rec)
+    c4 = max(1, -(-max(shape.context_lengths()) // 4 // PAGE_SIZE)) * PAGE_SIZE
+    cell = table.lookup(shape.layout, "capture" if shape.kind == "decode" else "prefill", shape.topk, shape.rows, c4)
+    return None if cell is None else cell[1]
+
+
+def label(rec: dict) -> str:
+    from indexer_topk.bench.mix import MixShape
+
+    return MixShape.from_record(rec).label
+
+
+def reroute(records: list, table) -> list:
+    """Route each record as ``table`` does; returns notes."""
+    notes = []
+    for rec in records:
+        if rec.get("error") or rec.get("ours_ms") is None:
+            continue
+        route = routed(table, rec)
+        if route is None or route == rec.get("route"):
+            continue
+        if route not in rec.get("candidates", {}):
+            notes.append(f"{label(rec)}: table routes to {route}, "
+                         "which was not timed bitwise equal here; kept")
+            continue
+        rec["route_before"], rec["route"] = rec.get("route"), route
+        rec["ours_ms"], rec["ours_from"] = rec["candidates"][route], f"candidates.{route}"
+        if rec["kind"] == "prefill":
+            rec["host_before"] = {k: rec.get(k) for k in HOST_FIELDS}
+            for k in HOST_FIELDS:
+                rec[k] = None
+        notes.append(f"{label(rec)}: {rec['route_before']} -> {route}")
+    return notes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("records")
+    p.add_argument("--add", action="append", default=[], metavar="JSON")
+    p.add_argument("--out", required=True)
+    p.add_argument("--cite", default=None, help="the records file the table cites (default: the output's name)")
+    a = p.parse_args(argv)
+    from indexer_topk import routes
+    from indexer_topk.bench.mix import summarize
+    from indexer_topk.routes import write_atomic
+
+    doc = json.loads(Path(a.records).read_text())
+    notes = merge(doc, [(x, json.loads(Path(x).read_text())) for x in a.add])
+    out = Path(a.out)
+    write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out, force=True)
+    table = routes.table_from_file(out, source=a.cite or out.name)
+    table_path = out.with_name(out.stem + "_routes.json")
+    routes.write_table(table, table_path, force=True)
+    notes += reroute(doc["records"], routes.load_table(table_path))
+    doc["env"]["routes"] = f"{table_path.name} (built from this run's candidates)"
+    doc["env"]["assembled"] = notes
+    doc["summary"] = summarize(doc["records"])
+    write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out, force=True)
+    print("\n".join(notes))
+    print(f"wrote {out} and {table_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
