@@ -18,6 +18,7 @@ import torch
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.contract import KEY_NONE, allocate_result
 from indexer_topk.guards import poisoned_result, unwritten_slots
+from indexer_topk.kernels.split_topk import finish_rows_kernel
 
 from kernel_cases import (
     assert_bitwise, assert_contract, assert_matches_reference, build, mixed_requests_case, pattern_cases,
@@ -170,9 +171,94 @@ def test_split_scratch_is_checked(device):
     keys = torch.zeros((2, 256), dtype=torch.int32, device=device)
     lens = torch.tensor([256, 256], dtype=torch.int32, device=device)
     out = allocate_result(2, 64, device)
-    small = torch.empty(legacy_backend.split_scratch_size(2, 64) - 1, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="scratch"):
-        legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=out, scratch=small)
+    need = legacy_backend.split_scratch_size(2, 64)
+    for bad in (torch.empty(need - 1, dtype=torch.int32, device=device),
+                torch.empty(need, dtype=torch.int64, device=device),
+                torch.empty(2 * need, dtype=torch.int32, device=device)[::2],
+                torch.empty(need, dtype=torch.int32, device="meta"),
+                torch.empty((2, need // 2 - 1), dtype=torch.int32, device=device)):
+        with pytest.raises(ValueError, match="scratch"):
+            legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=out, scratch=bad)
+    # a contiguous scratch of another shape is carved by entries: the same bits as a flat one
+    keys, lens = key_matrix("random", [256, 200], 256, device)
+    flat, shaped = allocate_result(2, 64, device), allocate_result(2, 64, device)
+    legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=flat)
+    legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=shaped,
+                                scratch=torch.empty((5, -(-need // 5)), dtype=torch.int32, device=device))
+    assert_same_bits(shaped, flat)
+    wide = torch.zeros((2, 512), dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="contiguous"):  # a column slice: rows are not width apart
+        legacy_backend.split_select(wide[:, :256], lens, page_table_for(2, 256, device), topk=64, out=out)
+
+
+def test_split_finish_ignores_buffer_order(split_way, monkeypatch, device):
+    """The candidate buffer is filled in the atomics' order, which the interpreter (programs in
+    grid order) never varies: shuffle each row's entries, finish again, same bits (keys tied at
+    the k-th across the cut are ranked by position, not by buffer slot)."""
+    topk, width = 128, 5120
+    lens = [width, 4000, 2500]
+    keys, lens_t = tied_keys(lens, width, device, seed=11)
+    rows = len(lens)
+    need = legacy_backend.split_scratch_size(rows, topk)
+    scratch = torch.empty(need, dtype=torch.int32, device=device)
+    pt = page_table_for(rows, width, device)
+    legacy_backend.split_select(keys, lens_t, pt, topk=topk, out=poisoned_result(rows, topk, device), scratch=scratch)
+    counts = scratch[rows: 2 * rows].clone()
+    assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
+    want = torch_way(keys, lens_t, topk, monkeypatch)
+    cand = scratch[2 * rows: need].view(rows, 2, 4 * topk)
+    gen = torch.Generator().manual_seed(0)
+    for r in range(rows):
+        c = int(counts[r])
+        perm = torch.randperm(c, generator=gen).to(device)
+        cand[r, :, :c] = cand[r, :, :c][:, perm].clone()
+    out = poisoned_result(rows, topk, device)
+    finish_rows_kernel[(rows,)](
+        keys, width, lens_t, pt, pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
+        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: need], TOPK=topk, TILE=legacy_backend.SPLIT_TILE,
+        SAMPLE=legacy_backend.SPLIT_SAMPLE, num_warps=legacy_backend.SPLIT_WARPS,
+    )
+    assert unwritten_slots(out) == []
+    assert_same_bits(out, want)
+
+
+def test_split_entrants_at_the_buffer_bounds(split_way, monkeypatch, device):
+    """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk and
+    4 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate): the fallback
+    condition's edges, each with the torch way's bits."""
+    topk = 128
+    sample = legacy_backend.SPLIT_SAMPLE
+    width = max(5120, 4 * sample)  # the gate's rank (about 2.5 * topk * sample / width) below topk - 1
+    targets = [topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1]
+    gen = torch.Generator().manual_seed(3)
+    keys = torch.randint(-1000, 0, (len(targets), width), generator=gen, dtype=torch.int32)
+    spots = (torch.arange(sample) * width) // sample
+    r_th = min((5 * topk * sample) // (2 * width) + 1, sample - 1)  # sampled_gate's rank
+    free = torch.ones(width, dtype=torch.bool)
+    free[spots] = False
+    free = free.nonzero().flatten()
+    for row, target in enumerate(targets):
+        vals = 10**6 + torch.randperm(sample, generator=gen).to(torch.int32)
+        keys[row, spots] = vals
+        gate = int(vals.sort(descending=True).values[r_th - 1])
+        keys[row, free[torch.randperm(len(free), generator=gen)[: target - r_th]]] = gate
+    keys, lens = keys.to(device), torch.full((len(targets),), width, dtype=torch.int32, device=device)
+    got, counts = split(keys, lens, topk)
+    assert counts.tolist() == targets
+    assert took_candidates(counts, lens.cpu(), topk) == [1, 2, 3]
+    assert_same_bits(got, torch_way(keys, lens, topk, monkeypatch))
+
+
+def test_split_reads_nothing_past_a_row(split_way, monkeypatch, device):
+    """Keys past each row's length set to the best key there is select nothing: the gate's
+    sample, the gathering runs and the fallback all stop at the row's length."""
+    topk, width = 128, 5120
+    lens = [5000, 1500, 1025, 700, 129, 0, -3]
+    keys, lens_t = key_matrix("random", lens, width, device, seed=9)
+    hostile = keys.clone()
+    hostile[keys == KEY_NONE] = 2**31 - 1
+    got, _counts = split(hostile, lens_t, topk)
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -196,13 +196,20 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     gate (the row was selected from them when that lies in ``[topk, 4 * topk]`` and the row is
     longer than ``SPLIT_TILE``)."""
     keys = keys.view(torch.int32)
+    if not keys.is_contiguous():  # the kernels step rows by the width
+        raise ValueError("keys: expected a contiguous key matrix")
     rows, width = keys.shape
     need = split_scratch_size(rows, topk)
     if scratch is None:
         # torch.empty: an allocation the replay repeats (indexer_topk.replay)
         scratch = torch.empty(need, dtype=torch.int32, device=keys.device)
-    elif scratch.dtype != torch.int32 or not scratch.is_contiguous() or scratch.numel() < need:
-        raise ValueError(f"scratch: expected a contiguous int32 tensor of at least {need} entries")
+    elif (scratch.dtype != torch.int32 or not scratch.is_contiguous() or scratch.numel() < need
+          or scratch.device != keys.device):
+        raise ValueError(f"scratch: expected a contiguous int32 tensor of at least {need} entries on {keys.device}")
+    scratch = scratch.view(-1)  # carved by entries, whatever the caller's shape
+    if rows == 0:
+        return
+    check_runnable(keys.device)
     gates, counts, cand = scratch[:rows], scratch[rows: 2 * rows], scratch[2 * rows: need]
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts,

@@ -124,6 +124,9 @@ def finish_rows_kernel(
     candidates or, where the gate misjudged the row or the row fits a tile, by the one-program
     row select (:func:`.row_topk.select_row`, its pool in the row's candidate buffer); then
     sorted and written to the four outputs."""
+    # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
+    # buffer's atomic order would not give: such rows must be one tile
+    tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
     row = row_start + i
