@@ -3,8 +3,8 @@
 
     python benchmark/research/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
-For the fused kernel, the legacy logits kernel and the selection kernel (legacy top-k and split
-merge), it prints registers per thread, stack (spilled registers), shared memory, counts of a
+For the fused kernel, the legacy logits kernel (two-row and one-row tiles), the selection kernel
+(legacy top-k and split merge) and the split select's three kernels (legacy decode), it prints registers per thread, stack (spilled registers), shared memory, counts of a
 few instructions in the PTX (barriers, atomics, wgmma, cp.async, bulk tensor copies) and the
 local-memory loads and stores in the machine code, also those between the first and the last
 warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
@@ -37,6 +37,8 @@ from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
 from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config  # noqa: E402
 from indexer_topk.kernels.logits import logits_kernel  # noqa: E402
 from indexer_topk.kernels.select import MODE_KEYS, MODE_SEGMENTS, select_rows_kernel  # noqa: E402
+from indexer_topk.kernels.split_topk import finish_rows_kernel, gate_rows_kernel, gather_rows_kernel  # noqa: E402
+from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
 
 POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
@@ -125,6 +127,18 @@ def main(argv=None) -> int:
         k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
                      cfg.num_warps, cfg.logits_stages)
         print(f"{layout:13s} legacy logits   {_report(k)}")
+        const["R"] = 1  # a decode batch's one-row tile
+        k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
+                     cfg.num_warps, cfg.logits_stages)
+        print(f"{layout:13s} logits, 1 row   {_report(k)}")
+        if layout == a.layouts[0]:  # the split select's kernels, at the shipped settings
+            L = legacy_backend
+            for fn, name, warps, const in (
+                    (gate_rows_kernel, "split gate", L.SPLIT_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE)),
+                    (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
+                    (finish_rows_kernel, "split finish", L.SPLIT_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE))):
+                k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
+                print(f"{'any':13s} {name:15s} {_report(k)}")
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout
             for mode, splits, known_t, name in ((MODE_KEYS, 1, True, "legacy top-k"), (MODE_SEGMENTS, 8, False, "split merge")):
                 const = dict(MODE=mode, TOPK=a.topk, SPLITS=splits, CHUNK=SELECT_CHUNK, KNOWN_T=known_t)
