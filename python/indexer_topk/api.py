@@ -135,8 +135,9 @@ def indexer_topk(
     rows_per_request : int, optional
         How many consecutive rows share one page-table row: ``1`` for a decode step (each row a
         request of its own), the draft length for a decode step with MTP rows, ``None`` when
-        unknown (prefill). A hint for the fused backend's tiling (rows that share pages share
-        each key tile; rows that do not are scored one at a time); results never depend on it.
+        unknown (prefill). A hint for the tiling of the fused and legacy backends (rows that
+        share pages share each key tile; rows that do not are scored one at a time, and ``1``
+        scores each row in a tile of its own); results never depend on it.
 
     Values must keep the kernels' fp32 intermediates in range: for each row with positions to
     score, ``max(D, sum_h |weights[r, h]| * D * max(1, K)) <= 2**127``, where ``D`` is the
