@@ -215,7 +215,7 @@ def test_split_finish_ignores_buffer_order(split_way, monkeypatch, device):
     out = poisoned_result(rows, topk, device)
     finish_rows_kernel[(rows,)](
         keys, width, lens_t, pt, pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
-        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: need], TOPK=topk, TILE=legacy_backend.SPLIT_TILE,
+        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: need], scratch, TOPK=topk, TILE=legacy_backend.SPLIT_TILE,
         SAMPLE=legacy_backend.SPLIT_SAMPLE, num_warps=legacy_backend.SPLIT_WARPS,
     )
     assert unwritten_slots(out) == []
@@ -339,3 +339,41 @@ def test_one_row_tiles_give_the_same_bits_gpu(layout, device):
     two = legacy_backend.legacy_score(wl.inputs())
     assert torch.equal(one, two)
     assert_bitwise(run_legacy(wl, rows_per_request=1), run_legacy(wl), "legacy decode")
+
+
+def test_prof_is_checked(device):
+    keys = torch.zeros((2, 256), dtype=torch.int32, device=device)
+    lens = torch.tensor([256, 256], dtype=torch.int32, device=device)
+    out = allocate_result(2, 64, device)
+    with pytest.raises(ValueError, match="prof"):
+        legacy_backend.split_select(keys, lens, page_table_for(2, 256, device), topk=64, out=out,
+                                    prof=torch.zeros(2, dtype=torch.int64, device=device))
+
+
+def test_prof_build_compiles_for_hopper():
+    """The finishing kernel's PROF build (inline clock reads, a GPU measurement that the
+    interpreter cannot run) compiles for sm_90 here, in a process without the interpreter."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+from indexer_topk.backends import legacy as L
+from indexer_topk.kernels.split_topk import finish_rows_kernel as f
+const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=True)
+k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
+print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo / "python")
+    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    clock, stores = done.stdout.split()
+    assert clock == "True" and int(stores) >= 4  # the clock read, and the row's counters stored

@@ -58,6 +58,8 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
             sig[name] = "fp32"
         elif name.startswith(("stride", "n_", "row_start", "col0", "width", "span", "split_span", "splits")):
             sig[name] = "i32"
+        elif name == "prof":  # the PROF builds' int64 counters
+            sig[name] = "*i64"
         else:  # every other argument is an int32 buffer
             sig[name] = "*i32"
     return sig
@@ -136,7 +138,10 @@ def main(argv=None) -> int:
             for fn, name, warps, const in (
                     (gate_rows_kernel, "split gate", L.SPLIT_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE)),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
-                    (finish_rows_kernel, "split finish", L.SPLIT_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE))):
+                    (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=False)),
+                    (finish_rows_kernel, "finish PROF", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout

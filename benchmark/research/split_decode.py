@@ -5,6 +5,11 @@ graph-replayed time, device time per kernel, and bits against the default settin
     PYTHONPATH=python python3 benchmark/research/split_decode.py [--shapes 1x128K,8x768K,...]
         [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256"] [--patterns random,increasing]
 
+``--profile``: instead, the finishing kernel's ``PROF`` build on each shape's key matrix (the
+shipped settings): SM cycles per row from its start to the candidates loaded, the k-th found,
+the selection appended and the row sorted and written (medians over the rows that took their
+candidates, and how many did).
+
 Each ``;``-separated config sets attributes of :mod:`indexer_topk.backends.legacy` (an empty
 config: the shipped settings, always run first as the reference). Every run goes through the out
 operator with ``backend="legacy"`` and ``rows_per_request=1``, as an engine's captured decode
@@ -41,6 +46,37 @@ def parse_config(text: str) -> dict:
     return {k.strip(): int(v) for k, v in (x.split("=") for x in text.split(",") if x.strip())}
 
 
+def profile(a, device) -> int:
+    """Phase cycles of the finishing kernel per shape (see the module docstring)."""
+    from indexer_topk.kernels.split_topk import PROF_FIELDS
+
+    lines = []
+    for pattern in a.patterns.split(","):
+        for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
+            w = make_workload(a.layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
+                              topk=a.topk, seed=1, device=device, pattern=pattern)
+            inputs = w.inputs()
+            keys = legacy_backend.legacy_score(inputs, rows_per_request=per_request)
+            prof = torch.zeros((w.rows, PROF_FIELDS), dtype=torch.int64, device=device)
+            out = indexer_topk.allocate_result(w.rows, w.topk, device)
+            for _ in range(3):  # compile, warm, then the counted run
+                legacy_backend.split_select(keys, w.seq_lens, w.page_table, topk=w.topk, out=out, prof=prof)
+            torch.cuda.synchronize()
+            took = prof[:, 4] == 1
+            cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
+            phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
+                      "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
+            shape = f"{requests}x{tokens // 1024}K"
+            lines.append(f"{pattern:10s} {shape:9s} rows {w.rows:4d} from candidates {int(took.sum()):4d}  "
+                         + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
+            print(lines[-1], flush=True)
+            w = inputs = keys = None
+            torch.cuda.empty_cache()
+    print("\nfinishing kernel, SM cycles per row (median over the rows selected from their candidates)")
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shapes", default="1x128K,1x768K,8x128K,8x768K,32x768K,64x128K,256x32K")
@@ -50,8 +86,11 @@ def main(argv=None) -> int:
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "split_decode.json"))
+    p.add_argument("--profile", action="store_true", help="the finishing kernel's phase cycles (PROF build)")
     a = p.parse_args(argv)
     device = "cuda"
+    if a.profile:
+        return profile(a, device)
     configs = [""] + [c for c in a.configs.split(";") if c.strip()]
     shipped = {k: getattr(legacy_backend, k) for c in configs for k in parse_config(c)}
     records = []

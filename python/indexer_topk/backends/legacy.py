@@ -32,7 +32,7 @@ from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
-from ..kernels.split_topk import finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
+from ..kernels.split_topk import PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
@@ -189,12 +189,15 @@ def split_scratch_size(rows: int, topk: int) -> int:
 
 
 @launches_kernels
-def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None) -> None:
+def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None,
+                 prof=None) -> None:
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[rows:2 * rows]`` holds each row's candidate count: the keys that reached its
     gate (the row was selected from them when that lies in ``[topk, 4 * topk]`` and the row is
-    longer than ``SPLIT_TILE``)."""
+    longer than ``SPLIT_TILE``). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    the finishing kernel's ``PROF`` build fills it with each row's phase cycles
+    (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`)."""
     keys = keys.view(torch.int32)
     if not keys.is_contiguous():  # the kernels step rows by the width
         raise ValueError("keys: expected a contiguous key matrix")
@@ -206,6 +209,9 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     elif (scratch.dtype != torch.int32 or not scratch.is_contiguous() or scratch.numel() < need
           or scratch.device != keys.device):
         raise ValueError(f"scratch: expected a contiguous int32 tensor of at least {need} entries on {keys.device}")
+    if prof is not None and (prof.dtype != torch.int64 or not prof.is_contiguous() or prof.numel() < rows * PROF_FIELDS
+                             or prof.device != keys.device):
+        raise ValueError(f"prof: expected a contiguous int64 tensor of at least {rows * PROF_FIELDS} entries")
     scratch = scratch.view(-1)  # carved by entries, whatever the caller's shape
     if rows == 0:
         return
@@ -218,7 +224,8 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
            TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_GATHER_WARPS)
     launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, counts, cand,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, num_warps=SPLIT_WARPS)
+           counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, PROF=prof is not None,
+           num_warps=SPLIT_WARPS)
 
 
 @launches_kernels

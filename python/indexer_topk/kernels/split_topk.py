@@ -37,6 +37,22 @@ from .row_topk import append, sampled_gate, select_row, tile_kth
 from .select import finalize_row, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
+PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
+_PROF_STRIDE = tl.constexpr(PROF_FIELDS)
+
+
+@triton.jit
+def _clock():
+    """This SM's cycle counter (the ``PROF`` build's phase timers)."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %clock64;", "=l", [], dtype=tl.int64, is_pure=False, pack=1)
+
+
+@triton.jit
+def _stamp(prof_row, field: tl.constexpr, t0):
+    """The ``PROF`` build's phase boundary: every thread done with the phase, then the cycles
+    since ``t0`` stored as counter ``field`` of the row."""
+    tl.debug_barrier()
+    tl.store(prof_row + field, _clock() - t0)
 
 
 @triton.jit
@@ -92,14 +108,17 @@ def gather_rows_kernel(
 
 
 @triton.jit
-def _select_candidates(ck, count, out_key, out_pos, TOPK: tl.constexpr):
+def _select_candidates(ck, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
     """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates at ``ck`` (any order) to
-    ``out``: every key above the k-th, then the keys equal to it at the lowest positions."""
+    ``out``: every key above the k-th, then the keys equal to it at the lowest positions. (``PROF``:
+    counters 0 and 1 of the row, see :func:`finish_rows_kernel`.)"""
     CAP: tl.constexpr = 4 * TOPK
     offs = tl.arange(0, CAP)
     valid = offs < count
     key = tl.load(ck + offs, mask=valid, other=0)
     pos = tl.load(ck + CAP + offs, mask=valid, other=0)
+    if PROF:
+        _stamp(prof_row, 0, t0)
     take = valid
     if count > TOPK:
         t, shift, need = tile_kth(key, valid, TOPK)
@@ -112,18 +131,26 @@ def _select_candidates(ck, count, out_key, out_pos, TOPK: tl.constexpr):
             t2, shift2, need2 = tile_kth(lowest, eq, need)
             eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0)
         take = above | eq
+    if PROF:
+        _stamp(prof_row, 1, t0)
     append(out_key, out_pos, 0, key, pos, take)
 
 
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    counts, cand, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    counts, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PROF: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
     candidates or, where the gate misjudged the row or the row fits a tile, by the one-program
     row select (:func:`.row_topk.select_row`, its pool in the row's candidate buffer); then
-    sorted and written to the four outputs."""
+    sorted and written to the four outputs.
+
+    ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
+    otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
+    k-th found (ties ranked), the selection appended, the row sorted and written; and 1 where the
+    row was selected from its candidates (0: the one-program select, whose cycles fall in the
+    last phase)."""
     # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
     # buffer's atomic order would not give: such rows must be one tile
     tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")
@@ -134,13 +161,23 @@ def finish_rows_kernel(
     orow = row.to(tl.int64) * TOPK
     ck = cand + i.to(tl.int64) * (2 * CAP)
     count = tl.load(counts + i)
+    prof_row = prof + i.to(tl.int64) * _PROF_STRIDE
+    t0 = tl.zeros([], dtype=tl.int64)
+    if PROF:
+        tl.debug_barrier()
+        t0 = _clock()
+        tl.store(prof_row + 4, ((n > TILE) & (count >= TOPK) & (count <= CAP)).to(tl.int64))
     if (n > TILE) & (count >= TOPK) & (count <= CAP):
-        _select_candidates(ck, count, out_bits + orow, out_raw + orow, TOPK)
+        _select_candidates(ck, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
     else:
         select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
                    TOPK, TILE, SAMPLE)
     tl.debug_barrier()
+    if PROF:
+        _stamp(prof_row, 2, t0)
     finalize_row(
         out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
         out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
     )
+    if PROF:
+        _stamp(prof_row, 3, t0)
