@@ -4,10 +4,10 @@
     python benchmark/research/compile_report.py [--arch 90] [--layouts sglang_fp8 sglang_mxfp4]
 
 For the fused kernel, the legacy logits kernel (two-row and one-row tiles), the selection kernel
-(legacy top-k and split merge) and the split select's three kernels (legacy decode), it prints registers per thread, stack (spilled registers), shared memory, counts of a
-few instructions in the PTX (barriers, atomics, wgmma, cp.async, bulk tensor copies) and the
-local-memory loads and stores in the machine code, also those between the first and the last
-warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
+(legacy top-k and split merge) and the split select's three kernels (legacy decode), it prints
+registers per thread, stack (spilled registers), shared memory, counts of a few instructions in
+the PTX (barriers, atomics, wgmma, cp.async, bulk tensor copies) and the local-memory loads and
+stores in the machine code, also those between the first and the last warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
 ``ptxas`` / ``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The
 numbers are for the Triton installed here, which may differ from the one on the GPU machine.
 """
@@ -136,8 +136,10 @@ def main(argv=None) -> int:
         if layout == a.layouts[0]:  # the split select's kernels, at the shipped settings
             L = legacy_backend
             for fn, name, warps, const in (
-                    (gate_rows_kernel, "split gate", L.SPLIT_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE)),
-                    (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS, dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
+                    (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE)),
+                    (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=False)),
                     (finish_rows_kernel, "finish PROF", L.SPLIT_WARPS,
