@@ -7,9 +7,10 @@ For the fused kernel, the legacy logits kernel (two-row and one-row tiles), the 
 (legacy top-k and split merge) and the split select's three kernels (legacy decode), it prints
 registers per thread, stack (spilled registers), shared memory, counts of a few instructions in
 the PTX (barriers, atomics, wgmma, cp.async, bulk tensor copies) and the local-memory loads and
-stores in the machine code, also those between the first and the last warpgroup MMA (the scoring part of the streaming loop, where a spill costs most). Triton and the
-``ptxas`` / ``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The
-numbers are for the Triton installed here, which may differ from the one on the GPU machine.
+stores in the machine code, also those between the first and the last warpgroup MMA (the
+scoring part of the streaming loop, where a spill costs most). Triton and the ``ptxas`` /
+``cuobjdump`` it ships compile here; nothing runs, so it needs no device. The numbers are for
+the Triton installed here, which may differ from the one on the GPU machine.
 """
 
 from __future__ import annotations
