@@ -25,46 +25,35 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
+from indexer_topk import routes  # noqa: E402
+from indexer_topk.bench.mix import MixShape, shape_c4, summarize  # noqa: E402
+from indexer_topk.routes import write_atomic  # noqa: E402
+
 HOST_FIELDS = ("host_us", "host_us_first", "host_us_checked")
-
-
-def shape_key(rec: dict) -> tuple:
-    return (rec["kind"], rec["layout"], rec["topk"], rec["requests"], rec["rows_per_request"], rec["context_tokens"],
-            rec.get("spread", False))
 
 
 def merge(doc: dict, extra: list) -> list:
     """The records of ``doc`` then, from each extra document of the same commit, the shapes not yet
     seen; returns what was taken from where."""
-    seen = {shape_key(r) for r in doc["records"]}
+    seen = {MixShape.from_record(r) for r in doc["records"]}
     notes = []
     for path, other in extra:
         if other["env"].get("commit") != doc["env"].get("commit"):
             raise SystemExit(f"{path}: commit {other['env'].get('commit')}, not {doc['env'].get('commit')}")
-        taken = [r for r in other["records"] if shape_key(r) not in seen]
-        seen.update(shape_key(r) for r in taken)
+        taken = [r for r in other["records"] if MixShape.from_record(r) not in seen]
+        seen.update(MixShape.from_record(r) for r in taken)
         doc["records"].extend(taken)
         notes.append(f"{len(taken)} records from {Path(path).name} ({other['env'].get('timestamp')})")
     return notes
 
 
-def routed(table, rec: dict):
-    """The backend ``table`` gives the shape of ``rec`` (``None``: no entry), looked up as the
-    policy of the GPU that ran it does (:func:`indexer_topk.bench.mix.shape_route`; a decode step
-    as captured), without asking this machine's device."""
-    from indexer_topk.bench.mix import MixShape
-    from indexer_topk.contract import PAGE_SIZE
-
-    shape = MixShape.from_record(rec)
-    c4 = max(1, -(-max(shape.context_lengths()) // 4 // PAGE_SIZE)) * PAGE_SIZE
-    cell = table.lookup(shape.layout, "capture" if shape.kind == "decode" else "prefill", shape.topk, shape.rows, c4)
+def routed(table, shape: MixShape):
+    """The backend ``table`` gives ``shape`` (``None``: no entry), looked up as the policy of the
+    GPU that ran it does (:func:`indexer_topk.bench.mix.shape_route`; a decode step as captured),
+    without asking this machine's device."""
+    mode = "capture" if shape.kind == "decode" else "prefill"
+    cell = table.lookup(shape.layout, mode, shape.topk, shape.rows, shape_c4(shape))
     return None if cell is None else cell[1]
-
-
-def label(rec: dict) -> str:
-    from indexer_topk.bench.mix import MixShape
-
-    return MixShape.from_record(rec).label
 
 
 def reroute(records: list, table) -> list:
@@ -73,11 +62,12 @@ def reroute(records: list, table) -> list:
     for rec in records:
         if rec.get("error") or rec.get("ours_ms") is None:
             continue
-        route = routed(table, rec)
+        shape = MixShape.from_record(rec)
+        route = routed(table, shape)
         if route is None or route == rec.get("route"):
             continue
         if route not in rec.get("candidates", {}):
-            notes.append(f"{label(rec)}: table routes to {route}, "
+            notes.append(f"{shape.label}: table routes to {route}, "
                          "which was not timed bitwise equal here; kept")
             continue
         rec["route_before"], rec["route"] = rec.get("route"), route
@@ -86,7 +76,7 @@ def reroute(records: list, table) -> list:
             rec["host_before"] = {k: rec.get(k) for k in HOST_FIELDS}
             for k in HOST_FIELDS:
                 rec[k] = None
-        notes.append(f"{label(rec)}: {rec['route_before']} -> {route}")
+        notes.append(f"{shape.label}: {rec['route_before']} -> {route}")
     return notes
 
 
@@ -97,10 +87,6 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--cite", default=None, help="the records file the table cites (default: the output's name)")
     a = p.parse_args(argv)
-    from indexer_topk import routes
-    from indexer_topk.bench.mix import summarize
-    from indexer_topk.routes import write_atomic
-
     doc = json.loads(Path(a.records).read_text())
     notes = merge(doc, [(x, json.loads(Path(x).read_text())) for x in a.add])
     out = Path(a.out)
@@ -108,7 +94,7 @@ def main(argv=None) -> int:
     table = routes.table_from_file(out, source=a.cite or out.name)
     table_path = out.with_name(out.stem + "_routes.json")
     routes.write_table(table, table_path, force=True)
-    notes += reroute(doc["records"], routes.load_table(table_path))
+    notes += reroute(doc["records"], routes.parse_table(table, name=table_path.name))
     doc["env"]["routes"] = f"{table_path.name} (built from this run's candidates)"
     doc["env"]["assembled"] = notes
     doc["summary"] = summarize(doc["records"])

@@ -22,14 +22,25 @@ from kernel_cases import assert_contract, assert_matches_reference, build, patte
 TOPK = 512
 
 
+def force_way(monkeypatch, device, way: str, **cpu_settings):
+    """``legacy_select`` takes ``way`` for the test; on a CPU the module settings given too
+    (small enough for the interpreter)."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
+    if device == "cpu":
+        for name, value in cpu_settings.items():
+            monkeypatch.setattr(legacy_backend, name, value)
+    return legacy_backend
+
+
 @pytest.fixture
 def rows_way(monkeypatch, device):
     """The row select with a tile and sample small enough to give many tiles to a short row."""
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "rows")
-    if device == "cpu":
-        monkeypatch.setattr(legacy_backend, "ROWS_TILE", 1024)
-        monkeypatch.setattr(legacy_backend, "ROWS_SAMPLE", 512)
-    return legacy_backend
+    return force_way(monkeypatch, device, "rows", ROWS_TILE=1024, ROWS_SAMPLE=512)
+
+
+def page_table_for(rows: int, width: int, device):
+    """A page table naming distinct pages, last page first (no position's page is its own)."""
+    return torch.arange(rows * (width // 64), dtype=torch.int32, device=device).view(rows, -1).flip(1).contiguous()
 
 
 def key_matrix(pattern: str, lens, width: int, device, seed: int = 0):
@@ -65,10 +76,9 @@ def key_matrix(pattern: str, lens, width: int, device, seed: int = 0):
 
 def select(keys, lens, topk, way, monkeypatch):
     rows, width = keys.shape
-    page_table = torch.arange(rows * (width // 64), dtype=torch.int32, device=keys.device).view(rows, -1).flip(1)
     out = poisoned_result(rows, topk, keys.device)
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
-    legacy_backend.legacy_select(keys, lens, page_table, topk=topk, out=out)
+    legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, keys.device), topk=topk, out=out)
     return out
 
 

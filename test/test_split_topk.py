@@ -24,7 +24,7 @@ from kernel_cases import (
     assert_bitwise, assert_contract, assert_matches_reference, build, mixed_requests_case, pattern_cases,
     reference_result, run_legacy,
 )
-from test_row_topk import assert_same_bits, key_matrix
+from test_row_topk import assert_same_bits, force_way, key_matrix, page_table_for, select
 
 TOPK = 128
 GUARD = 4096  # int32 entries past the scratch that no launch may write
@@ -34,18 +34,10 @@ SENTINEL = 0x5A5A5A5A
 @pytest.fixture
 def split_way(monkeypatch, device):
     """The split select with a tile, sample and block small enough for the interpreter."""
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
-    if device == "cpu":
-        monkeypatch.setattr(legacy_backend, "SPLIT_TILE", 1024)
-        monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE", 1024)
-        monkeypatch.setattr(legacy_backend, "SPLIT_BLOCK", 256)
+    force_way(monkeypatch, device, "split", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256)
     # the "spikes" keys (test_row_topk.key_matrix) sit where the split select samples
     monkeypatch.setattr(legacy_backend, "ROWS_SAMPLE", legacy_backend.SPLIT_SAMPLE)
     return legacy_backend
-
-
-def page_table_for(rows: int, width: int, device):
-    return torch.arange(rows * (width // 64), dtype=torch.int32, device=device).view(rows, -1).flip(1).contiguous()
 
 
 def split(keys, lens, topk, row_start=0, out=None):
@@ -62,14 +54,9 @@ def split(keys, lens, topk, row_start=0, out=None):
     return out, scratch[rows: 2 * rows].cpu()
 
 
-def torch_way(keys, lens, topk, monkeypatch, row_start=0):
-    rows, width = keys.shape
-    out = poisoned_result(row_start + rows, topk, keys.device)
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "torch")
-    legacy_backend.legacy_select(keys, lens, page_table_for(row_start + rows, width, keys.device), topk=topk, out=out,
-                                 row_start=row_start)
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
-    return out
+def torch_way(keys, lens, topk, monkeypatch):
+    """The torch way's outputs (torch.topk's k-th key, then one exact pass per row)."""
+    return select(keys, lens, topk, "torch", monkeypatch)
 
 
 def took_candidates(counts, lens, topk) -> list:

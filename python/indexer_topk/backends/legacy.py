@@ -142,18 +142,18 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
     its ``seq_len``."""
     keys = keys.view(torch.int32)
-    if not keys.is_contiguous():
-        raise ValueError("keys: expected a contiguous key matrix")
     row_count = keys.shape[0]
-    if row_count == 0:
-        return
-    check_runnable(keys.device)
     search = KTH_SEARCH
     if search == "auto":
         search = "rows" if row_count >= ROWS_MIN_ROWS else "split"
-    if search == "split":
+    if search == "split":  # it checks the matrix and the device itself
         split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start)
         return
+    if not keys.is_contiguous():
+        raise ValueError("keys: expected a contiguous key matrix")
+    if row_count == 0:
+        return
+    check_runnable(keys.device)
     if search == "rows":
         programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool (2 * topk keys and positions), used by rows longer than

@@ -276,10 +276,16 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
     return rec
 
 
+def shape_c4(shape: MixShape) -> int:
+    """C4 positions a row of ``shape`` may score: the width of the page table its inputs have
+    (:func:`make_inputs` pads none), what the policy routes by."""
+    return max(1, -(-max(shape.context_lengths()) // 4 // PAGE_SIZE)) * PAGE_SIZE
+
+
 def shape_route(rec: dict) -> str:
     """The backend ``auto`` takes now for the shape of record ``rec`` (no inputs built)."""
     shape = MixShape.from_record(rec)
-    return _auto_route(shape, max(1, -(-max(shape.context_lengths()) // 4 // PAGE_SIZE)) * PAGE_SIZE)
+    return _auto_route(shape, shape_c4(shape))
 
 
 def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[str] = ("fused", "legacy", "aiter"),

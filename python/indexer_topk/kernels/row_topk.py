@@ -192,6 +192,13 @@ def select_row(
             append(out_key, out_pos, 0, key, pos, m)
 
 
+@triton.jit
+def row_length(seq_lens, row, stride_src):
+    """Row ``row``'s length, clamped to ``[0, stride_src]``: an unchecked length past the key
+    matrix's row (or below 0) must not read, and so select, beyond it."""
+    return tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
+
+
 @triton.jit(do_not_specialize=["stride_src", "rows", "row_start"])
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
@@ -208,8 +215,7 @@ def topk_rows_kernel(
     for j in range(0, tl.cdiv(rows - pid, programs)):
         i = pid + j * programs
         row = row_start + i
-        # an unchecked length past the row (or below 0) must not read, and so select, beyond it
-        n = tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
+        n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
         select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
         tl.debug_barrier()

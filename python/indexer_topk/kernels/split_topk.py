@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN
-from .row_topk import append, sampled_gate, select_row, tile_kth
+from .row_topk import append, row_length, sampled_gate, select_row, tile_kth
 from .select import finalize_row, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
@@ -55,12 +55,6 @@ def _stamp(prof_row, field: tl.constexpr, t0):
     tl.store(prof_row + field, _clock() - t0)
 
 
-@triton.jit
-def _row_length(seq_lens, row, stride_src):
-    # an unchecked length past the row (or below 0) must not read, and so select, beyond it
-    return tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
-
-
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts,
@@ -69,7 +63,7 @@ def gate_rows_kernel(
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only) and a zero count."""
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
-    n = _row_length(seq_lens, row_start + i, stride_src)
+    n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
         tl.store(gates + i, sampled_gate(src + i.to(tl.int64) * stride_src, n, TOPK, SAMPLE, GATE_HALVES))
@@ -85,7 +79,7 @@ def gather_rows_kernel(
     positions)."""
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
-    n = _row_length(seq_lens, row_start + i, stride_src)
+    n = row_length(seq_lens, row_start + i, stride_src)
     if n > TILE:
         gate = tl.load(gates + i)
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
@@ -157,17 +151,18 @@ def finish_rows_kernel(
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
     row = row_start + i
-    n = _row_length(seq_lens, row, stride_src)
+    n = row_length(seq_lens, row, stride_src)
     orow = row.to(tl.int64) * TOPK
     ck = cand + i.to(tl.int64) * (2 * CAP)
     count = tl.load(counts + i)
     prof_row = prof + i.to(tl.int64) * _PROF_STRIDE
     t0 = tl.zeros([], dtype=tl.int64)
+    from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
     if PROF:
         tl.debug_barrier()
         t0 = _clock()
-        tl.store(prof_row + 4, ((n > TILE) & (count >= TOPK) & (count <= CAP)).to(tl.int64))
-    if (n > TILE) & (count >= TOPK) & (count <= CAP):
+        tl.store(prof_row + 4, from_candidates.to(tl.int64))
+    if from_candidates:
         _select_candidates(ck, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
     else:
         select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
