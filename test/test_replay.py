@@ -251,8 +251,8 @@ def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
         with envs.INDEXER_TOPK_REPLAY.override(False):
             want = indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend, rows_per_request=hint)
         assert_bitwise(out, want, f"{layout} {backend} call {seed}")
-    # legacy below ROWS_MIN_ROWS rows finds its k-th keys with torch.topk on the host: not replayed
-    assert (replays_of(backend)[0] is not None) == (backend == "fused" or w.rows >= legacy_backend.ROWS_MIN_ROWS)
+    # both ways of legacy's select ("rows" and, below ROWS_MIN_ROWS rows, "split") only launch
+    assert replays_of(backend)[0] is not None
     step = lambda: torch.ops.indexer_topk.indexer_topk_out(  # noqa: E731
         *w.args(), w.topk, layout, *out, ws, w.weight_scale, backend, False, hint)
     graph = capture_graph(step)

@@ -18,6 +18,7 @@ import torch
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.contract import KEY_NONE, allocate_result
 from indexer_topk.guards import poisoned_result, unwritten_slots
+from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import finish_rows_kernel
 
 from kernel_cases import (
@@ -40,11 +41,25 @@ def split_way(monkeypatch, device):
     return legacy_backend
 
 
+@pytest.fixture(params=[1, 4, 16], ids=lambda p: f"parts{p}")
+def split_parts(request, split_way, monkeypatch):
+    """:func:`split_way` with each row finished by ``1`` (sorted by one program), ``4`` or ``16``
+    programs (ranked side by side): the interpreter's few "SMs" would give one part to most
+    batches."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_PARTS", request.param)
+    return request.param
+
+
+def scratch_need(rows, topk, device):
+    """int32 entries of the split select's scratch for the batch, as ``split_select`` sizes it."""
+    return legacy_backend.split_scratch_size(rows, topk, legacy_backend.split_parts(rows, device_sm_count(device)))
+
+
 def split(keys, lens, topk, row_start=0, out=None):
     """The split select on a guarded scratch: ``(outputs, candidate counts)``; the scratch's
     guard band must be untouched."""
     rows, width = keys.shape
-    need = legacy_backend.split_scratch_size(rows, topk)
+    need = scratch_need(rows, topk, keys.device)
     scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
     if out is None:
         out = poisoned_result(rows, topk, keys.device)
@@ -76,7 +91,7 @@ def tied_keys(lens, width, device, seed=0):
 
 
 @pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "ties", "nan", "spikes"])
-def test_split_equals_torch_way(pattern, split_way, monkeypatch, device):
+def test_split_equals_torch_way(pattern, split_parts, monkeypatch, device):
     """Rows of many blocks, just past the tile, one tile, exactly topk and fewer: the same four
     outputs, every slot. Random and trending rows take the candidate path; rows of three values
     overflow the buffer and spiked rows let too few in: both take the fallback."""
@@ -96,7 +111,7 @@ def test_split_equals_torch_way(pattern, split_way, monkeypatch, device):
 
 
 @pytest.mark.parametrize("topk", [TOPK, 512])
-def test_split_ties_at_the_kth_key(topk, split_way, monkeypatch, device):
+def test_split_ties_at_the_kth_key(topk, split_parts, monkeypatch, device):
     """Keys equal to the k-th on both sides of the cut, in a buffer filled in no particular order:
     the lowest positions among them are taken, as by the torch way."""
     width = 6144
@@ -116,7 +131,7 @@ def test_split_ties_at_the_kth_key(topk, split_way, monkeypatch, device):
     assert cut > 0
 
 
-def test_split_lengths_past_the_matrix(split_way, monkeypatch, device):
+def test_split_lengths_past_the_matrix(split_parts, monkeypatch, device):
     """Unchecked lengths below zero or past the matrix's width read no further than the row."""
     width = 2048
     keys, _ = key_matrix("random", [width] * 3, width, device, seed=3)
@@ -128,7 +143,7 @@ def test_split_lengths_past_the_matrix(split_way, monkeypatch, device):
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
-def test_split_writes_only_its_outputs(topk, split_way, device):
+def test_split_writes_only_its_outputs(topk, split_parts, device):
     """Output rows beside the selected ones (``row_start``), the key matrix and the scratch's
     guard band stay untouched, on rows that overflow their buffer and rows that do not."""
     width = 4 * 1024 + 1024
@@ -141,7 +156,7 @@ def test_split_writes_only_its_outputs(topk, split_way, device):
     full_lens = torch.tensor([0, 0, width, 700, 0], dtype=torch.int32, device=device)
     split(keys, full_lens[2:4], topk, row_start=0, out=None)  # the scratch guard alone
     rows, _w = keys.shape
-    need = legacy_backend.split_scratch_size(rows, topk)
+    need = scratch_need(rows, topk, device)
     scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=device)
     legacy_backend.split_select(keys, full_lens, page_table_for(5, width, device), topk=topk, out=out, row_start=2,
                                 scratch=scratch[:need])
@@ -158,7 +173,7 @@ def test_split_scratch_is_checked(device):
     keys = torch.zeros((2, 256), dtype=torch.int32, device=device)
     lens = torch.tensor([256, 256], dtype=torch.int32, device=device)
     out = allocate_result(2, 64, device)
-    need = legacy_backend.split_scratch_size(2, 64)
+    need = scratch_need(2, 64, device)
     for bad in (torch.empty(need - 1, dtype=torch.int32, device=device),
                 torch.empty(need, dtype=torch.int64, device=device),
                 torch.empty(2 * need, dtype=torch.int32, device=device)[::2],
@@ -178,7 +193,7 @@ def test_split_scratch_is_checked(device):
         legacy_backend.split_select(wide[:, :256], lens, page_table_for(2, 256, device), topk=64, out=out)
 
 
-def test_split_finish_ignores_buffer_order(split_way, monkeypatch, device):
+def test_split_finish_ignores_buffer_order(split_parts, monkeypatch, device):
     """The candidate buffer is filled in the atomics' order, which the interpreter (programs in
     grid order) never varies: shuffle each row's entries, finish again, same bits (keys tied at
     the k-th across the cut are ranked by position, not by buffer slot)."""
@@ -186,30 +201,32 @@ def test_split_finish_ignores_buffer_order(split_way, monkeypatch, device):
     lens = [width, 4000, 2500]
     keys, lens_t = tied_keys(lens, width, device, seed=11)
     rows = len(lens)
-    need = legacy_backend.split_scratch_size(rows, topk)
+    need = scratch_need(rows, topk, device)
     scratch = torch.empty(need, dtype=torch.int32, device=device)
     pt = page_table_for(rows, width, device)
     legacy_backend.split_select(keys, lens_t, pt, topk=topk, out=poisoned_result(rows, topk, device), scratch=scratch)
     counts = scratch[rows: 2 * rows].clone()
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
     want = torch_way(keys, lens_t, topk, monkeypatch)
-    cand = scratch[2 * rows: need].view(rows, 2, 4 * topk)
+    cand = scratch[2 * rows: rows * (2 + 8 * topk)].view(rows, 2, 4 * topk)
     gen = torch.Generator().manual_seed(0)
     for r in range(rows):
         c = int(counts[r])
         perm = torch.randperm(c, generator=gen).to(device)
         cand[r, :, :c] = cand[r, :, :c][:, perm].clone()
     out = poisoned_result(rows, topk, device)
-    finish_rows_kernel[(rows,)](
+    cand_end = rows * (2 + 8 * topk)
+    finish_rows_kernel[(rows, split_parts)](
         keys, width, lens_t, pt, pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
-        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: need], scratch, TOPK=topk, TILE=legacy_backend.SPLIT_TILE,
-        SAMPLE=legacy_backend.SPLIT_SAMPLE, num_warps=legacy_backend.SPLIT_WARPS,
+        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: cand_end], scratch[cand_end:] if split_parts > 1 else scratch,
+        scratch, TOPK=topk, TILE=legacy_backend.SPLIT_TILE, SAMPLE=legacy_backend.SPLIT_SAMPLE, PARTS=split_parts,
+        num_warps=legacy_backend.SPLIT_WARPS,
     )
     assert unwritten_slots(out) == []
     assert_same_bits(out, want)
 
 
-def test_split_entrants_at_the_buffer_bounds(split_way, monkeypatch, device):
+def test_split_entrants_at_the_buffer_bounds(split_parts, monkeypatch, device):
     """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk and
     4 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate): the fallback
     condition's edges, each with the torch way's bits."""
@@ -236,7 +253,7 @@ def test_split_entrants_at_the_buffer_bounds(split_way, monkeypatch, device):
     assert_same_bits(got, torch_way(keys, lens, topk, monkeypatch))
 
 
-def test_split_reads_nothing_past_a_row(split_way, monkeypatch, device):
+def test_split_reads_nothing_past_a_row(split_parts, monkeypatch, device):
     """Keys past each row's length set to the best key there is select nothing: the gate's
     sample, the gathering runs and the fallback all stop at the row's length."""
     topk, width = 128, 5120
@@ -353,7 +370,7 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.split_topk import finish_rows_kernel as f
-const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=True)
+const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=True)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 """

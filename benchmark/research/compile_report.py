@@ -142,9 +142,11 @@ def main(argv=None) -> int:
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=False)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=1, PROF=False)),
+                    (finish_rows_kernel, "finish, 16 parts", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=False)),
                     (finish_rows_kernel, "finish PROF", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PROF=True))):
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout

@@ -70,6 +70,15 @@ SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
 SPLIT_GATHER_WARPS = 4
+# A row's finishing programs (kernels/split_topk.py, PARTS): a batch of few rows writes each row
+# from SPLIT_MAX_PARTS programs at most, as many as keep the batch's programs within one a SM and
+# SPLIT_PART_AREAS, each writing TOPK / PARTS entries at their ranks; below SPLIT_MIN_PARTS
+# programs a row is sorted by one (the rank counts cost TOPK * TOPK / PARTS comparisons a
+# program, the sort about a third of TOPK * TOPK at PARTS 1). None: that rule; a number: forced.
+SPLIT_PARTS = None
+SPLIT_MAX_PARTS = 16
+SPLIT_MIN_PARTS = 4
+SPLIT_PART_AREAS = 128  # programs' areas of the scratch (6 * topk int32 each) at most
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
@@ -182,17 +191,32 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
     return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
 
 
-def split_scratch_size(rows: int, topk: int) -> int:
-    """int32 entries of the "split" select's scratch for ``rows`` rows: per row its gate, its
-    candidate count and a buffer of ``4 * topk`` keys and ``4 * topk`` positions."""
-    return rows * (2 + 8 * topk)
+def split_parts(rows: int, sm_count: int) -> int:
+    """Finishing programs per row of the "split" select (``SPLIT_PARTS``' rule): the largest
+    power of two up to ``SPLIT_MAX_PARTS`` with ``rows * parts`` within both the SM count and
+    ``SPLIT_PART_AREAS``; 1 (one program sorts the row) when that is below ``SPLIT_MIN_PARTS``."""
+    if SPLIT_PARTS is not None:
+        return SPLIT_PARTS
+    parts = SPLIT_MAX_PARTS
+    while parts >= SPLIT_MIN_PARTS and rows * parts > min(sm_count, SPLIT_PART_AREAS):
+        parts //= 2
+    return parts if parts >= SPLIT_MIN_PARTS else 1
+
+
+def split_scratch_size(rows: int, topk: int, parts: int = 1) -> int:
+    """int32 entries of the "split" select's scratch for ``rows`` rows finished by ``parts``
+    programs each (:func:`split_parts`): per row its gate, its candidate count and a buffer of
+    ``4 * topk`` keys and ``4 * topk`` positions; with ``parts > 1``, ``6 * topk`` more for each of
+    the row's programs (its copy of the selection, the one-program select's pool)."""
+    return rows * (2 + 8 * topk) + (rows * parts * 6 * topk if parts > 1 else 0)
 
 
 @launches_kernels
 def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None,
                  prof=None) -> None:
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
-    :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
+    :func:`split_scratch_size` entries for the :func:`split_parts` of the batch and device,
+    contiguous; ``None``: allocated for the call). After the
     call, ``scratch[rows:2 * rows]`` holds each row's candidate count: the keys that reached its
     gate (the row was selected from them when that lies in ``[topk, 4 * topk]`` and the row is
     longer than ``SPLIT_TILE``). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
@@ -202,7 +226,11 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     if not keys.is_contiguous():  # the kernels step rows by the width
         raise ValueError("keys: expected a contiguous key matrix")
     rows, width = keys.shape
-    need = split_scratch_size(rows, topk)
+    sm_count = device_sm_count(keys.device)
+    parts = split_parts(rows, sm_count)
+    if parts < 1 or parts & (parts - 1) or topk % parts:
+        raise ValueError(f"SPLIT_PARTS: expected a power of two dividing topk={topk}, got {parts}")
+    need = split_scratch_size(rows, topk, parts)
     if scratch is None:
         # torch.empty: an allocation the replay repeats (indexer_topk.replay)
         scratch = torch.empty(need, dtype=torch.int32, device=keys.device)
@@ -216,16 +244,18 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     if rows == 0:
         return
     check_runnable(keys.device)
-    gates, counts, cand = scratch[:rows], scratch[rows: 2 * rows], scratch[2 * rows: need]
-    runs = split_runs(rows, width, device_sm_count(keys.device))
+    gates, counts = scratch[:rows], scratch[rows: 2 * rows]
+    cand = scratch[2 * rows: rows * (2 + 8 * topk)]
+    sel = scratch[rows * (2 + 8 * topk): need] if parts > 1 else cand  # unread with one part
+    runs = split_runs(rows, width, sm_count)
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, num_warps=SPLIT_WARPS)
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, cand, runs,
            TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_GATHER_WARPS)
-    launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
+    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, counts, cand,
-           counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, PROF=prof is not None,
-           num_warps=SPLIT_WARPS)
+           sel, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, PARTS=parts,
+           PROF=prof is not None, num_warps=SPLIT_WARPS)
 
 
 @launches_kernels

@@ -83,6 +83,48 @@ def tile_kth(key, valid, k):
 
 
 @triton.jit
+def span_kth(key, valid, k):
+    """:func:`tile_kth` for a tile whose valid keys lie close together (a gate's entrants, the
+    positions of tied keys): the same ``(t, shift, need)`` contract, but the radix digits start at
+    the highest bit where the smallest and largest valid keys differ. The bits above it are
+    shared by every valid key, so the passes :func:`tile_kth` spends on them (each a histogram and
+    its reductions, the boundary bucket holding every key) are skipped; the digit positions are
+    runtime values, the search a loop that stops once the boundary bucket is taken whole."""
+    lo_key = tl.min(tl.where(valid, key, INT32_MAX), axis=0)
+    hi_key = tl.max(tl.where(valid, key, KEY_MIN), axis=0)
+    diff = lo_key ^ hi_key
+    # bits of diff (its highest set bit, plus one): diff >> s stays non-zero up to there, and a
+    # negative diff (the sign bits differ) never reaches zero
+    sh = tl.zeros([], dtype=tl.int32)
+    for s in tl.static_range(32):
+        sh += ((diff >> s) != 0).to(tl.int32)
+    b = key ^ KEY_MIN  # sign bit flipped: unsigned order is key order
+    tb = (lo_key ^ KEY_MIN) & _high_mask(sh)  # the shared bits
+    need = tl.zeros([], dtype=tl.int32) + k
+    shift = tl.zeros([], dtype=tl.int32)
+    done = tl.zeros([], dtype=tl.int32)
+    while (done == 0) & (sh > 0):
+        lo = tl.maximum(sh - 5, 0)
+        m = valid & (((b ^ tb) & _high_mask(sh)) == 0)
+        digit = (b >> lo) & ((1 << (sh - lo)) - 1)
+        hist = tl.histogram(tl.where(m, digit, 0), 32)
+        left_out = tl.sum((m == 0).to(tl.int32), axis=0)
+        hist = hist - tl.where(tl.arange(0, 32) == 0, left_out, 0)
+        need, tb, whole = radix_update(hist, need, tb, lo)
+        shift = lo
+        done = whole.to(tl.int32)
+        sh = lo
+    return tb ^ KEY_MIN, shift, need
+
+
+@triton.jit
+def _high_mask(sh):
+    """int32 mask of the bits at and above bit ``sh`` (``0 <= sh <= 32``; shifted as int64, where
+    a shift by 32 is defined)."""
+    return (tl.full([], -1, tl.int64) << sh.to(tl.int64)).to(tl.int32)
+
+
+@triton.jit
 def append(dst_key, dst_pos, count, key, pos, take):
     """Write the taken entries of a tile at ``dst[count ..]``, in storage order; returns their number."""
     take_i = take.to(tl.int32)
