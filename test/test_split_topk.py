@@ -110,6 +110,26 @@ def test_split_equals_torch_way(pattern, split_parts, monkeypatch, device):
         assert not set(took_candidates(counts, lens_t, TOPK)) & {0, 1, 2}
 
 
+@pytest.mark.parametrize("pattern", ["random", "increasing", "ties"])
+def test_split_coarse_gate(pattern, split_way, monkeypatch, device):
+    """A gate whose search stops early (``SPLIT_GATE_SLACK``) lies at or below the exact one, so
+    at least as many keys reach it, and the selection is the same bits."""
+    width = 8192
+    lens = [width, width - 3, 6000, 4097, 3000]
+    keys, lens_t = key_matrix(pattern, lens, width, device, seed=5)
+    exact, exact_counts = split(keys, lens_t, TOPK)
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_SLACK", 4)
+    coarse, coarse_counts = split(keys, lens_t, TOPK)
+    assert unwritten_slots(coarse) == []
+    assert_same_bits(coarse, exact)
+    assert_same_bits(coarse, torch_way(keys, lens_t, TOPK, monkeypatch))
+    long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
+    assert all(coarse_counts[i] >= exact_counts[i] for i in long_rows)
+    if pattern != "ties":
+        assert took_candidates(coarse_counts, lens_t, TOPK) == long_rows
+        assert any(coarse_counts[i] > exact_counts[i] for i in long_rows)  # the early stop ran
+
+
 @pytest.mark.parametrize("topk", [TOPK, 512])
 def test_split_ties_at_the_kth_key(topk, split_parts, monkeypatch, device):
     """Keys equal to the k-th on both sides of the cut, in a buffer filled in no particular order:

@@ -76,6 +76,9 @@ SPLIT_GATHER_WARPS = 4
 # programs a row is sorted by one (the rank counts cost TOPK * TOPK / PARTS comparisons a
 # program, the sort about a third of TOPK * TOPK at PARTS 1). None: that rule; a number: forced.
 SPLIT_PARTS = None
+# The gate's search may stop once its boundary bucket holds at most r / SPLIT_GATE_SLACK sample
+# keys past its rank r (kernels/row_topk.py, sampled_gate): 0, the exact r-th.
+SPLIT_GATE_SLACK = 0
 SPLIT_MAX_PARTS = 16
 SPLIT_MIN_PARTS = 4
 SPLIT_PART_AREAS = 128  # programs' areas of the scratch (6 * topk int32 each) at most
@@ -249,7 +252,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     sel = scratch[rows * (2 + 8 * topk): need] if parts > 1 else cand  # unread with one part
     runs = split_runs(rows, width, sm_count)
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, num_warps=SPLIT_WARPS)
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, SLACK=SPLIT_GATE_SLACK, num_warps=SPLIT_WARPS)
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, cand, runs,
            TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_GATHER_WARPS)
     launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),

@@ -59,15 +59,16 @@ def _stamp(prof_row, field: tl.constexpr, t0, first):
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, SLACK: tl.constexpr = 0,
 ):
-    """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only) and a zero count."""
+    """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only; ``SLACK``: see
+    :func:`.row_topk.sampled_gate`) and a zero count."""
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
-        tl.store(gates + i, sampled_gate(src + i.to(tl.int64) * stride_src, n, TOPK, SAMPLE, GATE_HALVES))
+        tl.store(gates + i, sampled_gate(src + i.to(tl.int64) * stride_src, n, TOPK, SAMPLE, GATE_HALVES, SLACK))
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
