@@ -19,7 +19,9 @@ from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.contract import KEY_NONE, allocate_result
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
-from indexer_topk.kernels.split_topk import finish_rows_kernel
+from indexer_topk.kernels.split_topk import (
+    HOW_BINS, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+)
 
 from kernel_cases import (
     assert_bitwise, assert_contract, assert_matches_reference, build, mixed_requests_case, pattern_cases,
@@ -41,32 +43,39 @@ def split_way(monkeypatch, device):
     return legacy_backend
 
 
-@pytest.fixture(params=[1, 4, 16], ids=lambda p: f"parts{p}")
-def split_parts(request, split_way, monkeypatch):
-    """:func:`split_way` with each row finished by ``1`` (sorted by one program), ``4`` or ``16``
-    programs (ranked side by side): the interpreter's few "SMs" would give one part to most
-    batches."""
-    monkeypatch.setattr(legacy_backend, "SPLIT_PARTS", request.param)
+@pytest.fixture(params=[0, 64, 4096], ids=lambda b: f"bins{b}")
+def split_bins(request, split_way, monkeypatch):
+    """:func:`split_way` finishing rows by a radix search and a sort (``0``), or by a histogram
+    of 64 bins (coarse: full bins send rows back to the search) or of 4,096."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", request.param)
     return request.param
 
 
-def scratch_need(rows, topk, device):
-    """int32 entries of the split select's scratch for the batch, as ``split_select`` sizes it."""
-    return legacy_backend.split_scratch_size(rows, topk, legacy_backend.split_parts(rows, device_sm_count(device)))
+def hows_expected(hows, counts, lens, topk, bins) -> None:
+    """Rows selected from their candidates were finished by their bins or by the search (by the
+    search alone without bins), the rest by the row select."""
+    took = set(took_candidates(counts, lens, topk))
+    for r, how in enumerate(hows.tolist()):
+        if r not in took:
+            assert how == HOW_ROW_SELECT, r
+        elif bins == 0:
+            assert how == HOW_SEARCH, r
+        else:
+            assert how in (HOW_SEARCH, HOW_BINS), r
 
 
 def split(keys, lens, topk, row_start=0, out=None):
-    """The split select on a guarded scratch: ``(outputs, candidate counts)``; the scratch's
-    guard band must be untouched."""
+    """The split select on a guarded scratch: ``(outputs, candidate counts, how each row was
+    finished)``; the scratch's guard band must be untouched."""
     rows, width = keys.shape
-    need = scratch_need(rows, topk, keys.device)
+    need = legacy_backend.split_scratch_size(rows, topk)
     scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
     if out is None:
         out = poisoned_result(rows, topk, keys.device)
     page_table = page_table_for(row_start + rows, width, keys.device)
     legacy_backend.split_select(keys, lens, page_table, topk=topk, out=out, row_start=row_start, scratch=scratch[:need])
     assert bool((scratch[need:] == SENTINEL).all()), "the split select wrote past its scratch"
-    return out, scratch[rows: 2 * rows].cpu()
+    return out, scratch[rows: 2 * rows].cpu(), scratch[3 * rows: 4 * rows].cpu()
 
 
 def torch_way(keys, lens, topk, monkeypatch):
@@ -91,19 +100,22 @@ def tied_keys(lens, width, device, seed=0):
 
 
 @pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "ties", "nan", "spikes"])
-def test_split_equals_torch_way(pattern, split_parts, monkeypatch, device):
+def test_split_equals_torch_way(pattern, split_bins, monkeypatch, device):
     """Rows of many blocks, just past the tile, one tile, exactly topk and fewer: the same four
     outputs, every slot. Random and trending rows take the candidate path; rows of three values
     overflow the buffer and spiked rows let too few in: both take the fallback."""
     width = 5120
     lens = [width, width - 1, 3000, 1025, 1024, 700, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
-    got, counts = split(keys, lens_t, TOPK)
+    got, counts, hows = split(keys, lens_t, TOPK)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    hows_expected(hows, counts, lens_t, TOPK, split_bins)
     long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
     if pattern in ("random", "increasing", "decreasing"):
         assert took_candidates(counts, lens_t, TOPK) == long_rows
+        if split_bins == 4096:  # distinct keys spread over the bins: each row finished by them
+            assert [hows[i] for i in long_rows] == [HOW_BINS] * len(long_rows)
     elif pattern in ("ties", "spikes"):
         # ties: a third of a long row equals its best key, more than the buffer holds; spikes:
         # only the sampled keys reach the gate, fewer than topk
@@ -117,9 +129,9 @@ def test_split_coarse_gate(pattern, split_way, monkeypatch, device):
     width = 8192
     lens = [width, width - 3, 6000, 4097, 3000]
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=5)
-    exact, exact_counts = split(keys, lens_t, TOPK)
+    exact, exact_counts, _hows = split(keys, lens_t, TOPK)
     monkeypatch.setattr(legacy_backend, "SPLIT_GATE_SLACK", 4)
-    coarse, coarse_counts = split(keys, lens_t, TOPK)
+    coarse, coarse_counts, _hows = split(keys, lens_t, TOPK)
     assert unwritten_slots(coarse) == []
     assert_same_bits(coarse, exact)
     assert_same_bits(coarse, torch_way(keys, lens_t, TOPK, monkeypatch))
@@ -131,15 +143,16 @@ def test_split_coarse_gate(pattern, split_way, monkeypatch, device):
 
 
 @pytest.mark.parametrize("topk", [TOPK, 512])
-def test_split_ties_at_the_kth_key(topk, split_parts, monkeypatch, device):
+def test_split_ties_at_the_kth_key(topk, split_bins, monkeypatch, device):
     """Keys equal to the k-th on both sides of the cut, in a buffer filled in no particular order:
     the lowest positions among them are taken, as by the torch way."""
     width = 6144
     lens = [width, width - 5, 4000, 2500]
     keys, lens_t = tied_keys(lens, width, device, seed=topk)
-    got, counts = split(keys, lens_t, topk)
+    got, counts, hows = split(keys, lens_t, topk)
     assert unwritten_slots(got) == []
     assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
+    hows_expected(hows, counts, lens_t, topk, split_bins)
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
     # the k-th key is tied across the cut (equal keys left out) in some row: else this test
     # would check nothing the random pattern does not
@@ -151,19 +164,40 @@ def test_split_ties_at_the_kth_key(topk, split_parts, monkeypatch, device):
     assert cut > 0
 
 
-def test_split_lengths_past_the_matrix(split_parts, monkeypatch, device):
+def test_split_bins_at_their_edges(split_way, monkeypatch, device):
+    """Keys far past the sample's range all land in the histogram's last bin: a few (distinct, or
+    equal and ranked by position) are ordered inside its run; more than ``SPLIT_MAXSEG`` send the
+    row back to the search. Same bits as the torch way either way."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
+    width = 5120
+    keys, lens_t = key_matrix("random", [width] * 4, width, device, seed=13)
+    sampled = set(((torch.arange(legacy_backend.SPLIT_SAMPLE) * width) // legacy_backend.SPLIT_SAMPLE).tolist())
+    free = torch.tensor([p for p in range(width) if p not in sampled])
+    gen = torch.Generator().manual_seed(13)
+    top = 2**31 - 1
+    for row, (many, equal) in enumerate([(12, False), (10, True), (40, False), (0, False)]):
+        spots = free[torch.randperm(len(free), generator=gen)[:many]].to(device)
+        keys[row, spots] = top if equal else top - torch.arange(many, dtype=torch.int32, device=device) * 7
+    got, counts, hows = split(keys, lens_t, TOPK)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    assert took_candidates(counts, lens_t, TOPK) == [0, 1, 2, 3]
+    assert hows.tolist() == [HOW_BINS, HOW_BINS, HOW_SEARCH, HOW_BINS]
+
+
+def test_split_lengths_past_the_matrix(split_bins, monkeypatch, device):
     """Unchecked lengths below zero or past the matrix's width read no further than the row."""
     width = 2048
     keys, _ = key_matrix("random", [width] * 3, width, device, seed=3)
     lens = torch.tensor([-5, width + 999, 2**31 - 1], dtype=torch.int32, device=device)
-    got, _counts = split(keys, lens, TOPK)
+    got, _counts, _hows = split(keys, lens, TOPK)
     assert unwritten_slots(got) == []
     assert got.counts.tolist() == [0, TOPK, TOPK]
     assert_same_bits(got, torch_way(keys, lens, TOPK, monkeypatch))
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
-def test_split_writes_only_its_outputs(topk, split_parts, device):
+def test_split_writes_only_its_outputs(topk, split_bins, device):
     """Output rows beside the selected ones (``row_start``), the key matrix and the scratch's
     guard band stay untouched, on rows that overflow their buffer and rows that do not."""
     width = 4 * 1024 + 1024
@@ -176,7 +210,7 @@ def test_split_writes_only_its_outputs(topk, split_parts, device):
     full_lens = torch.tensor([0, 0, width, 700, 0], dtype=torch.int32, device=device)
     split(keys, full_lens[2:4], topk, row_start=0, out=None)  # the scratch guard alone
     rows, _w = keys.shape
-    need = scratch_need(rows, topk, device)
+    need = legacy_backend.split_scratch_size(rows, topk)
     scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=device)
     legacy_backend.split_select(keys, full_lens, page_table_for(5, width, device), topk=topk, out=out, row_start=2,
                                 scratch=scratch[:need])
@@ -193,7 +227,7 @@ def test_split_scratch_is_checked(device):
     keys = torch.zeros((2, 256), dtype=torch.int32, device=device)
     lens = torch.tensor([256, 256], dtype=torch.int32, device=device)
     out = allocate_result(2, 64, device)
-    need = scratch_need(2, 64, device)
+    need = legacy_backend.split_scratch_size(2, 64)
     for bad in (torch.empty(need - 1, dtype=torch.int32, device=device),
                 torch.empty(need, dtype=torch.int64, device=device),
                 torch.empty(2 * need, dtype=torch.int32, device=device)[::2],
@@ -213,40 +247,51 @@ def test_split_scratch_is_checked(device):
         legacy_backend.split_select(wide[:, :256], lens, page_table_for(2, 256, device), topk=64, out=out)
 
 
-def test_split_finish_ignores_buffer_order(split_parts, monkeypatch, device):
+def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
     """The candidate buffer is filled in the atomics' order, which the interpreter (programs in
-    grid order) never varies: shuffle each row's entries, finish again, same bits (keys tied at
-    the k-th across the cut are ranked by position, not by buffer slot)."""
+    grid order) never varies: after the gate and the gathering, shuffle each row's entries, then
+    finish: the same bits (keys tied at the k-th across the cut are ranked by position, not by
+    buffer slot; with bins, the runs' slots are taken in the atomics' order too). The gathering's
+    histogram is checked against the buffer's keys binned here."""
+    L = legacy_backend
     topk, width = 128, 5120
     lens = [width, 4000, 2500]
     keys, lens_t = tied_keys(lens, width, device, seed=11)
-    rows = len(lens)
-    need = scratch_need(rows, topk, device)
-    scratch = torch.empty(need, dtype=torch.int32, device=device)
-    pt = page_table_for(rows, width, device)
-    legacy_backend.split_select(keys, lens_t, pt, topk=topk, out=poisoned_result(rows, topk, device), scratch=scratch)
-    counts = scratch[rows: 2 * rows].clone()
+    rows, bins = len(lens), split_bins
+    scratch = torch.zeros(L.split_scratch_size(rows, topk), dtype=torch.int32, device=device)
+    gates, counts, shifts, hows = scratch[: 4 * rows].view(4, rows)
+    cand_end = rows * (4 + 8 * topk)
+    cand = scratch[4 * rows: cand_end]
+    hist = scratch[cand_end:] if bins else cand
+    runs = L.split_runs(rows, width, device_sm_count(device))
+    gate_rows_kernel[(rows,)](keys, width, lens_t, 0, gates, counts, shifts, hist, TOPK=topk, TILE=L.SPLIT_TILE,
+                              SAMPLE=L.SPLIT_SAMPLE, SLACK=L.SPLIT_GATE_SLACK, BINS=bins, num_warps=L.SPLIT_WARPS)
+    gather_rows_kernel[(rows, runs)](keys, width, lens_t, 0, gates, counts, shifts, hist, cand, runs, TOPK=topk,
+                                     TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
-    want = torch_way(keys, lens_t, topk, monkeypatch)
-    cand = scratch[2 * rows: rows * (2 + 8 * topk)].view(rows, 2, 4 * topk)
     gen = torch.Generator().manual_seed(0)
+    buf = cand.view(rows, 2, 4 * topk)
     for r in range(rows):
         c = int(counts[r])
-        perm = torch.randperm(c, generator=gen).to(device)
-        cand[r, :, :c] = cand[r, :, :c][:, perm].clone()
+        buf[r, :, :c] = buf[r, :, :c][:, torch.randperm(c, generator=gen).to(device)].clone()
+        if bins:
+            b = ((buf[r, 0, :c].long() - int(gates[r])) >> int(shifts[r])).clamp(0, bins - 1)
+            assert torch.equal(hist.view(rows, 2, bins)[r, 0], torch.bincount(b, minlength=bins).to(torch.int32))
     out = poisoned_result(rows, topk, device)
-    cand_end = rows * (2 + 8 * topk)
-    finish_rows_kernel[(rows, split_parts)](
+    pt = page_table_for(rows, width, device)
+    finish_rows_kernel[(rows,)](
         keys, width, lens_t, pt, pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
-        out.counts, 0, scratch[rows: 2 * rows], scratch[2 * rows: cand_end], scratch[cand_end:] if split_parts > 1 else scratch,
-        scratch, TOPK=topk, TILE=legacy_backend.SPLIT_TILE, SAMPLE=legacy_backend.SPLIT_SAMPLE, PARTS=split_parts,
-        num_warps=legacy_backend.SPLIT_WARPS,
+        out.counts, 0, gates, counts, shifts, hows, hist, cand, scratch, TOPK=topk, TILE=L.SPLIT_TILE,
+        SAMPLE=L.SPLIT_SAMPLE, BINS=bins, MAXSEG=L.SPLIT_MAXSEG, num_warps=L.SPLIT_WARPS,
     )
+    hows_expected(hows.cpu(), counts.cpu(), lens_t.cpu(), topk, bins)
+    if bins == 4096:  # equal keys share a bin: their run ranks them by position
+        assert hows.tolist() == [HOW_BINS] * rows
     assert unwritten_slots(out) == []
-    assert_same_bits(out, want)
+    assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))
 
 
-def test_split_entrants_at_the_buffer_bounds(split_parts, monkeypatch, device):
+def test_split_entrants_at_the_buffer_bounds(split_bins, monkeypatch, device):
     """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk and
     4 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate): the fallback
     condition's edges, each with the torch way's bits."""
@@ -267,13 +312,14 @@ def test_split_entrants_at_the_buffer_bounds(split_parts, monkeypatch, device):
         gate = int(vals.sort(descending=True).values[r_th - 1])
         keys[row, free[torch.randperm(len(free), generator=gen)[: target - r_th]]] = gate
     keys, lens = keys.to(device), torch.full((len(targets),), width, dtype=torch.int32, device=device)
-    got, counts = split(keys, lens, topk)
+    got, counts, hows = split(keys, lens, topk)
     assert counts.tolist() == targets
     assert took_candidates(counts, lens.cpu(), topk) == [1, 2, 3]
+    hows_expected(hows, counts, lens.cpu(), topk, split_bins)
     assert_same_bits(got, torch_way(keys, lens, topk, monkeypatch))
 
 
-def test_split_reads_nothing_past_a_row(split_parts, monkeypatch, device):
+def test_split_reads_nothing_past_a_row(split_bins, monkeypatch, device):
     """Keys past each row's length set to the best key there is select nothing: the gate's
     sample, the gathering runs and the fallback all stop at the row's length."""
     topk, width = 128, 5120
@@ -281,7 +327,7 @@ def test_split_reads_nothing_past_a_row(split_parts, monkeypatch, device):
     keys, lens_t = key_matrix("random", lens, width, device, seed=9)
     hostile = keys.clone()
     hostile[keys == KEY_NONE] = 2**31 - 1
-    got, _counts = split(hostile, lens_t, topk)
+    got, _counts, _hows = split(hostile, lens_t, topk)
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
 
 
@@ -330,13 +376,16 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
     width = 196608
     lens = ([width, 32768, width - 1, 4097, 4096, topk + 1, topk, topk - 1, 1, 0] * 7)[:rows]
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk + rows)
-    got, counts = split(keys, lens_t, topk)
+    got, counts, hows = split(keys, lens_t, topk)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
     if pattern in ("random", "increasing"):  # the gate misjudges about one row in a thousand
         long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
         took = took_candidates(counts, lens_t, topk)
         assert set(took) <= set(long_rows) and len(took) >= len(long_rows) - len(long_rows) // 20
+        binned = [i for i in took if hows[i] == HOW_BINS]  # the bins resolve random and rising keys
+        assert len(binned) >= len(took) - len(took) // 20
 
 
 @pytest.mark.gpu
@@ -345,8 +394,9 @@ def test_split_ties_at_the_kth_key_gpu(topk, split_way, monkeypatch, device):
     width = 196608
     lens = [width, 100000, 32768, 5000]
     keys, lens_t = tied_keys(lens, width, device, seed=topk)
-    got, counts = split(keys, lens_t, topk)
+    got, counts, hows = split(keys, lens_t, topk)
     assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
+    hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
 
 
@@ -390,7 +440,7 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.split_topk import finish_rows_kernel as f
-const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=True)
+const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG, PROF=True)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 """

@@ -138,15 +138,19 @@ def main(argv=None) -> int:
             L = legacy_backend
             for fn, name, warps, const in (
                     (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, SLACK=L.SPLIT_GATE_SLACK,
+                          BINS=L.SPLIT_BINS)),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=L.SPLIT_BINS)),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=1, PROF=False)),
-                    (finish_rows_kernel, "finish, 16 parts", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=False)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
+                          MAXSEG=L.SPLIT_MAXSEG, PROF=False)),
+                    (finish_rows_kernel, "finish, no bins", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=0, MAXSEG=L.SPLIT_MAXSEG,
+                          PROF=False)),
                     (finish_rows_kernel, "finish PROF", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, PARTS=16, PROF=True))):
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
+                          MAXSEG=L.SPLIT_MAXSEG, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout

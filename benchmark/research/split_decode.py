@@ -5,10 +5,11 @@ graph-replayed time, device time per kernel, and bits against the default settin
     PYTHONPATH=python python3 benchmark/research/split_decode.py [--shapes 1x128K,8x768K,...]
         [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256"] [--patterns random,increasing]
 
-``--profile``: instead, the finishing kernel's ``PROF`` build on each shape's key matrix (the
-shipped settings): SM cycles per row from its start to the candidates loaded, the k-th found,
-the selection appended and the row sorted and written (medians over the rows that took their
-candidates, and how many did).
+``--profile``: instead, the finishing kernel's ``PROF`` build on each shape's key matrix (under
+each config): SM cycles per row from its start to the candidates loaded, the k-th found, the
+selection appended and the row sorted and written (by bins: the histogram read, the runs placed,
+the ranks written), medians over the rows finished the commoner way, and how many rows were
+finished by bins and by the search.
 
 Each ``;``-separated config sets attributes of :mod:`indexer_topk.backends.legacy` (an empty
 config: the shipped settings, always run first as the reference). Every run goes through the out
@@ -47,9 +48,11 @@ def parse_config(text: str) -> dict:
 
 
 def profile(a, device) -> int:
-    """Phase cycles of the finishing kernel per shape (see the module docstring)."""
-    from indexer_topk.kernels.split_topk import PROF_FIELDS
+    """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
+    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_SEARCH, PROF_FIELDS
 
+    configs = [""] + [c for c in a.configs.split(";") if c.strip()]
+    shipped = {k: getattr(legacy_backend, k) for c in configs for k in parse_config(c)}
     lines = []
     for pattern in a.patterns.split(","):
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
@@ -57,22 +60,30 @@ def profile(a, device) -> int:
                               topk=a.topk, seed=1, device=device, pattern=pattern)
             inputs = w.inputs()
             keys = legacy_backend.legacy_score(inputs, rows_per_request=per_request)
-            prof = torch.zeros((w.rows, PROF_FIELDS), dtype=torch.int64, device=device)
-            out = indexer_topk.allocate_result(w.rows, w.topk, device)
-            for _ in range(3):  # compile, warm, then the counted run
-                legacy_backend.split_select(keys, w.seq_lens, w.page_table, topk=w.topk, out=out, prof=prof)
-            torch.cuda.synchronize()
-            took = prof[:, 4] == 1
-            cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
-            phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
-                      "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
-            shape = f"{requests}x{tokens // 1024}K"
-            lines.append(f"{pattern:10s} {shape:9s} rows {w.rows:4d} from candidates {int(took.sum()):4d}  "
-                         + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
-            print(lines[-1], flush=True)
+            for text in configs:
+                for k, v in {**shipped, **parse_config(text)}.items():
+                    setattr(legacy_backend, k, v)
+                prof = torch.zeros((w.rows, PROF_FIELDS), dtype=torch.int64, device=device)
+                out = indexer_topk.allocate_result(w.rows, w.topk, device)
+                for _ in range(3):  # compile, warm, then the counted run
+                    legacy_backend.split_select(keys, w.seq_lens, w.page_table, topk=w.topk, out=out, prof=prof)
+                torch.cuda.synchronize()
+                hows = prof[:, 4]
+                n_bins, n_search = int((hows == HOW_BINS).sum()), int((hows == HOW_SEARCH).sum())
+                took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
+                cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
+                phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
+                          "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
+                shape = f"{requests}x{tokens // 1024}K"
+                lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
+                             f"search {n_search:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
+                print(lines[-1], flush=True)
             w = inputs = keys = None
             torch.cuda.empty_cache()
-    print("\nfinishing kernel, SM cycles per row (median over the rows selected from their candidates)")
+    for k, v in shipped.items():
+        setattr(legacy_backend, k, v)
+    print("\nfinishing kernel, SM cycles per row (median over the rows finished the commoner way: by bins, the\n"
+          "phases are the histogram read and checked, the runs placed, the ranks written)")
     print("\n".join(lines))
     return 0
 

@@ -32,7 +32,7 @@ from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
-from ..kernels.split_topk import PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
+from ..kernels.split_topk import HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
@@ -70,18 +70,14 @@ SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
 SPLIT_GATHER_WARPS = 4
-# A row's finishing programs (kernels/split_topk.py, PARTS): a batch of few rows writes each row
-# from SPLIT_MAX_PARTS programs at most, as many as keep the batch's programs within one a SM and
-# SPLIT_PART_AREAS, each writing TOPK / PARTS entries at their ranks; below SPLIT_MIN_PARTS
-# programs a row is sorted by one (the rank counts cost TOPK * TOPK / PARTS comparisons a
-# program, the sort about a third of TOPK * TOPK at PARTS 1). None: that rule; a number: forced.
-SPLIT_PARTS = None
 # The gate's search may stop once its boundary bucket holds at most r / SPLIT_GATE_SLACK sample
 # keys past its rank r (kernels/row_topk.py, sampled_gate): 0, the exact r-th.
 SPLIT_GATE_SLACK = 0
-SPLIT_MAX_PARTS = 16
-SPLIT_MIN_PARTS = 4
-SPLIT_PART_AREAS = 128  # programs' areas of the scratch (6 * topk int32 each) at most
+# The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the keys
+# from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
+# (kernels/split_topk.py); SPLIT_BINS = 0: always by a radix search and a sort.
+SPLIT_BINS = 4096
+SPLIT_MAXSEG = 16
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
@@ -194,46 +190,29 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
     return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
 
 
-def split_parts(rows: int, sm_count: int) -> int:
-    """Finishing programs per row of the "split" select (``SPLIT_PARTS``' rule): the largest
-    power of two up to ``SPLIT_MAX_PARTS`` with ``rows * parts`` within both the SM count and
-    ``SPLIT_PART_AREAS``; 1 (one program sorts the row) when that is below ``SPLIT_MIN_PARTS``."""
-    if SPLIT_PARTS is not None:
-        return SPLIT_PARTS
-    parts = SPLIT_MAX_PARTS
-    while parts >= SPLIT_MIN_PARTS and rows * parts > min(sm_count, SPLIT_PART_AREAS):
-        parts //= 2
-    return parts if parts >= SPLIT_MIN_PARTS else 1
-
-
-def split_scratch_size(rows: int, topk: int, parts: int = 1) -> int:
-    """int32 entries of the "split" select's scratch for ``rows`` rows finished by ``parts``
-    programs each (:func:`split_parts`): per row its gate, its candidate count and a buffer of
-    ``4 * topk`` keys and ``4 * topk`` positions; with ``parts > 1``, ``6 * topk`` more for each of
-    the row's programs (its copy of the selection, the one-program select's pool)."""
-    return rows * (2 + 8 * topk) + (rows * parts * 6 * topk if parts > 1 else 0)
+def split_scratch_size(rows: int, topk: int) -> int:
+    """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
+    (gate, candidate count, bin shift, how it was finished), a buffer of ``4 * topk`` keys and
+    ``4 * topk`` positions, and ``2 * SPLIT_BINS`` for its histogram."""
+    return rows * (HEADER_FIELDS + 8 * topk + 2 * SPLIT_BINS)
 
 
 @launches_kernels
 def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None,
                  prof=None) -> None:
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
-    :func:`split_scratch_size` entries for the :func:`split_parts` of the batch and device,
-    contiguous; ``None``: allocated for the call). After the
-    call, ``scratch[rows:2 * rows]`` holds each row's candidate count: the keys that reached its
-    gate (the row was selected from them when that lies in ``[topk, 4 * topk]`` and the row is
-    longer than ``SPLIT_TILE``). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
+    call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
+    that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
+    and the row is longer than ``SPLIT_TILE``), bin shift and how it was finished (``HOW_*`` of
+    :mod:`indexer_topk.kernels.split_topk`). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`)."""
     keys = keys.view(torch.int32)
     if not keys.is_contiguous():  # the kernels step rows by the width
         raise ValueError("keys: expected a contiguous key matrix")
     rows, width = keys.shape
-    sm_count = device_sm_count(keys.device)
-    parts = split_parts(rows, sm_count)
-    if parts < 1 or parts & (parts - 1) or topk % parts:
-        raise ValueError(f"SPLIT_PARTS: expected a power of two dividing topk={topk}, got {parts}")
-    need = split_scratch_size(rows, topk, parts)
+    need = split_scratch_size(rows, topk)
     if scratch is None:
         # torch.empty: an allocation the replay repeats (indexer_topk.replay)
         scratch = torch.empty(need, dtype=torch.int32, device=keys.device)
@@ -247,18 +226,19 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     if rows == 0:
         return
     check_runnable(keys.device)
-    gates, counts = scratch[:rows], scratch[rows: 2 * rows]
-    cand = scratch[2 * rows: rows * (2 + 8 * topk)]
-    sel = scratch[rows * (2 + 8 * topk): need] if parts > 1 else cand  # unread with one part
-    runs = split_runs(rows, width, sm_count)
-    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, SLACK=SPLIT_GATE_SLACK, num_warps=SPLIT_WARPS)
-    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, cand, runs,
-           TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_GATHER_WARPS)
-    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
-           out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, counts, cand,
-           sel, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, PARTS=parts,
-           PROF=prof is not None, num_warps=SPLIT_WARPS)
+    gates, counts, shifts, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
+    cand = scratch[HEADER_FIELDS * rows: rows * (HEADER_FIELDS + 8 * topk)]
+    hist = scratch[rows * (HEADER_FIELDS + 8 * topk): need] if SPLIT_BINS else cand  # unread without bins
+    runs = split_runs(rows, width, device_sm_count(keys.device))
+    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, shifts, hist,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, SLACK=SPLIT_GATE_SLACK, BINS=SPLIT_BINS,
+           num_warps=SPLIT_WARPS)
+    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, shifts, hist, cand,
+           runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, num_warps=SPLIT_GATHER_WARPS)
+    launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
+           out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
+           shifts, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, num_warps=SPLIT_WARPS)
 
 
 @launches_kernels

@@ -172,23 +172,29 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
 
 
 @triton.jit
-def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr, SLACK: tl.constexpr = 0):
-    """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n > SAMPLE`` keys reach: the ``r``-th
-    largest of ``SAMPLE`` keys spread evenly over the row, ``r`` scaled from ``HALVES / 2 * TOPK``
-    by ``SAMPLE / n`` (at most the sample's second smallest). At least ``r`` keys of the row
-    reach it; whether ``TOPK`` do is what the scan that uses it checks.
+def row_sample(src, n, SAMPLE: tl.constexpr):
+    """``SAMPLE`` keys spread evenly over a row of ``n >= SAMPLE`` keys."""
+    j = tl.arange(0, SAMPLE)
+    return tl.load(src + ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32))
+
+
+@triton.jit
+def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, SLACK: tl.constexpr = 0):
+    """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n`` keys reach, from its sample
+    ``key`` (:func:`row_sample`, ``SAMPLE`` keys): the ``r``-th largest of the sample, ``r`` scaled
+    from ``HALVES / 2 * TOPK`` by ``SAMPLE / n`` (at most the sample's second smallest). At least
+    ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks.
 
     ``SLACK > 0``: the search stops at the first digit whose boundary bucket holds at most
     ``r / SLACK`` sample keys beyond the ``r``-th, and the gate is the smallest of them: up to
     ``1 + 1 / SLACK`` times the keys aimed at reach it, for fewer radix passes."""
-    j = tl.arange(0, SAMPLE)
-    key = tl.load(src + ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32))
+    SAMPLE: tl.constexpr = key.shape[0]
+    valid = tl.arange(0, SAMPLE) < SAMPLE
     r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
     if SLACK == 0:
-        t, shift, _need = tile_kth(key, j < SAMPLE, r)
+        t, shift, _need = tile_kth(key, valid, r)
     else:
         b = key ^ KEY_MIN
-        valid = j < SAMPLE
         slack = r // SLACK
         zero = tl.zeros([], dtype=tl.int32)
         state = (zero, zero + r, zero, zero)  # (tb, need, shift, done)
@@ -204,6 +210,12 @@ def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.co
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
     return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)
+
+
+@triton.jit
+def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr):
+    """:func:`sample_gate` of the row's :func:`row_sample` (rows of ``n > SAMPLE`` keys)."""
+    return sample_gate(row_sample(src, n, SAMPLE), n, TOPK, HALVES)
 
 
 @triton.jit

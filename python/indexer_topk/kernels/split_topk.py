@@ -6,21 +6,29 @@ one SM's pace, so a row is split three ways, one launch each:
 
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
-   (:func:`.row_topk.sampled_gate`); it also clears the row's candidate count.
+   (:func:`.row_topk.sample_gate`), and the bins of a histogram over the keys from the gate up
+   (``BINS`` bins of ``2 ** shift`` keys, the sample's range filling a quarter of them); it also
+   clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
-   ``CAP = 4 * TOPK`` entries, at an offset taken with one atomic add per block of keys. The
-   count keeps counting past ``CAP`` (those entries are not stored), so an overflow is seen.
-3. :func:`finish_rows_kernel`, a program per row: when the row's count lies in
+   ``CAP = 4 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
+   counts each in its bin. The count keeps counting past ``CAP`` (those entries are not
+   stored), so an overflow is seen.
+3. :func:`finish_rows_kernel`, a program per row. When the row's count lies in
    ``[TOPK, CAP]``, the buffer holds every key that reaches the gate and the row's best
-   ``TOPK`` are among them (a key below the gate loses to ``TOPK`` that reach it); the k-th is
-   searched in one register tile (:func:`.row_topk.tile_kth`). The buffer's order is the
-   atomics' order, not position order, so keys equal to the k-th are ranked by position with a
-   second search over their positions: the lowest positions win, as everywhere in the
-   contract. A row the gate misjudged (fewer than ``TOPK`` or more than ``CAP`` reached it:
-   ties, plateaus, a sample that missed the row's shape) and a row of at most ``TILE`` keys are
-   selected by the one-program row select instead, which is exact whatever the data. Then the
-   selection is sorted and written (:func:`.select.finalize_row`).
+   ``TOPK`` are among them (a key below the gate loses to ``TOPK`` that reach it). The
+   histogram then names the bin of the k-th key and where each bin's keys start in the output
+   (the keys of higher bins first): when no bin from there up holds more than ``MAXSEG`` keys,
+   each candidate of those bins is placed in its bin's run with an atomic add, and ranked inside
+   the run by the contract's order (key, then lowest position) against the run's other keys,
+   at most ``MAXSEG`` comparisons: a counting sort by bin, no radix search, no sorting network.
+   Otherwise (a bin too full: ties, plateaus, a range the bins do not resolve; or ``BINS == 0``)
+   the k-th is searched in one register tile (:func:`.row_topk.tile_kth`), keys equal to it
+   ranked by position with a second search (the buffer is in the atomics' order), and the
+   selection sorted. A row the gate misjudged (fewer than ``TOPK`` or more than ``CAP`` reached
+   it: ties, plateaus, a sample that missed the row's shape) and a row of at most ``TILE`` keys
+   are selected by the one-program row select instead, exact whatever the data, and sorted
+   (:func:`.select.finalize_row`).
 
 With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys puts the count below
 ``TOPK`` or above ``4 * TOPK`` about once in a thousand rows of random scores (the sampled
@@ -32,13 +40,19 @@ path; only data with many equal keys around the k-th pays the one-program select
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, INT32_MAX, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits
-from .row_topk import append, row_length, sampled_gate, select_row, span_kth
-from .select import finalize_row, take_mask
+from .common import INT32_MAX, KEY_MIN, LOW32, key_to_score_bits
+from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
+from .select import finalize_row, radix_digit, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
 PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
 _PROF_STRIDE = tl.constexpr(PROF_FIELDS)
+HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin shift, how finished
+# How the finishing kernel selected a row (the header's last field)
+HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
+HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
+HOW_BINS = 2  # from its candidates, by the histogram's bins
+_ROW_SELECT, _SEARCH, _BINS = tl.constexpr(HOW_ROW_SELECT), tl.constexpr(HOW_SEARCH), tl.constexpr(HOW_BINS)
 
 
 @triton.jit
@@ -48,42 +62,72 @@ def _clock():
 
 
 @triton.jit
-def _stamp(prof_row, field: tl.constexpr, t0, first):
+def _stamp(prof_row, field: tl.constexpr, t0):
     """The ``PROF`` build's phase boundary: every thread done with the phase, then the cycles
-    since ``t0`` stored as counter ``field`` of the row (by its ``first`` program only)."""
+    since ``t0`` stored as counter ``field`` of the row."""
     tl.debug_barrier()
-    if first:
-        tl.store(prof_row + field, _clock() - t0)
+    tl.store(prof_row + field, _clock() - t0)
+
+
+@triton.jit
+def _bin_of(key, gate, shift, BINS: tl.constexpr):
+    """The histogram bin of keys at or above ``gate``: ``(key - gate) >> shift``, the last bin
+    also holding every key past it."""
+    b = (key.to(tl.int64) - gate.to(tl.int64)) >> shift.to(tl.int64)
+    return tl.minimum(tl.maximum(b, 0), BINS - 1).to(tl.int32)
+
+
+@triton.jit
+def _bit_length(x):
+    """Bits of a non-negative int64 below ``2 ** 40`` (0 for 0)."""
+    bits = tl.zeros([], dtype=tl.int32)
+    for s in tl.static_range(40):
+        bits += ((x >> s) != 0).to(tl.int32)
+    return bits
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
-    src, stride_src, seq_lens, row_start, gates, counts,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, SLACK: tl.constexpr = 0,
+    src, stride_src, seq_lens, row_start, gates, counts, shifts, hist,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, SLACK: tl.constexpr, BINS: tl.constexpr,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only; ``SLACK``: see
-    :func:`.row_topk.sampled_gate`) and a zero count."""
+    :func:`.row_topk.sample_gate`), its histogram's bin shift and cleared bins (``BINS > 0``),
+    and a zero count."""
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
-        tl.store(gates + i, sampled_gate(src + i.to(tl.int64) * stride_src, n, TOPK, SAMPLE, GATE_HALVES, SLACK))
+        key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
+        gate = sample_gate(key, n, TOPK, GATE_HALVES, SLACK)
+        tl.store(gates + i, gate)
+        if BINS > 0:
+            # the sample's keys from the gate up fill a quarter of the bins: the row's keys past
+            # the sample's largest have three quarters of them before the last bin
+            span = tl.max(key, axis=0).to(tl.int64) - gate.to(tl.int64)
+            quarter_bits = _bit_length(tl.full([], BINS // 4 - 1, tl.int64))  # (span >> shift) < BINS / 4
+            tl.store(shifts + i, tl.maximum(_bit_length(span) - quarter_bits, 0))
+            tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
 def gather_rows_kernel(
-    src, stride_src, seq_lens, row_start, gates, counts, cand, splits,
-    TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr,
+    src, stride_src, seq_lens, row_start, gates, counts, shifts, hist, cand, splits,
+    TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
     gate, appended to its candidate buffer (``cand``: ``8 * TOPK`` int32 a row, keys then
-    positions)."""
+    positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
+    bins then the finishing kernel's copy of where their runs start)."""
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     if n > TILE:
         gate = tl.load(gates + i)
+        if BINS > 0:
+            shift = tl.load(shifts + i)
+            hist_row = hist + i.to(tl.int64) * (2 * BINS)
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
         lo = tl.program_id(1) * run
         hi = tl.minimum(lo + run, n)
@@ -101,145 +145,160 @@ def gather_rows_kernel(
                 room = enter & (dst < CAP)
                 tl.store(ck + dst, key, mask=room)
                 tl.store(ck + CAP + dst, pos, mask=room)
+                if BINS > 0:
+                    tl.atomic_add(hist_row + _bin_of(key, gate, shift, BINS), 1, mask=enter, sem="relaxed")
 
 
 @triton.jit
-def _select_candidates(ck, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0, first, PROF: tl.constexpr):
-    """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates at ``ck`` (any order) to
-    ``out``: every key above the k-th, then the keys equal to it at the lowest positions. (``PROF``:
-    counters 0 and 1 of the row, see :func:`finish_rows_kernel`.)"""
-    CAP: tl.constexpr = 4 * TOPK
-    offs = tl.arange(0, CAP)
-    valid = offs < count
-    key = tl.load(ck + offs, mask=valid, other=0)
-    pos = tl.load(ck + CAP + offs, mask=valid, other=0)
-    if PROF:
-        _stamp(prof_row, 0, t0, first)
+def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0,
+                       PROF: tl.constexpr):
+    """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates ``(key, pos)`` (a
+    register tile, any order) to ``out``: every key above the k-th, then the keys equal to it at
+    the lowest positions. (``PROF``: counter 1 of the row, see :func:`finish_rows_kernel`.)"""
     take = valid
     if count > TOPK:
-        t, shift, need = span_kth(key, valid, TOPK)
+        t, shift, need = tile_kth(key, valid, TOPK)
         above = valid & ((key >> shift) > (t >> shift))
         eq = valid & ((key >> shift) == (t >> shift))
         # the bucket is taken whole unless keys equal to the k-th are more than it needs: then
-        # the lowest positions among them, a search over INT32_MAX - position (distinct keys)
+        # the lowest positions among them, a search over INT32_MAX - position (distinct keys,
+        # close together: the search starts where they differ)
         if tl.sum(eq.to(tl.int32), axis=0) > need:
             lowest = INT32_MAX - pos
             t2, shift2, need2 = span_kth(lowest, eq, need)
             eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0)
         take = above | eq
     if PROF:
-        _stamp(prof_row, 1, t0, first)
+        _stamp(prof_row, 1, t0)
     append(out_key, out_pos, 0, key, pos, take)
 
 
 @triton.jit
-def _order(key, pos, SORTED):
-    """int64 images of ``(key, position)`` entries whose descending order is the output's: the
-    contract's composite ``key << 32 | ~position`` for a sorted row, else ascending position."""
-    comp = (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
-    return tl.where(SORTED, comp, -pos.to(tl.int64))
+def _composite(key, pos):
+    """The contract's order of ``(key, position)`` entries as int64: descending is output order."""
+    return (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
 
 
 @triton.jit
-def _rank_write(sel_key, sel_pos, count, n, part, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
-                TOPK: tl.constexpr, PARTS: tl.constexpr):
-    """Part ``part`` of ``PARTS`` of a row's output, from its ``count`` selected entries at
-    ``sel`` (any order): entries ``part * C ..`` (``C = TOPK / PARTS``) are written at their ranks,
-    counted against every selected entry (the orders are distinct), and the empty slots
-    ``part * C ..`` at or past ``count`` get ``-inf`` / ``-1``. The parts write disjoint slots."""
-    C: tl.constexpr = TOPK // PARTS
-    J: tl.constexpr = min(TOPK, 8192 // C)  # entries compared against a step: [C, J] a step
-    mine = part * C + tl.arange(0, C)
-    mv = mine < count
-    key = tl.load(sel_key + mine, mask=mv, other=0)
-    pos = tl.load(sel_pos + mine, mask=mv, other=0)
-    is_sorted = n > TOPK
-    comp = _order(key, pos, is_sorted)
-    rank = tl.zeros([C], dtype=tl.int32)
-    for j0 in range(0, count, J):
-        jj = j0 + tl.arange(0, J)
-        jv = jj < count
-        cj = tl.where(jv, _order(tl.load(sel_key + jj, mask=jv, other=0), tl.load(sel_pos + jj, mask=jv, other=0),
-                                 is_sorted), COMP_MIN)
-        rank += tl.sum((cj[None, :] > comp[:, None]).to(tl.int32), axis=1)
-    page = tl.load(pt_row + (pos >> 6), mask=mv, other=0)
-    tl.store(out_bits_row + rank, key_to_score_bits(key), mask=mv)
-    tl.store(out_raw_row + rank, pos, mask=mv)
-    tl.store(out_phys_row + rank, page * 64 + (pos & 63), mask=mv)
-    empty = mine >= count
-    tl.store(out_bits_row + mine, tl.full([C], NEG_INF_BITS, tl.int32), mask=empty)
-    tl.store(out_raw_row + mine, tl.full([C], -1, tl.int32), mask=empty)
-    tl.store(out_phys_row + mine, tl.full([C], -1, tl.int32), mask=empty)
-    if part == 0:
-        tl.store(out_cnt_ptr, count)
+def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, shift, pt_row,
+                    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts,
+                    TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
+    """A row's output from its candidates ``(key, pos)`` (a register tile) by their bins: bin
+    ``bnd`` holds the k-th key (``above`` candidates lie in higher bins, ``bucket`` in it) and no
+    bin from ``bnd`` up holds more than ``MAXSEG``. Each candidate of those bins takes a slot in
+    its bin's run of the buffer ``ck`` (the run starts after the candidates of higher bins;
+    the slot from an atomic add on the bin's counter in ``hist_row``, starting at ``start_row``'s
+    copy), then its rank in the run by the contract's order: the output slot. Run slots past
+    ``TOPK`` (the boundary bin's losers) are not written."""
+    CAP: tl.constexpr = 4 * TOPK
+    bins = tl.arange(0, BINS)
+    start = tl.sum(bin_counts, axis=0) - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins
+    tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
+    tl.store(start_row + bins, start)
+    tl.store(hist_row + bins, start)
+    tl.debug_barrier()
+    b = _bin_of(key, gate, shift, BINS)
+    staged = valid & (b >= bnd)
+    slot = tl.atomic_add(hist_row + b, 1, mask=staged, sem="relaxed")
+    tl.store(ck + slot, key, mask=staged)
+    tl.store(ck + CAP + slot, pos, mask=staged)
+    tl.debug_barrier()  # the runs are complete, and the counters hold each run's end
+    if PROF:
+        _stamp(prof_row, 2, t0)
+    s = tl.arange(0, 2 * TOPK)  # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them
+    live = s < above + bucket
+    ks = tl.load(ck + s, mask=live, other=0)
+    ps = tl.load(ck + CAP + s, mask=live, other=0)
+    bs = _bin_of(ks, gate, shift, BINS)
+    lo = tl.load(start_row + bs, mask=live, other=0)
+    hi = tl.load(hist_row + bs, mask=live, other=0)
+    cs = _composite(ks, ps)
+    rank = tl.zeros([2 * TOPK], dtype=tl.int32)
+    for d in tl.static_range(MAXSEG):
+        j = lo + d
+        m = live & (j < hi)
+        cj = _composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
+        rank += (m & (cj > cs)).to(tl.int32)
+    f = lo + rank
+    w = live & (f < TOPK)
+    page = tl.load(pt_row + (ps >> 6), mask=w, other=0)
+    tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
+    tl.store(out_raw_row + f, ps, mask=w)
+    tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
+    tl.store(out_cnt_ptr, TOPK)
 
 
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    counts, cand, sel, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PARTS: tl.constexpr = 1,
-    PROF: tl.constexpr = False,
+    gates, counts, shifts, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False,
 ):
-    """Program ``(i, p)``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from
-    its candidates or, where the gate misjudged the row or the row fits a tile, by the
-    one-program row select (:func:`.row_topk.select_row`); then ordered and written to the four
-    outputs.
+    """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
+    candidates (by their bins, or by a search and a sort) or by the one-program row select
+    (:func:`.row_topk.select_row`, its pool in the row's candidate buffer), written to the four
+    outputs; ``hows[i]``: which (``HOW_*``).
 
-    With ``PARTS == 1`` the program sorts its row's selection (:func:`.select.finalize_row`; the
-    row select's pool in the row's candidate buffer). With ``PARTS > 1`` the row's ``PARTS``
-    programs each make the same selection in an area of ``sel`` of their own (``6 * TOPK`` int32 a
-    program: the selection, then the row select's pool), then write their part of it at its
-    ranks (:func:`_rank_write`): the sort's network, one program's long chain of steps, becomes
-    ``TOPK / PARTS`` rank counts a program, side by side.
-
-    ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, written by
-    the row's first program, unread otherwise) stores the row's SM cycles from the kernel's start
-    to: the candidates loaded, the k-th found (ties ranked), the selection appended, the row
-    ordered and written; and 1 where the row was selected from its candidates (0: the
-    one-program select, whose cycles fall in the third phase when ``PARTS > 1``, else the last)."""
+    ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
+    otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
+    k-th found (by bins: the histogram read and checked), the selection appended (by bins: the
+    candidates placed in their runs), the row ordered and written; and the ``HOW_*`` taken (the
+    row select's cycles fall in the third phase)."""
     # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
     # buffer's atomic order would not give: such rows must be one tile
     tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")
-    tl.static_assert(TOPK % PARTS == 0, "a row's parts split its TOPK slots evenly")
+    tl.static_assert(MAXSEG <= TOPK, "a bin's run spills at most MAXSEG slots past TOPK")
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
-    part = tl.program_id(1)
     row = row_start + i
     n = row_length(seq_lens, row, stride_src)
     orow = row.to(tl.int64) * TOPK
     ck = cand + i.to(tl.int64) * (2 * CAP)
     count = tl.load(counts + i)
     prof_row = prof + i.to(tl.int64) * _PROF_STRIDE
+    pt_row = page_table + row.to(tl.int64) * stride_pt
     t0 = tl.zeros([], dtype=tl.int64)
-    from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
-    first = part == 0  # the program that stores the row's PROF counters
     if PROF:
         tl.debug_barrier()
         t0 = _clock()
-        if part == 0:
-            tl.store(prof_row + 4, from_candidates.to(tl.int64))
-    if PARTS == 1:
-        sel_key = out_bits + orow
-        sel_pos = out_raw + orow
-        pool_key = ck
-    else:
-        sel_key = sel + (i * PARTS + part).to(tl.int64) * (6 * TOPK)
-        sel_pos = sel_key + TOPK
-        pool_key = sel_key + 2 * TOPK
-    if from_candidates:
-        _select_candidates(ck, count, sel_key, sel_pos, TOPK, prof_row, t0, first, PROF)
-    else:
-        select_row(src + i.to(tl.int64) * stride_src, n, sel_key, sel_pos, pool_key, pool_key + 2 * TOPK,
-                   TOPK, TILE, SAMPLE)
-    tl.debug_barrier()
+    from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
+    # the candidates (unread where the row select serves)
+    offs = tl.arange(0, CAP)
+    valid = offs < tl.where(from_candidates, count, 0)
+    key = tl.load(ck + offs, mask=valid, other=0)
+    pos = tl.load(ck + CAP + offs, mask=valid, other=0)
     if PROF:
-        _stamp(prof_row, 2, t0, first)
-    pt_row = page_table + row.to(tl.int64) * stride_pt
-    if PARTS == 1:
-        finalize_row(sel_key, sel_pos, tl.minimum(n, TOPK), n, pt_row,
+        _stamp(prof_row, 0, t0)
+    how = tl.where(from_candidates, _SEARCH, _ROW_SELECT)
+    if BINS > 0:
+        hist_row = hist + i.to(tl.int64) * (2 * BINS)
+        bin_counts = tl.load(hist_row + tl.arange(0, BINS), mask=tl.arange(0, BINS) < tl.where(from_candidates, BINS, 0),
+                             other=0)
+        bnd, above, bucket = radix_digit(bin_counts, TOPK)
+        run_max = tl.max(tl.where(tl.arange(0, BINS) >= bnd, bin_counts, 0), axis=0)
+        # every candidate is in a bin (else the runs' slots would not be the buffer's)
+        binned = from_candidates & (run_max <= MAXSEG) & (tl.sum(bin_counts, axis=0) == count)
+        how = tl.where(binned, _BINS, how)
+        if binned:
+            if PROF:
+                _stamp(prof_row, 1, t0)
+            _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
+                            tl.load(shifts + i), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
+                            bin_counts, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
+    tl.store(hows + i, how)
+    if how != _BINS:
+        if how == _SEARCH:
+            _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
+        else:
+            if PROF:
+                _stamp(prof_row, 1, t0)
+            select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
+                       TOPK, TILE, SAMPLE)
+        tl.debug_barrier()
+        if PROF:
+            _stamp(prof_row, 2, t0)
+        finalize_row(out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
                      out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
-    else:
-        _rank_write(sel_key, sel_pos, tl.minimum(n, TOPK), n, part, pt_row,
-                    out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, PARTS)
     if PROF:
-        _stamp(prof_row, 3, t0, first)
+        _stamp(prof_row, 3, t0)
+        tl.store(prof_row + 4, how.to(tl.int64))
