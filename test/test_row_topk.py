@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from indexer_topk.backends import legacy as legacy_backend
-from indexer_topk.contract import KEY_NAN, KEY_NONE, allocate_result
+from indexer_topk.contract import KEY_NAN, KEY_NONE, allocate_result, ordered_score_bits
 from indexer_topk.guards import poisoned_result, unwritten_slots
 
 from kernel_cases import assert_contract, assert_matches_reference, build, pattern_cases, reference_result, run_legacy
@@ -51,6 +51,8 @@ def key_matrix(pattern: str, lens, width: int, device, seed: int = 0):
     pos = torch.arange(width)
     if pattern == "random":
         keys = torch.randint(-(2**31) + 2, 2**31 - 1, (rows, width), generator=gen, dtype=torch.int32)
+    elif pattern == "scores":  # the keys of fp32 scores spread as an indexer's are
+        keys = ordered_score_bits(torch.randn((rows, width), generator=gen) * 8)
     elif pattern == "increasing":
         keys = (pos * 3 - 5000).to(torch.int32).repeat(rows, 1)
     elif pattern == "decreasing":

@@ -192,7 +192,7 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
-    (gate, candidate count, bin shift, how it was finished), a buffer of ``4 * topk`` keys and
+    (gate, candidate count, histogram scale, how it was finished), a buffer of ``4 * topk`` keys and
     ``4 * topk`` positions, and ``2 * SPLIT_BINS`` for its histogram."""
     return rows * (HEADER_FIELDS + 8 * topk + 2 * SPLIT_BINS)
 
@@ -204,7 +204,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
     that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
-    and the row is longer than ``SPLIT_TILE``), bin shift and how it was finished (``HOW_*`` of
+    and the row is longer than ``SPLIT_TILE``), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
     :mod:`indexer_topk.kernels.split_topk`). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`)."""
@@ -226,18 +226,18 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     if rows == 0:
         return
     check_runnable(keys.device)
-    gates, counts, shifts, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
+    gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
     cand = scratch[HEADER_FIELDS * rows: rows * (HEADER_FIELDS + 8 * topk)]
     hist = scratch[rows * (HEADER_FIELDS + 8 * topk): need] if SPLIT_BINS else cand  # unread without bins
     runs = split_runs(rows, width, device_sm_count(keys.device))
-    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, shifts, hist,
+    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, SLACK=SPLIT_GATE_SLACK, BINS=SPLIT_BINS,
            num_warps=SPLIT_WARPS)
-    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, shifts, hist, cand,
+    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, num_warps=SPLIT_GATHER_WARPS)
     launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
-           shifts, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
+           scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
            SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, num_warps=SPLIT_WARPS)
 
 

@@ -6,8 +6,8 @@ one SM's pace, so a row is split three ways, one launch each:
 
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
-   (:func:`.row_topk.sample_gate`), and the bins of a histogram over the keys from the gate up
-   (``BINS`` bins of ``2 ** shift`` keys, the sample's range filling a quarter of them); it also
+   (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
+   (``BINS`` bins of equal width, the sample's range filling a quarter of them); it also
    clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
@@ -47,7 +47,7 @@ from .select import finalize_row, radix_digit, take_mask
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
 PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
 _PROF_STRIDE = tl.constexpr(PROF_FIELDS)
-HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin shift, how finished
+HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin scale (fp32 bits), how finished
 # How the finishing kernel selected a row (the header's last field)
 HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
 HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
@@ -70,30 +70,34 @@ def _stamp(prof_row, field: tl.constexpr, t0):
 
 
 @triton.jit
-def _bin_of(key, gate, shift, BINS: tl.constexpr):
-    """The histogram bin of keys at or above ``gate``: ``(key - gate) >> shift``, the last bin
-    also holding every key past it."""
-    b = (key.to(tl.int64) - gate.to(tl.int64)) >> shift.to(tl.int64)
-    return tl.minimum(tl.maximum(b, 0), BINS - 1).to(tl.int32)
+def _score_of(key):
+    """The fp32 score of an order key (:func:`.common.key_to_score_bits`)."""
+    return key_to_score_bits(key).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def _bit_length(x):
-    """Bits of a non-negative int64 below ``2 ** 40`` (0 for 0)."""
-    bits = tl.zeros([], dtype=tl.int32)
-    for s in tl.static_range(40):
-        bits += ((x >> s) != 0).to(tl.int32)
-    return bits
+def _bin_of(key, gate, scale, BINS: tl.constexpr):
+    """The histogram bin of keys at or above ``gate``: ``floor((score - gate's score) * scale)``
+    in fp32, clamped to the bins (the last bin also holds every key past it). Rounded fp32
+    steps never invert an order, so a higher key never has a lower bin; a step with no value
+    (``inf - inf``, ``0 * inf``: a gate or range at infinity; keys past +inf's, which no score
+    has) counts in the last bin for a positive key, the first for the rest: that only merges
+    bins, in order. Bins linear in the score, not in the key's bits: the bits' order is
+    logarithmic in the magnitude and would crowd the keys of a range that spans zero into a few
+    bins."""
+    d = (_score_of(key) - _score_of(gate)) * scale
+    d = tl.where(d == d, d, tl.where(key > 0, BINS - 1.0, 0.0))
+    return tl.minimum(tl.maximum(d, 0.0), BINS - 1.0).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
-    src, stride_src, seq_lens, row_start, gates, counts, shifts, hist,
+    src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
     TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, SLACK: tl.constexpr, BINS: tl.constexpr,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only; ``SLACK``: see
-    :func:`.row_topk.sample_gate`), its histogram's bin shift and cleared bins (``BINS > 0``),
-    and a zero count."""
+    :func:`.row_topk.sample_gate`), its histogram's scale (fp32 bits) and cleared bins
+    (``BINS > 0``), and a zero count."""
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
@@ -103,17 +107,16 @@ def gate_rows_kernel(
         gate = sample_gate(key, n, TOPK, GATE_HALVES, SLACK)
         tl.store(gates + i, gate)
         if BINS > 0:
-            # the sample's keys from the gate up fill a quarter of the bins: the row's keys past
-            # the sample's largest have three quarters of them before the last bin
-            span = tl.max(key, axis=0).to(tl.int64) - gate.to(tl.int64)
-            quarter_bits = _bit_length(tl.full([], BINS // 4 - 1, tl.int64))  # (span >> shift) < BINS / 4
-            tl.store(shifts + i, tl.maximum(_bit_length(span) - quarter_bits, 0))
+            # the sample's scores from the gate up fill a quarter of the bins: the row's scores
+            # past the sample's largest have three quarters of them before the last bin
+            scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+            tl.store(scales + i, scale.to(tl.int32, bitcast=True))
             tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
 def gather_rows_kernel(
-    src, stride_src, seq_lens, row_start, gates, counts, shifts, hist, cand, splits,
+    src, stride_src, seq_lens, row_start, gates, counts, scales, hist, cand, splits,
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
@@ -126,7 +129,7 @@ def gather_rows_kernel(
     if n > TILE:
         gate = tl.load(gates + i)
         if BINS > 0:
-            shift = tl.load(shifts + i)
+            scale = tl.load(scales + i).to(tl.float32, bitcast=True)
             hist_row = hist + i.to(tl.int64) * (2 * BINS)
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
         lo = tl.program_id(1) * run
@@ -146,7 +149,7 @@ def gather_rows_kernel(
                 tl.store(ck + dst, key, mask=room)
                 tl.store(ck + CAP + dst, pos, mask=room)
                 if BINS > 0:
-                    tl.atomic_add(hist_row + _bin_of(key, gate, shift, BINS), 1, mask=enter, sem="relaxed")
+                    tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
 @triton.jit
@@ -180,7 +183,7 @@ def _composite(key, pos):
 
 
 @triton.jit
-def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, shift, pt_row,
+def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, scale, pt_row,
                     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts,
                     TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
     """A row's output from its candidates ``(key, pos)`` (a register tile) by their bins: bin
@@ -197,7 +200,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     tl.store(start_row + bins, start)
     tl.store(hist_row + bins, start)
     tl.debug_barrier()
-    b = _bin_of(key, gate, shift, BINS)
+    b = _bin_of(key, gate, scale, BINS)
     staged = valid & (b >= bnd)
     slot = tl.atomic_add(hist_row + b, 1, mask=staged, sem="relaxed")
     tl.store(ck + slot, key, mask=staged)
@@ -209,7 +212,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     live = s < above + bucket
     ks = tl.load(ck + s, mask=live, other=0)
     ps = tl.load(ck + CAP + s, mask=live, other=0)
-    bs = _bin_of(ks, gate, shift, BINS)
+    bs = _bin_of(ks, gate, scale, BINS)
     lo = tl.load(start_row + bs, mask=live, other=0)
     hi = tl.load(hist_row + bs, mask=live, other=0)
     cs = _composite(ks, ps)
@@ -231,7 +234,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    gates, counts, shifts, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    gates, counts, scales, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
     BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
@@ -283,7 +286,7 @@ def finish_rows_kernel(
             if PROF:
                 _stamp(prof_row, 1, t0)
             _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
-                            tl.load(shifts + i), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
+                            tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
                             bin_counts, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
     tl.store(hows + i, how)
     if how != _BINS:
