@@ -71,11 +71,16 @@ SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
 SPLIT_GATHER_WARPS = 4
 # The gate's search may stop once its boundary bucket holds at most r / SPLIT_GATE_SLACK sample
-# keys past its rank r (kernels/row_topk.py, sampled_gate): 0, the exact r-th.
+# keys past its rank r (kernels/row_topk.py, sample_gate): 0, the exact r-th. Not shipped: a
+# gate 1 us faster at 1 x 768K lets more keys in, and how often the buffer then overflows (the
+# one-program fallback) is not measured.
 SPLIT_GATE_SLACK = 0
-# The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the keys
-# from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
-# (kernels/split_topk.py); SPLIT_BINS = 0: always by a radix search and a sort.
+# The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the
+# scores from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
+# (kernels/split_topk.py); SPLIT_BINS = 0: always by a radix search and a sort. On an H200 the
+# finishing program took 11.9 us against 18.0 at 1 x 768K and 12.5 against 18.6 at 8 x 768K in
+# one run; 13.8 at 64 x 128K in a later one, where the search and sort had taken 19.5
+# (split_decode.py, benchmark/results/NOTES.md).
 SPLIT_BINS = 4096
 SPLIT_MAXSEG = 16
 
