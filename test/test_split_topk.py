@@ -189,6 +189,34 @@ def test_split_bins_at_their_edges(split_way, monkeypatch, device):
     assert hows.tolist() == [HOW_BINS, HOW_BINS, HOW_SEARCH, HOW_BINS]
 
 
+@pytest.mark.parametrize("kind", ["specials", "sprinkled", "tiny", "huge_range"])
+def test_split_bins_on_scores_no_range_resolves(kind, split_way, monkeypatch, device):
+    """Scores where the histogram's fp32 steps meet infinities, NaN, signed zeros and subnormals,
+    or a range wider than fp32 can scale: whatever bins they get, the same bits as the torch way."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
+    specials = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38])
+    gen = torch.Generator().manual_seed(17)
+    rows, width = 3, 3008
+    if kind == "specials":
+        v = specials[torch.randint(0, len(specials), (rows, width), generator=gen)]
+    elif kind == "sprinkled":  # a normal row with a few of them
+        v = torch.randn((rows, width), generator=gen)
+        hit = torch.rand((rows, width), generator=gen) < 0.01
+        v[hit] = specials[torch.randint(0, len(specials), (int(hit.sum()),), generator=gen)]
+    elif kind == "tiny":  # subnormals only: the range's reciprocal overflows
+        v = torch.randint(-50, 50, (rows, width), generator=gen).float() * 1e-44
+    else:  # magnitudes from 1e-30 to 1e30
+        v = torch.randn((rows, width), generator=gen) * 10.0 ** torch.randint(-30, 30, (rows, width), generator=gen).float()
+    keys = ordered_score_bits(v).to(device)
+    lens = torch.tensor([width, width - 1, 1500], dtype=torch.int32, device=device)
+    keys[1, width - 1:] = KEY_NONE
+    keys[2, 1500:] = KEY_NONE
+    got, counts, hows = split(keys, lens, TOPK)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens, TOPK, monkeypatch))
+    hows_expected(hows, counts, lens.cpu(), TOPK, 4096)
+
+
 def test_split_lengths_past_the_matrix(split_bins, monkeypatch, device):
     """Unchecked lengths below zero or past the matrix's width read no further than the row."""
     width = 2048
