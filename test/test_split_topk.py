@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from indexer_topk.backends import legacy as legacy_backend
-from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits
+from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits, scores_from_ordered_bits
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
@@ -124,26 +124,6 @@ def test_split_equals_torch_way(pattern, split_bins, monkeypatch, device):
         # ties: a third of a long row equals its best key, more than the buffer holds; spikes:
         # only the sampled keys reach the gate, fewer than topk
         assert not set(took_candidates(counts, lens_t, TOPK)) & {0, 1, 2}
-
-
-@pytest.mark.parametrize("pattern", ["random", "increasing", "ties"])
-def test_split_coarse_gate(pattern, split_way, monkeypatch, device):
-    """A gate whose search stops early (``SPLIT_GATE_SLACK``) lies at or below the exact one, so
-    at least as many keys reach it, and the selection is the same bits."""
-    width = 8192
-    lens = [width, width - 3, 6000, 4097, 3000]
-    keys, lens_t = key_matrix(pattern, lens, width, device, seed=5)
-    exact, exact_counts, _hows = split(keys, lens_t, TOPK)
-    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_SLACK", 4)
-    coarse, coarse_counts, _hows = split(keys, lens_t, TOPK)
-    assert unwritten_slots(coarse) == []
-    assert_same_bits(coarse, exact)
-    assert_same_bits(coarse, torch_way(keys, lens_t, TOPK, monkeypatch))
-    long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
-    assert all(coarse_counts[i] >= exact_counts[i] for i in long_rows)
-    if pattern != "ties":
-        assert took_candidates(coarse_counts, lens_t, TOPK) == long_rows
-        assert any(coarse_counts[i] > exact_counts[i] for i in long_rows)  # the early stop ran
 
 
 @pytest.mark.parametrize("topk", [TOPK, 512])
@@ -279,15 +259,9 @@ def test_split_scratch_is_checked(device):
         legacy_backend.split_select(wide[:, :256], lens, page_table_for(2, 256, device), topk=64, out=out)
 
 
-def score_of(keys):
-    """fp32 scores of order keys (the inverse of the contract's order key)."""
-    bits = keys.to(torch.int32)
-    return torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).view(torch.float32)
-
-
 def bins_of(keys, gate, scale, bins):
-    """The split select's histogram bins of ``keys`` in torch's fp32 (as the kernels bin)."""
-    d = (score_of(keys) - score_of(gate.view(1))) * scale.view(1).view(torch.float32)
+    """The split select's histogram bins of candidate ``keys`` in torch's fp32 (as the kernels bin)."""
+    d = (scores_from_ordered_bits(keys) - scores_from_ordered_bits(gate.view(1))) * scale.view(1).view(torch.float32)
     d = torch.where(d == d, d, torch.where(keys > 0, bins - 1.0, 0.0))
     return d.clamp(0, bins - 1).to(torch.int64)
 
@@ -310,7 +284,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
     hist = scratch[cand_end:] if bins else cand
     runs = L.split_runs(rows, width, device_sm_count(device))
     gate_rows_kernel[(rows,)](keys, width, lens_t, 0, gates, counts, scales, hist, TOPK=topk, TILE=L.SPLIT_TILE,
-                              SAMPLE=L.SPLIT_SAMPLE, SLACK=L.SPLIT_GATE_SLACK, BINS=bins, num_warps=L.SPLIT_WARPS)
+                              SAMPLE=L.SPLIT_SAMPLE, BINS=bins, num_warps=L.SPLIT_WARPS)
     gather_rows_kernel[(rows, runs)](keys, width, lens_t, 0, gates, counts, scales, hist, cand, runs, TOPK=topk,
                                      TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]

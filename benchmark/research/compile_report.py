@@ -138,8 +138,7 @@ def main(argv=None) -> int:
             L = legacy_backend
             for fn, name, warps, const in (
                     (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, SLACK=L.SPLIT_GATE_SLACK,
-                          BINS=L.SPLIT_BINS)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS)),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=L.SPLIT_BINS)),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,

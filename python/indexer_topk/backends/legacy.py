@@ -70,11 +70,6 @@ SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
 SPLIT_GATHER_WARPS = 4
-# The gate's search may stop once its boundary bucket holds at most r / SPLIT_GATE_SLACK sample
-# keys past its rank r (kernels/row_topk.py, sample_gate): 0, the exact r-th. Not shipped: a
-# gate 1 us faster at 1 x 768K lets more keys in, and how often the buffer then overflows (the
-# one-program fallback) is not measured.
-SPLIT_GATE_SLACK = 0
 # The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the
 # scores from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
 # (kernels/split_topk.py); SPLIT_BINS = 0: always by a radix search and a sort. On an H200 the
@@ -236,8 +231,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     hist = scratch[rows * (HEADER_FIELDS + 8 * topk): need] if SPLIT_BINS else cand  # unread without bins
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, SLACK=SPLIT_GATE_SLACK, BINS=SPLIT_BINS,
-           num_warps=SPLIT_WARPS)
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, num_warps=SPLIT_WARPS)
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, num_warps=SPLIT_GATHER_WARPS)
     launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),

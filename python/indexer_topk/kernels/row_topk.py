@@ -31,27 +31,26 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN
-from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
+from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
-def digit_hist(b, valid, tb, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
-    """Histogram of the ``W``-bit digit at ``SH`` of the biased keys ``b`` that share the
-    threshold prefix ``tb`` above it (``BINS`` bins)."""
-    m = valid
-    if SH + W < 32:
-        m = m & ((b >> (SH + W)) == (tb >> (SH + W)))
+def masked_hist(digit, m, BINS: tl.constexpr):
+    """Histogram of the digits ``digit`` (``0 .. BINS - 1``) of the entries ``m`` holds."""
     # entries left out count in bin 0 and are taken back out: a histogram of BINS bins, not
     # 2 * BINS with a sentinel bin, costs half the ballots' popcounts
-    hist = tl.histogram(tl.where(m, (b >> SH) & (BINS - 1), 0), BINS)
+    hist = tl.histogram(tl.where(m, digit, 0), BINS)
     left_out = tl.sum((m == 0).to(tl.int32), axis=0)
     return hist - tl.where(tl.arange(0, BINS) == 0, left_out, 0)
 
 
 @triton.jit
 def digit_pass(b, valid, tb, need, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
-    """One radix step on the ``W``-bit digit at ``SH`` (:func:`digit_hist`): returns
-    ``(need, tb, whole)`` as :func:`.select.radix_update`."""
-    return radix_update(digit_hist(b, valid, tb, SH, W, BINS), need, tb, SH)
+    """One radix step on the ``W``-bit digit at ``SH`` of the biased keys ``b`` that share the
+    threshold prefix ``tb`` above it: returns ``(need, tb, whole)`` as :func:`.select.radix_update`."""
+    m = valid
+    if SH + W < 32:
+        m = m & ((b >> (SH + W)) == (tb >> (SH + W)))
+    return radix_update(masked_hist((b >> SH) & (BINS - 1), m, BINS), need, tb, SH)
 
 
 @triton.jit
@@ -62,20 +61,6 @@ def radix_step(b, valid, state, SH: tl.constexpr, W: tl.constexpr, BINS: tl.cons
         need, tb, whole = digit_pass(b, valid, tb, need, SH, W, BINS)
         shift = tl.zeros([], dtype=tl.int32) + SH
         done = whole.to(tl.int32)
-    return tb, need, shift, done
-
-
-@triton.jit
-def coarse_step(b, valid, state, slack, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
-    """:func:`radix_step` that also stops once the boundary bucket holds at most ``slack``
-    entries beyond the ``need`` it must give."""
-    tb, need, shift, done = state
-    if done == 0:
-        digit, above, bucket = radix_digit(digit_hist(b, valid, tb, SH, W, BINS), need)
-        need = need - above
-        tb = tb | (digit << SH)
-        shift = tl.zeros([], dtype=tl.int32) + SH
-        done = (bucket - need <= slack).to(tl.int32)
     return tb, need, shift, done
 
 
@@ -126,10 +111,7 @@ def span_kth(key, valid, k):
     while (done == 0) & (sh > 0):
         lo = tl.maximum(sh - 5, 0)
         m = valid & (((b ^ tb) & _high_mask(sh)) == 0)
-        digit = (b >> lo) & ((1 << (sh - lo)) - 1)
-        hist = tl.histogram(tl.where(m, digit, 0), 32)
-        left_out = tl.sum((m == 0).to(tl.int32), axis=0)
-        hist = hist - tl.where(tl.arange(0, 32) == 0, left_out, 0)
+        hist = masked_hist((b >> lo) & ((1 << (sh - lo)) - 1), m, 32)
         need, tb, whole = radix_update(hist, need, tb, lo)
         shift = lo
         done = whole.to(tl.int32)
@@ -179,34 +161,14 @@ def row_sample(src, n, SAMPLE: tl.constexpr):
 
 
 @triton.jit
-def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, SLACK: tl.constexpr = 0):
+def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr):
     """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n`` keys reach, from its sample
     ``key`` (:func:`row_sample`, ``SAMPLE`` keys): the ``r``-th largest of the sample, ``r`` scaled
     from ``HALVES / 2 * TOPK`` by ``SAMPLE / n`` (at most the sample's second smallest). At least
-    ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks.
-
-    ``SLACK > 0``: the search stops at the first digit whose boundary bucket holds at most
-    ``r / SLACK`` sample keys beyond the ``r``-th, and the gate is the smallest of them: up to
-    ``1 + 1 / SLACK`` times the keys aimed at reach it, for fewer radix passes."""
+    ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks."""
     SAMPLE: tl.constexpr = key.shape[0]
-    valid = tl.arange(0, SAMPLE) < SAMPLE
     r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
-    if SLACK == 0:
-        t, shift, _need = tile_kth(key, valid, r)
-    else:
-        b = key ^ KEY_MIN
-        slack = r // SLACK
-        zero = tl.zeros([], dtype=tl.int32)
-        state = (zero, zero + r, zero, zero)  # (tb, need, shift, done)
-        state = coarse_step(b, valid, state, slack, 27, 5, 32)
-        state = coarse_step(b, valid, state, slack, 22, 5, 32)
-        state = coarse_step(b, valid, state, slack, 17, 5, 32)
-        state = coarse_step(b, valid, state, slack, 12, 5, 32)
-        state = coarse_step(b, valid, state, slack, 7, 5, 32)
-        state = coarse_step(b, valid, state, slack, 2, 5, 32)
-        state = coarse_step(b, valid, state, slack, 0, 2, 4)
-        tb, _need, shift, _done = state
-        t = tb ^ KEY_MIN
+    t, shift, _need = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
     return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)

@@ -184,6 +184,13 @@ def select_into(
 
 
 @triton.jit
+def composite(key, pos):
+    """The contract's order of ``(key, position)`` entries as int64 ``key << 32 | ~position``:
+    descending is output order (higher keys first, then lower positions)."""
+    return (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
+
+
+@triton.jit
 def finalize_row(
     src_key, src_pos, count, seq_len, pt_row_ptr,
     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
@@ -200,8 +207,7 @@ def finalize_row(
     key = tl.load(src_key + offs, mask=m, other=0)
     pos = tl.load(src_pos + offs, mask=m, other=0)
     if seq_len > TOPK:
-        comp = (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
-        comp = sort1d(tl.where(m, comp, COMP_MIN), True)
+        comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
         key = (comp >> 32).to(tl.int32)
         pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)

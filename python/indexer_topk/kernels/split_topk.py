@@ -40,9 +40,9 @@ path; only data with many equal keys around the k-th pays the one-program select
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, LOW32, key_to_score_bits
+from .common import INT32_MAX, KEY_MIN, key_to_score_bits
 from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
-from .select import finalize_row, radix_digit, take_mask
+from .select import composite, finalize_row, radix_digit, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
 PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
@@ -93,18 +93,17 @@ def _bin_of(key, gate, scale, BINS: tl.constexpr):
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, SLACK: tl.constexpr, BINS: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr,
 ):
-    """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only; ``SLACK``: see
-    :func:`.row_topk.sample_gate`), its histogram's scale (fp32 bits) and cleared bins
-    (``BINS > 0``), and a zero count."""
+    """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
+    (fp32 bits) and cleared bins (``BINS > 0``), and a zero count."""
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
         key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
-        gate = sample_gate(key, n, TOPK, GATE_HALVES, SLACK)
+        gate = sample_gate(key, n, TOPK, GATE_HALVES)
         tl.store(gates + i, gate)
         if BINS > 0:
             # the sample's scores from the gate up fill a quarter of the bins: the row's scores
@@ -177,14 +176,8 @@ def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.conste
 
 
 @triton.jit
-def _composite(key, pos):
-    """The contract's order of ``(key, position)`` entries as int64: descending is output order."""
-    return (key.to(tl.int64) << 32) | (pos.to(tl.int64) ^ LOW32)
-
-
-@triton.jit
 def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, scale, pt_row,
-                    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts,
+                    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count,
                     TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
     """A row's output from its candidates ``(key, pos)`` (a register tile) by their bins: bin
     ``bnd`` holds the k-th key (``above`` candidates lie in higher bins, ``bucket`` in it) and no
@@ -195,7 +188,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     ``TOPK`` (the boundary bin's losers) are not written."""
     CAP: tl.constexpr = 4 * TOPK
     bins = tl.arange(0, BINS)
-    start = tl.sum(bin_counts, axis=0) - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins
+    start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
     tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
     tl.store(start_row + bins, start)
     tl.store(hist_row + bins, start)
@@ -215,12 +208,12 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     bs = _bin_of(ks, gate, scale, BINS)
     lo = tl.load(start_row + bs, mask=live, other=0)
     hi = tl.load(hist_row + bs, mask=live, other=0)
-    cs = _composite(ks, ps)
+    cs = composite(ks, ps)
     rank = tl.zeros([2 * TOPK], dtype=tl.int32)
     for d in tl.static_range(MAXSEG):
         j = lo + d
         m = live & (j < hi)
-        cj = _composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
+        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
     w = live & (f < TOPK)
@@ -287,7 +280,7 @@ def finish_rows_kernel(
                 _stamp(prof_row, 1, t0)
             _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
                             tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
-                            bin_counts, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
+                            bin_counts, count, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
     tl.store(hows + i, how)
     if how != _BINS:
         if how == _SEARCH:
