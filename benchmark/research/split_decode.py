@@ -47,41 +47,58 @@ def parse_config(text: str) -> dict:
     return {k.strip(): int(v) for k, v in (x.split("=") for x in text.split(",") if x.strip())}
 
 
-def profile(a, device) -> int:
-    """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
-    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_SEARCH, PROF_FIELDS
+class Settings:
+    """The ``;``-separated configs of ``--configs`` (the shipped settings first, as ``""``) and
+    the shipped values of every module attribute they set, to set one config at a time and
+    restore the shipped ones at the end."""
 
-    configs = [""] + [c for c in a.configs.split(";") if c.strip()]
-    shipped = {k: getattr(legacy_backend, k) for c in configs for k in parse_config(c)}
-    lines = []
+    def __init__(self, text: str):
+        self.configs = [""] + [c for c in text.split(";") if c.strip()]
+        self.shipped = {k: getattr(legacy_backend, k) for c in self.configs for k in parse_config(c)}
+
+    def apply(self, text: str = "") -> None:
+        for k, v in {**self.shipped, **parse_config(text)}.items():
+            setattr(legacy_backend, k, v)
+
+
+def workloads(a, device):
+    """``(pattern, shape label, rows per request, workload)`` for each pattern and shape."""
     for pattern in a.patterns.split(","):
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
             w = make_workload(a.layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
                               topk=a.topk, seed=1, device=device, pattern=pattern)
-            inputs = w.inputs()
-            keys = legacy_backend.legacy_score(inputs, rows_per_request=per_request)
-            for text in configs:
-                for k, v in {**shipped, **parse_config(text)}.items():
-                    setattr(legacy_backend, k, v)
-                prof = torch.zeros((w.rows, PROF_FIELDS), dtype=torch.int64, device=device)
-                out = indexer_topk.allocate_result(w.rows, w.topk, device)
-                for _ in range(3):  # compile, warm, then the counted run
-                    legacy_backend.split_select(keys, w.seq_lens, w.page_table, topk=w.topk, out=out, prof=prof)
-                torch.cuda.synchronize()
-                hows = prof[:, 4]
-                n_bins, n_search = int((hows == HOW_BINS).sum()), int((hows == HOW_SEARCH).sum())
-                took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
-                cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
-                phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
-                          "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
-                shape = f"{requests}x{tokens // 1024}K"
-                lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
-                             f"search {n_search:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
-                print(lines[-1], flush=True)
-            w = inputs = keys = None
-            torch.cuda.empty_cache()
-    for k, v in shipped.items():
-        setattr(legacy_backend, k, v)
+            shape = f"{requests}x{tokens // 1024}K" + (f"x{per_request}" if per_request > 1 else "")
+            yield pattern, shape, per_request, w
+            w = None
+            torch.cuda.empty_cache()  # the caller has let go of the workload and its tensors
+
+
+def profile(a, device) -> int:
+    """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
+    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_SEARCH, PROF_FIELDS
+
+    settings = Settings(a.configs)
+    lines = []
+    for pattern, shape, per_request, w in workloads(a, device):
+        keys = legacy_backend.legacy_score(w.inputs(), rows_per_request=per_request)
+        for text in settings.configs:
+            settings.apply(text)
+            prof = torch.zeros((w.rows, PROF_FIELDS), dtype=torch.int64, device=device)
+            out = indexer_topk.allocate_result(w.rows, w.topk, device)
+            for _ in range(3):  # compile, warm, then the counted run
+                legacy_backend.split_select(keys, w.seq_lens, w.page_table, topk=w.topk, out=out, prof=prof)
+            torch.cuda.synchronize()
+            hows = prof[:, 4]
+            n_bins, n_search = int((hows == HOW_BINS).sum()), int((hows == HOW_SEARCH).sum())
+            took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
+            cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
+            phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
+                      "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
+            lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
+                         f"search {n_search:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
+            print(lines[-1], flush=True)
+        keys = w = None  # freed before the next shape's workload is built
+    settings.apply()
     print("\nfinishing kernel, SM cycles per row (median over the rows finished the commoner way: by bins, the\n"
           "phases are the histogram read and checked, the runs placed, the ranks written)")
     print("\n".join(lines))
@@ -102,46 +119,36 @@ def main(argv=None) -> int:
     device = "cuda"
     if a.profile:
         return profile(a, device)
-    configs = [""] + [c for c in a.configs.split(";") if c.strip()]
-    shipped = {k: getattr(legacy_backend, k) for c in configs for k in parse_config(c)}
+    settings = Settings(a.configs)
     records = []
-    for pattern in a.patterns.split(","):
-        for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
-            w = make_workload(a.layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
-                              topk=a.topk, seed=1, device=device, pattern=pattern)
-            ref = None
-            for text in configs:
-                for k, v in shipped.items():
-                    setattr(legacy_backend, k, v)
-                for k, v in parse_config(text).items():
-                    setattr(legacy_backend, k, v)
-                api._KNOWN.clear()  # a signature's recorded launches would replay the earlier settings
-                out = indexer_topk.allocate_result(w.rows, w.topk, device)
+    for pattern, shape, per_request, w in workloads(a, device):
+        ref = None
+        for text in settings.configs:
+            settings.apply(text)
+            api._KNOWN.clear()  # a signature's recorded launches would replay the earlier settings
+            out = indexer_topk.allocate_result(w.rows, w.topk, device)
 
-                def step():
-                    torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
-                                                            w.weight_scale, "legacy", False, per_request)
-                try:
-                    step()
-                    torch.cuda.synchronize()
-                    ms = graph_ms(step, iters=a.iters, device=device)
-                    kt = kernel_times(step, a.iters)
-                    same = True if ref is None else bitwise_equal(out, ref)
-                    if ref is None:
-                        ref = type(out)(*(t.clone() for t in out))
-                except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
-                    ms, kt, same = float("nan"), {"error": f"{type(exc).__name__}: {exc}"[:300]}, None
-                shape = f"{requests}x{tokens // 1024}K" + (f"x{per_request}" if per_request > 1 else "")
-                rec = {"pattern": pattern, "shape": shape, "config": text or "shipped", "graph_ms": ms,
-                       "kernels": kt, "matches_shipped": same}
-                records.append(rec)
-                print(f"{pattern} {shape} {rec['config']}: {ms:.4f} ms eq={same} "
-                      + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in kt.items()),
-                      flush=True)
-            w = ref = None
-            torch.cuda.empty_cache()
-    for k, v in shipped.items():
-        setattr(legacy_backend, k, v)
+            def step():
+                torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
+                                                        w.weight_scale, "legacy", False, per_request)
+            try:
+                step()
+                torch.cuda.synchronize()
+                ms = graph_ms(step, iters=a.iters, device=device)
+                kt = kernel_times(step, a.iters)
+                same = True if ref is None else bitwise_equal(out, ref)
+                if ref is None:
+                    ref = type(out)(*(t.clone() for t in out))
+            except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
+                ms, kt, same = float("nan"), {"error": f"{type(exc).__name__}: {exc}"[:300]}, None
+            rec = {"pattern": pattern, "shape": shape, "config": text or "shipped", "graph_ms": ms,
+                   "kernels": kt, "matches_shipped": same}
+            records.append(rec)
+            print(f"{pattern} {shape} {rec['config']}: {ms:.4f} ms eq={same} "
+                  + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in kt.items()),
+                  flush=True)
+        w = ref = out = None  # freed before the next shape's workload is built
+    settings.apply()
     Path(a.out).write_text(json.dumps({"records": records}, indent=1) + "\n")
     print(f"\n{'pattern':10s} {'shape':10s} {'config':44s} {'graph ms':>9s} eq  kernels (device ms)")
     for r in records:
