@@ -18,8 +18,6 @@ set -u -o pipefail
 export OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
 KIT=$(cd "${1:?usage: mix_session.sh KIT}" && pwd)
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 # shellcheck source=benchmark/kit_env.sh
 source benchmark/kit_env.sh
 start_kit_build

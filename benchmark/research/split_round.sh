@@ -9,8 +9,6 @@ set -u -o pipefail
 export OUT=${OUT:-/tmp/split_round}
 mkdir -p "$OUT"
 KIT=$(cd "${1:?usage: split_round.sh KIT}" && pwd)
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 # shellcheck source=benchmark/kit_env.sh
 source benchmark/kit_env.sh
 start_kit_build
