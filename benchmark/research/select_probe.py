@@ -12,6 +12,7 @@ On a key matrix of normal scores (``rows x keys``, every row full), one program 
 * ``kth+take``: and write the selected entries in position order (``take_mask`` + ``append``);
 * ``sort``: load ``topk`` (key, position) composites per row, sort them best first (what
   :func:`select.finalize_row` does), store;
+* ``sort32``: the same sort over the ``topk`` int32 keys alone (what a 64-bit composite costs);
 * ``rows``: the whole row select (``legacy_select`` with ``KTH_SEARCH = "rows"``).
 """
 
@@ -41,12 +42,16 @@ def probe_kernel(src, width, out_key, out_pos, TOPK: tl.constexpr, TILE: tl.cons
     if PART == 0:  # copy
         tl.store(out_key + row * TOPK + offs, key, mask=offs < TOPK)
     elif PART == 1:  # kth
-        t, shift, need = tile_kth(key, valid, TOPK)
-        tl.store(out_key + row * TOPK, t + shift + need)
+        t, shift, need, whole = tile_kth(key, valid, TOPK)
+        tl.store(out_key + row * TOPK, t + shift + need + whole)
     elif PART == 2:  # kth + take
-        t, shift, need = tile_kth(key, valid, TOPK)
-        take, _eq = take_mask(key, valid, t, shift, need, 0)
+        t, shift, need, whole = tile_kth(key, valid, TOPK)
+        take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
         append(out_key + row * TOPK, out_pos + row * TOPK, 0, key, offs, take)
+    elif PART == 4:  # sort TOPK int32 keys
+        k = tl.arange(0, TOPK)
+        kk = sort1d(tl.load(src + row * width + k), True)
+        tl.store(out_key + row * TOPK + k, kk)
     else:  # sort TOPK composites
         k = tl.arange(0, TOPK)
         kk = tl.load(src + row * width + k)
@@ -72,7 +77,7 @@ def main(argv=None) -> int:
         out_pos = torch.empty_like(out_key)
         cells = []
         for warps in (int(w) for w in args.warps.split(",")):
-            for part, name in enumerate(("copy", "kth", "kth+take", "sort")):
+            for part, name in ((0, "copy"), (1, "kth"), (2, "kth+take"), (3, "sort"), (4, "sort32")):
                 def step():
                     probe_kernel[(args.rows,)](keys, width, out_key, out_pos, TOPK=args.topk, TILE=width, PART=part,
                                                num_warps=warps)

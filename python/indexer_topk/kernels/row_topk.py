@@ -34,47 +34,49 @@ from .common import INT32_MAX, KEY_MIN
 from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
-def masked_hist(digit, m, BINS: tl.constexpr):
-    """Histogram of the digits ``digit`` (``0 .. BINS - 1``) of the entries ``m`` holds."""
-    # entries left out count in bin 0 and are taken back out: a histogram of BINS bins, not
-    # 2 * BINS with a sentinel bin, costs half the ballots' popcounts
+def masked_hist(digit, m, inside, BINS: tl.constexpr):
+    """Histogram of the digits ``digit`` (``0 .. BINS - 1``) of the ``inside`` entries ``m`` holds."""
+    # entries left out count in bin 0 and are taken back out by their number, known from the
+    # pass before: a histogram of BINS bins, not 2 * BINS with a sentinel bin, costs half the
+    # ballots' popcounts, and the count costs no reduction
     hist = tl.histogram(tl.where(m, digit, 0), BINS)
-    left_out = tl.sum((m == 0).to(tl.int32), axis=0)
-    return hist - tl.where(tl.arange(0, BINS) == 0, left_out, 0)
+    return hist - tl.where(tl.arange(0, BINS) == 0, digit.shape[0] - inside, 0)
 
 
 @triton.jit
-def digit_pass(b, valid, tb, need, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
+def digit_pass(b, valid, tb, need, inside, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
     """One radix step on the ``W``-bit digit at ``SH`` of the biased keys ``b`` that share the
-    threshold prefix ``tb`` above it: returns ``(need, tb, whole)`` as :func:`.select.radix_update`."""
+    threshold prefix ``tb`` above it (``inside`` of them): returns ``(need, tb, whole, bucket)``
+    as :func:`.select.radix_update`."""
     m = valid
     if SH + W < 32:
         m = m & ((b >> (SH + W)) == (tb >> (SH + W)))
-    return radix_update(masked_hist((b >> SH) & (BINS - 1), m, BINS), need, tb, SH)
+    return radix_update(masked_hist((b >> SH) & (BINS - 1), m, inside, BINS), need, tb, SH)
 
 
 @triton.jit
 def radix_step(b, valid, state, SH: tl.constexpr, W: tl.constexpr, BINS: tl.constexpr):
     """:func:`digit_pass` unless an earlier pass took its boundary bucket whole."""
-    tb, need, shift, done = state
+    tb, need, shift, done, inside = state
     if done == 0:
-        need, tb, whole = digit_pass(b, valid, tb, need, SH, W, BINS)
+        need, tb, whole, inside = digit_pass(b, valid, tb, need, inside, SH, W, BINS)
         shift = tl.zeros([], dtype=tl.int32) + SH
         done = whole.to(tl.int32)
-    return tb, need, shift, done
+    return tb, need, shift, done, inside
 
 
 @triton.jit
 def tile_kth(key, valid, k):
     """The k-th largest valid key of a register tile (int32 keys; needs more than ``k`` valid).
 
-    Returns ``(t, shift, need)``: the top k are the keys whose ``key >> shift`` exceeds
+    Returns ``(t, shift, need, whole)``: the top k are the keys whose ``key >> shift`` exceeds
     ``t >> shift`` and the first ``need`` (storage order) with ``key >> shift == t >> shift``;
-    ``shift`` is 0 unless the boundary bucket was taken whole (see :func:`.select.take_mask`).
+    ``shift`` is 0 unless the boundary bucket was taken whole, and ``whole`` (int32) says
+    whether it was (then ``need`` is all of it; see :func:`.select.take_mask`).
     """
     b = key ^ KEY_MIN  # sign bit flipped: unsigned order is key order
     zero = tl.zeros([], dtype=tl.int32)
-    state = (zero, zero + k, zero, zero)  # (tb, need, shift, done)
+    state = (zero, zero + k, zero, zero, tl.sum(valid.to(tl.int32), axis=0))  # (tb, need, shift, done, inside)
     # digits of 5 bits from bit 27 down, then the last 2: seven passes at most
     state = radix_step(b, valid, state, 27, 5, 32)
     state = radix_step(b, valid, state, 22, 5, 32)
@@ -83,17 +85,17 @@ def tile_kth(key, valid, k):
     state = radix_step(b, valid, state, 7, 5, 32)
     state = radix_step(b, valid, state, 2, 5, 32)
     state = radix_step(b, valid, state, 0, 2, 4)
-    tb, need, shift, _done = state
-    return tb ^ KEY_MIN, shift, need
+    tb, need, shift, done, _inside = state
+    return tb ^ KEY_MIN, shift, need, done
 
 
 @triton.jit
 def span_kth(key, valid, k):
     """:func:`tile_kth` for a tile whose valid keys lie close together (a gate's entrants, the
-    positions of tied keys): the same ``(t, shift, need)`` contract, but the radix digits start at
-    the highest bit where the smallest and largest valid keys differ. The bits above it are
-    shared by every valid key, so the passes :func:`tile_kth` spends on them (each a histogram and
-    its reductions, the boundary bucket holding every key) are skipped; the digit positions are
+    positions of tied keys): the same ``(t, shift, need, whole)`` contract, but the radix digits
+    start at the highest bit where the smallest and largest valid keys differ. The bits above it
+    are shared by every valid key, so the passes :func:`tile_kth` spends on them (each a histogram
+    and its reductions, the boundary bucket holding every key) are skipped; the digit positions are
     runtime values, the search a loop that stops once the boundary bucket is taken whole."""
     lo_key = tl.min(tl.where(valid, key, INT32_MAX), axis=0)
     hi_key = tl.max(tl.where(valid, key, KEY_MIN), axis=0)
@@ -108,15 +110,16 @@ def span_kth(key, valid, k):
     need = tl.zeros([], dtype=tl.int32) + k
     shift = tl.zeros([], dtype=tl.int32)
     done = tl.zeros([], dtype=tl.int32)
+    inside = tl.sum(valid.to(tl.int32), axis=0)
     while (done == 0) & (sh > 0):
         lo = tl.maximum(sh - 5, 0)
         m = valid & (((b ^ tb) & _high_mask(sh)) == 0)
-        hist = masked_hist((b >> lo) & ((1 << (sh - lo)) - 1), m, 32)
-        need, tb, whole = radix_update(hist, need, tb, lo)
+        hist = masked_hist((b >> lo) & ((1 << (sh - lo)) - 1), m, inside, 32)
+        need, tb, whole, inside = radix_update(hist, need, tb, lo)
         shift = lo
         done = whole.to(tl.int32)
         sh = lo
-    return tb ^ KEY_MIN, shift, need
+    return tb ^ KEY_MIN, shift, need, done
 
 
 @triton.jit
@@ -145,8 +148,8 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     valid = offs < count
     key = tl.load(pool_key + offs, mask=valid, other=0)
     pos = tl.load(pool_pos + offs, mask=valid, other=0)
-    t, shift, need = tile_kth(key, valid, TOPK)
-    take, _eq = take_mask(key, valid, t, shift, need, 0)
+    t, shift, need, whole = tile_kth(key, valid, TOPK)
+    take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
     append(dst_key, dst_pos, 0, key, pos, take)
     tl.debug_barrier()  # and written before any thread reads the pool again
@@ -168,7 +171,7 @@ def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr):
     ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks."""
     SAMPLE: tl.constexpr = key.shape[0]
     r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
-    t, shift, _need = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
+    t, shift, _need, _whole = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
     return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)
@@ -204,8 +207,8 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
             if count + n_in > CAP:
                 # the tile alone holds more entrants than fit: only its own best TOPK can
                 # enter, and a later entry must beat its TOPK-th
-                t, shift, need = tile_kth(key, enter, TOPK)
-                enter, _eq = take_mask(key, enter, t, shift, need, 0)
+                t, shift, need, whole = tile_kth(key, enter, TOPK)
+                enter, _eq = take_mask(key, enter, t, shift, need, 0, whole)
                 gate = tl.maximum(gate, next_gate(t, shift))
         if n_in > 0:
             count += append(pool_key, pool_pos, count, key, pos, enter)
@@ -226,8 +229,8 @@ def select_row(
         key = tl.load(src + offs, mask=valid, other=0)
         take = valid
         if n > TOPK:
-            t, shift, need = tile_kth(key, valid, TOPK)
-            take, _eq = take_mask(key, valid, t, shift, need, 0)
+            t, shift, need, whole = tile_kth(key, valid, TOPK)
+            take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
         append(out_key, out_pos, 0, key, offs, take)
     else:
         # a gate from a sample lets about 1.5 * TOPK keys into the pool, so the scan rarely

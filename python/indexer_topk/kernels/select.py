@@ -36,18 +36,31 @@ def load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE: tl.constexpr, TOP
 
 
 @triton.jit
+def _max3(a0, b0, c0, a1, b1, c1):
+    return tl.maximum(a0, a1), tl.maximum(b0, b1), tl.maximum(c0, c1)
+
+
+@triton.jit
 def radix_digit(hist, need):
     """One radix step over a digit histogram (bin ``d`` counts the entries whose digit is ``d``;
     bins no digit reaches hold 0).
 
     Returns ``(digit, above, bucket)``: the largest digit whose bucket and those above it hold at
-    least ``need`` entries, how many lie strictly above it, and how many in it.
+    least ``need`` entries, how many lie strictly above it, and how many in it (``-1``, every
+    entry and 0 where no digit does).
     """
-    bins = tl.arange(0, hist.shape[0])
-    ge = tl.sum(hist, axis=0) - tl.cumsum(hist, axis=0) + hist
-    digit = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-    above = tl.sum(tl.where(bins > digit, hist, 0), axis=0)
-    bucket = tl.sum(tl.where(bins == digit, hist, 0), axis=0)
+    bins = tl.arange(0, hist.shape[0]).to(tl.int64)
+    ge = tl.cumsum(hist, axis=0, reverse=True)  # entries whose digit is d or above
+    # ge does not grow with d, so the digits that qualify are 0 .. digit: the largest of them
+    # and its counts come out of one max over (digit << 32 | count), with the total beside it
+    # (a reduction, and its barrier, where a max and sums of the histogram took four)
+    hit = ge >= need
+    at_ge = tl.where(hit, (bins << 32) | ge.to(tl.int64), -1)
+    at_above = tl.where(hit, (bins << 32) | (ge - hist).to(tl.int64), -1)
+    p_ge, p_above, total = tl.reduce((at_ge, at_above, ge), 0, _max3)
+    digit = (p_ge >> 32).to(tl.int32)  # -1 where no digit qualifies
+    above = tl.where(digit >= 0, (p_above & LOW32).to(tl.int32), total)
+    bucket = tl.where(digit >= 0, (p_ge & LOW32).to(tl.int32) - above, 0)
     return digit, above, bucket
 
 
@@ -64,13 +77,13 @@ def digit_histogram(b, valid, tb, SH: tl.constexpr):
 
 
 @triton.jit
-def radix_update(hist, need, tb, SH: tl.constexpr):
-    """One radix step from a digit histogram: ``(need, tb, done)`` with the digit's bits added
-    to the threshold prefix ``tb``, ``need`` reduced by the entries above it, and ``done`` when
-    the boundary bucket is taken whole."""
+def radix_update(hist, need, tb, SH):
+    """One radix step from a digit histogram: ``(need, tb, done, bucket)`` with the digit's bits
+    added to the threshold prefix ``tb``, ``need`` reduced by the entries above it, ``bucket``
+    the entries of the boundary bucket and ``done`` when it is taken whole."""
     dstar, above, bucket = radix_digit(hist, need)
     need = need - above
-    return need, tb | (dstar.to(tb.dtype) << SH), bucket == need
+    return need, tb | (dstar.to(tb.dtype) << SH), bucket == need, bucket
 
 
 @triton.jit
@@ -88,7 +101,7 @@ def tile_threshold(b, valid, k, BITS: tl.constexpr):
     for p in tl.static_range(BITS // 8):
         sh = BITS - 8 - 8 * p
         if done == 0:
-            need, tb, whole = radix_update(digit_histogram(b, valid, tb, sh), need, tb, sh)
+            need, tb, whole, _bucket = radix_update(digit_histogram(b, valid, tb, sh), need, tb, sh)
             shift = zero + sh
             if whole:
                 done = zero + 1
@@ -96,14 +109,19 @@ def tile_threshold(b, valid, k, BITS: tl.constexpr):
 
 
 @triton.jit
-def take_mask(key, valid, t, shift, need, eq_seen):
+def take_mask(key, valid, t, shift, need, eq_seen, whole=0):
     """Which entries the selection ``(t, shift, need)`` takes, given ``eq_seen`` entries equal to
-    the threshold earlier in storage order; also returns the equal entries (int32)."""
+    the threshold earlier in storage order; also returns the equal entries (int32). ``whole``
+    (the search's own word, :func:`.row_topk.tile_kth`): the boundary bucket is taken whole, so
+    the equal entries need no count in storage order."""
     hi = key >> shift
     t_hi = t >> shift
     eq = valid & (hi == t_hi)
     eq_i = eq.to(tl.int32)
-    take = (valid & (hi > t_hi)) | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - eq_i) < need))
+    if whole:
+        take = valid & (hi >= t_hi)
+    else:
+        take = (valid & (hi > t_hi)) | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - eq_i) < need))
     return take, eq_i
 
 
@@ -139,7 +157,7 @@ def radix_threshold(
                 offs = c0 + tl.arange(0, CHUNK)
                 key, pos, valid = load_entries(src_key, src_pos, seg_cnt_ptr, offs, n, MODE, TOPK)
                 hist += digit_histogram(key ^ KEY_MIN, valid, tb, sh)
-            need, tb, whole = radix_update(hist, need, tb, sh)
+            need, tb, whole, _bucket = radix_update(hist, need, tb, sh)
             shift = zero + sh
             if whole:
                 done = zero + 1
