@@ -17,8 +17,10 @@ source benchmark/kit_env.sh
 start_kit_build
 SHAPES=${SHAPES:-128x4096,1024x4096,8192x4096,1024x16384,1024x65536}
 for side in base new; do
-  pp=python; [ "$side" = base ] && pp=$BASE
-  PYTHONPATH=$pp timeout 90 python3 benchmark/research/select_probe.py --rows 1024 --keys 4096 --warps 8 \
+  pp=python probe=benchmark/research/select_probe.py
+  # the earlier package's own probe, where it lies beside it (the probe calls the kernels' parts)
+  [ "$side" = base ] && pp=$BASE && [ -f "$BASE/../select_probe.py" ] && probe=$BASE/../select_probe.py
+  PYTHONPATH=$pp timeout 90 python3 "$probe" --rows 1024 --keys 4096 --warps 8 \
     > "$OUT/probe_$side.log" 2>&1
   stamp "probe $side rc $?"
   PYTHONPATH=$pp timeout 120 python3 benchmark/research/row_select.py --ways rows,torch --shapes "$SHAPES" \
