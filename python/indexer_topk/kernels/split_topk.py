@@ -159,16 +159,17 @@ def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.conste
     the lowest positions. (``PROF``: counter 1 of the row, see :func:`finish_rows_kernel`.)"""
     take = valid
     if count > TOPK:
-        t, shift, need, _whole = tile_kth(key, valid, TOPK)
+        t, shift, need, whole = tile_kth(key, valid, TOPK)
         above = valid & ((key >> shift) > (t >> shift))
         eq = valid & ((key >> shift) == (t >> shift))
         # the bucket is taken whole unless keys equal to the k-th are more than it needs: then
         # the lowest positions among them, a search over INT32_MAX - position (distinct keys,
         # close together: the search starts where they differ)
-        if tl.sum(eq.to(tl.int32), axis=0) > need:
-            lowest = INT32_MAX - pos
-            t2, shift2, need2, whole2 = span_kth(lowest, eq, need)
-            eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0, whole2)
+        if whole == 0:  # no count of the equal keys where the search took them whole
+            if tl.sum(eq.to(tl.int32), axis=0) > need:
+                lowest = INT32_MAX - pos
+                t2, shift2, need2, whole2 = span_kth(lowest, eq, need)
+                eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0, whole2)
         take = above | eq
     if PROF:
         _stamp(prof_row, 1, t0)
