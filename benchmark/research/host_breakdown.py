@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Where a replayed call's host time goes, on a GPU; and legacy's k-th key searches, GPU time.
 
-    PYTHONPATH=python python3 benchmark/research/host_breakdown.py
+    PYTHONPATH=python python3 benchmark/research/host_breakdown.py [--cases sglang_fp8:128:16K:legacy,...] [--kth]
 
 Host time (mean wall time of 200 calls in runs of 20) of: the out operator; the Python API
 called directly; the API with the replay's launches left out; the replay alone; each recorded
-launch alone. Then legacy at prefill shapes, its k-th key found by torch.topk or by the select
-kernel's radix passes, each replayed from a CUDA graph (GPU time only).
+step alone (an allocation, or a launch with its argument and descriptor counts). A case is
+``layout:rows:tokens:backend`` (``decode`` after the rows: one row per request); the backend may
+be ``auto``. ``--kth``: then legacy at prefill shapes, its k-th key found by torch.topk or by the
+select kernel's radix passes, each replayed from a CUDA graph (GPU time only).
 """
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,10 @@ from indexer_topk import api, calls, replay  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
 from indexer_topk.bench.mix import graph_ms, host_us  # noqa: E402
 from indexer_topk.contract import allocate_result  # noqa: E402
+from indexer_topk.options import parse_tokens  # noqa: E402
+
+CASES = ("sglang_fp8:128:16K:fused,sglang_fp8:1024:64K:fused,sglang_fp8:8decode:768K:fused,sglang_mxfp4:128:16K:fused,"
+         "aiter_mxfp4:128:16K:fused,sglang_fp8:128:16K:legacy")
 from indexer_topk.workload import make_workload  # noqa: E402
 
 
@@ -34,12 +41,15 @@ def setup(layout, rows, tokens, decode):
 
 
 def main():
-    print(f"{'case':34s} {'op':>7s} {'api':>7s} {'no-launch':>9s} {'replay':>7s}  per launch")
-    for layout, rows, tokens, decode, backend in (
-            ("sglang_fp8", 128, 16384, False, "fused"), ("sglang_fp8", 1024, 65536, False, "fused"),
-            ("sglang_fp8", 8, 786432, True, "fused"), ("sglang_mxfp4", 128, 16384, False, "fused"),
-            ("aiter_mxfp4", 128, 16384, False, "fused"), ("sglang_fp8", 128, 16384, False, "legacy")):
-        legacy_backend.KTH_SEARCH = "radix"
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", default=CASES)
+    ap.add_argument("--kth", action="store_true")
+    a = ap.parse_args()
+    print(f"{'case':34s} {'op':>7s} {'api':>7s} {'no-launch':>9s} {'replay':>7s}  per step")
+    for case in a.cases.split(","):
+        layout, rows, tokens, backend = case.split(":")
+        decode = rows.endswith("decode")
+        rows, tokens = int(rows.removesuffix("decode")), parse_tokens(tokens)
         api._KNOWN.clear()
         w, out, ws, hint = setup(layout, rows, tokens, decode)
         args = w.args()
@@ -56,7 +66,11 @@ def main():
         torch.cuda.synchronize()
         t_op, t_api = host_us(op, 200, "cuda"), host_us(direct, 200, "cuda")
         known = next(iter(api._KNOWN._calls.values()))
-        rep = known.replays[backend]
+        route = next(iter(known.replays)) if backend == "auto" else backend
+        rep = known.replays.get(route)
+        if rep is None:
+            print(f"{case}: {route}, not replayed: op {t_op:.1f} us, api {t_api:.1f} us", flush=True)
+            continue
         real_run = replay.Replay.run
         replay.Replay.run = lambda self, *a: None
         t_none = host_us(direct, 200, "cuda")
@@ -74,13 +88,15 @@ def main():
             else:
                 us = host_us(lambda: step.run(full, None, stream), 200, "cuda")
                 per.append(f"{us:.1f}({len(step.template)}a,{len(step.descs)}d)")
-        name = f"{layout} {'decode ' if decode else ''}{rows}x{tokens // 1024}K {backend}"
+        name = f"{layout} {'decode ' if decode else ''}{rows}x{tokens // 1024}K {backend}->{route}"
         print(f"{name:34s} {t_op:7.1f} {t_api:7.1f} {t_none:9.1f} {t_rep:7.1f}  {' '.join(per)}", flush=True)
         t0 = time.perf_counter()
         for _ in range(1000):
             calls.signature(tensors, (1, 2, 3))
         print(f"   signature {1e3 * (time.perf_counter() - t0):.2f} us; route "
               f"{host_us(lambda: indexer_topk.resolve_backend('auto', layout=known.layout, topk=1024, rows=known.rows, c4_len=known.c4_len), 200, 'cuda'):.1f} us")
+    if not a.kth:
+        return
     print("\nlegacy, GPU time (graph replays), k-th key by torch.topk / by radix passes in the select kernel")
     for rows, tokens in ((128, 16384), (128, 786432), (1024, 16384), (1024, 65536), (1024, 262144), (1024, 786432),
                          (8192, 65536)):
