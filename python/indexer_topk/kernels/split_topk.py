@@ -177,33 +177,6 @@ def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.conste
 
 
 @triton.jit
-def _rank_and_write(s, staged, ck, hist_row, start_row, gate, scale, pt_row, out_bits_row, out_raw_row,
-                    out_phys_row, TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr):
-    """Rank the candidates at the run slots ``s`` (of ``staged`` filled) inside their runs by the
-    contract's order and write those whose output slot (run start + rank) is below ``TOPK``."""
-    CAP: tl.constexpr = 4 * TOPK
-    live = s < staged
-    ks = tl.load(ck + s, mask=live, other=0)
-    ps = tl.load(ck + CAP + s, mask=live, other=0)
-    bs = _bin_of(ks, gate, scale, BINS)
-    lo = tl.load(start_row + bs, mask=live, other=0)
-    hi = tl.load(hist_row + bs, mask=live, other=0)
-    cs = composite(ks, ps)
-    rank = tl.zeros(s.shape, dtype=tl.int32)
-    for d in tl.static_range(MAXSEG):
-        j = lo + d
-        m = live & (j < hi)
-        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
-        rank += (m & (cj > cs)).to(tl.int32)
-    f = lo + rank
-    w = live & (f < TOPK)
-    page = tl.load(pt_row + (ps >> 6), mask=w, other=0)
-    tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
-    tl.store(out_raw_row + f, ps, mask=w)
-    tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
-
-
-@triton.jit
 def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, scale, pt_row,
                     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count,
                     TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
@@ -229,14 +202,26 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     tl.debug_barrier()  # the runs are complete, and the counters hold each run's end
     if PROF:
         _stamp(prof_row, 2, t0)
-    # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them. Only the first TOPK can be
-    # output slots, but a candidate staged past them may rank into them inside the boundary run:
-    # the slots below TOPK, then the MAXSEG after them, each ranked in a tile of its own (one
-    # tile of 2 * TOPK slots would leave half its lanes idle)
-    _rank_and_write(tl.arange(0, TOPK), above + bucket, ck, hist_row, start_row, gate, scale, pt_row,
-                    out_bits_row, out_raw_row, out_phys_row, TOPK, BINS, MAXSEG)
-    _rank_and_write(TOPK + tl.arange(0, MAXSEG), above + bucket, ck, hist_row, start_row, gate, scale, pt_row,
-                    out_bits_row, out_raw_row, out_phys_row, TOPK, BINS, MAXSEG)
+    s = tl.arange(0, 2 * TOPK)  # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them
+    live = s < above + bucket
+    ks = tl.load(ck + s, mask=live, other=0)
+    ps = tl.load(ck + CAP + s, mask=live, other=0)
+    bs = _bin_of(ks, gate, scale, BINS)
+    lo = tl.load(start_row + bs, mask=live, other=0)
+    hi = tl.load(hist_row + bs, mask=live, other=0)
+    cs = composite(ks, ps)
+    rank = tl.zeros([2 * TOPK], dtype=tl.int32)
+    for d in tl.static_range(MAXSEG):
+        j = lo + d
+        m = live & (j < hi)
+        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
+        rank += (m & (cj > cs)).to(tl.int32)
+    f = lo + rank
+    w = live & (f < TOPK)
+    page = tl.load(pt_row + (ps >> 6), mask=w, other=0)
+    tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
+    tl.store(out_raw_row + f, ps, mask=w)
+    tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
     tl.store(out_cnt_ptr, TOPK)
 
 
