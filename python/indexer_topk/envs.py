@@ -245,6 +245,11 @@ class Envs:
     # after the first of its shape); 0 runs every call through validation, planning and Triton's
     # own launch path.
     INDEXER_TOPK_REPLAY = EnvBool(True, invalid=False, invalid_means="every call takes the full host path")
+    # Programmatic dependent launch of the kernels that follow a call's first kernel (sm_90 and
+    # later): each starts while the one before it finishes and waits for it on the GPU, which
+    # hides the gap between them. Read at each legacy call; off (or unreadable) launches them
+    # one after another as plain stream order does.
+    INDEXER_TOPK_PDL = EnvBool(True, invalid=False, invalid_means="kernels launch one after another")
 
     # ============================================================
     # Legacy path

@@ -28,7 +28,10 @@ import torch
 import triton
 
 from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
-from ..kernels.launch import SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels, pack_args, tile_config
+from ..kernels.launch import (
+    SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels,
+    pack_args, pdl_launch, pdl_options, tile_config,
+)
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
@@ -100,14 +103,15 @@ def score_span(groups: int, width: int, sm_count: int) -> int:
 
 @launches_kernels
 def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=None,
-                 rows_per_request: Optional[int] = None) -> torch.Tensor:
+                 rows_per_request: Optional[int] = None, pdl: bool = False) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
     ``keys`` (int32 or float32 storage of that shape, reinterpreted as
     int32) is written in full: score keys below each row's ``seq_len``, ``KEY_NONE`` past it.
     Decode a key with :func:`indexer_topk.contract.scores_from_ordered_bits`.
     ``rows_per_request=1`` scores one row per tile (rows with pages of their own); the bits are
-    the same either way.
+    the same either way. ``pdl``: the kernel that reads the matrix next is launched with
+    programmatic dependent launch (:func:`indexer_topk.kernels.launch.pdl_launch`).
     """
     ka = pack_args(inputs)
     rows = inputs.rows
@@ -127,7 +131,7 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     launch(
         logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
         ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
-        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
+        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
     return keys
@@ -145,17 +149,19 @@ def kth_keys(keys: torch.Tensor, topk: int):
 
 
 @launches_kernels
-def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0) -> None:
+def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
     written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
-    its ``seq_len``."""
+    its ``seq_len``. ``pdl``: the select kernels are launched with programmatic dependent launch,
+    the first after the kernel that wrote ``keys`` (which must be the stream's last kernel before
+    this call and have released them, as :func:`legacy_score` with ``pdl`` does)."""
     keys = keys.view(torch.int32)
     row_count = keys.shape[0]
     search = KTH_SEARCH
     if search == "auto":
         search = "rows" if row_count >= ROWS_MIN_ROWS else "split"
     if search == "split":  # it checks the matrix and the device itself
-        split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start)
+        split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start, pdl=pdl)
         return
     if not keys.is_contiguous():
         raise ValueError("keys: expected a contiguous key matrix")
@@ -171,8 +177,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, num_warps=ROWS_WARPS,
-            **launch_options(ROWS_MAXNREG, kernels_interpreted()),
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, num_warps=ROWS_WARPS,
+            **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return
     known_t = search == "torch"
@@ -199,7 +205,7 @@ def split_scratch_size(rows: int, topk: int) -> int:
 
 @launches_kernels
 def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None,
-                 prof=None) -> None:
+                 prof=None, pdl: bool = False) -> None:
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
@@ -207,7 +213,8 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     and the row is longer than ``SPLIT_TILE``), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
     :mod:`indexer_topk.kernels.split_topk`). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
-    (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`)."""
+    (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
+    launched with programmatic dependent launch (see :func:`legacy_select`)."""
     keys = keys.view(torch.int32)
     if not keys.is_contiguous():  # the kernels step rows by the width
         raise ValueError("keys: expected a contiguous key matrix")
@@ -231,13 +238,16 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     hist = scratch[rows * (HEADER_FIELDS + 8 * topk): need] if SPLIT_BINS else cand  # unread without bins
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, num_warps=SPLIT_WARPS)
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_WARPS,
+           **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
-           runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, num_warps=SPLIT_GATHER_WARPS)
+           runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
+           num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
     launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
-           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, num_warps=SPLIT_WARPS)
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, PDL=pdl,
+           num_warps=SPLIT_WARPS, **pdl_options(pdl))
 
 
 @launches_kernels
@@ -274,10 +284,13 @@ def legacy_indexer_topk(
         storage = workspace.view(-1)[: chunk * width * 4].view(torch.int32).view(chunk, width)
     else:
         storage = torch.empty((chunk, width), dtype=torch.int32, device=device)
+    # the select kernels follow the score kernel on the GPU, the gap between them hidden (a
+    # matrix of no columns is not scored: then the select follows the caller's work)
+    pdl = width > 0 and pdl_launch(device)
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
-        legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
-        legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0)
+        legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request, pdl=pdl)
+        legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)
     return out
 

@@ -9,6 +9,11 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+try:  # grid dependency control (programmatic dependent launch, sm_90 and later)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: kernels are never launched with PDL (launch.pdl_capable)
+    gdc_launch_dependents = gdc_wait = None
+
 # Layout ids, as constexpr kernel arguments.
 LAYOUT_AITER_MXFP4 = 0
 LAYOUT_SGLANG_MXFP4 = 1
@@ -34,6 +39,26 @@ def layout_id(layout) -> int:
         Layout.SGLANG_MXFP4: LAYOUT_SGLANG_MXFP4,
         Layout.SGLANG_FP8: LAYOUT_SGLANG_FP8,
     }[Layout(layout)]
+
+
+@triton.jit
+def wait_for_producer(PDL: tl.constexpr):
+    """A kernel launched with programmatic dependent launch (``PDL``) may start while the kernel
+    before it on the stream still runs: every memory access of such a kernel comes after this
+    wait, which returns once that kernel has finished and its writes are visible. Without
+    ``PDL`` nothing is emitted."""
+    if PDL:
+        gdc_wait()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """Let the next kernel on the stream, when it is launched with programmatic dependent launch,
+    start its programs now: they only wait (:func:`wait_for_producer`) until this kernel is done,
+    on SMs this kernel's programs, all started by then, have left free. Without ``PDL`` nothing is
+    emitted."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit

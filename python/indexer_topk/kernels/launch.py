@@ -12,9 +12,10 @@ import torch
 from triton.runtime.interpreter import InterpretedFunction
 
 from ..contract import HEAD_DIM, PAGE_SIZE, IndexerInputs, Layout
+from ..envs import envs
 from ..errors import BackendUnavailable
 from ..replay import INTERPRETER_LOCK
-from .common import layout_id, ordered_key
+from .common import gdc_wait, layout_id, ordered_key
 from .geometry import GEOMETRY
 
 try:  # host-side tensor descriptors (bulk tensor copies on Hopper and later)
@@ -160,6 +161,42 @@ def key_descriptor(k_cache: torch.Tensor, layout: Layout):
     page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
     view = k_cache.as_strided((pages, PAGE_SIZE, HEAD_DIM), (page_bytes, HEAD_DIM, 1)).view(torch.float8_e4m3fn)
     return TensorDescriptor(view, [pages, PAGE_SIZE, HEAD_DIM], [page_bytes, HEAD_DIM, 1], [1, PAGE_SIZE, HEAD_DIM])
+
+
+def pdl_launch(device) -> bool:
+    """Whether a kernel that follows another of this call's kernels on ``device`` is launched
+    with programmatic dependent launch (PDL): it may then start while that kernel finishes (its
+    launch and set-up hidden under the other's tail), and waits for it before any memory access
+    (:func:`.common.wait_for_producer`). On where :func:`pdl_capable` says the device and Triton
+    have it, unless ``INDEXER_TOPK_PDL`` is off. The first kernel of a call never takes it: it
+    follows the caller's work, whose kernels this package does not know."""
+    return pdl_capable(device) and envs.INDEXER_TOPK_PDL.get()
+
+
+def pdl_capable(device) -> bool:
+    """An NVIDIA GPU of compute capability 9.0 or later, compiled kernels (not the interpreter)
+    and a Triton with grid dependency control and the ``launch_pdl`` launch option."""
+    device = torch.device(device)
+    if device.type != "cuda" or torch.version.hip is not None or kernels_interpreted():
+        return False
+    return _pdl_capable(torch.cuda.current_device() if device.index is None else device.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _pdl_capable(index: int) -> bool:
+    if gdc_wait is None or torch.cuda.get_device_capability(index)[0] < 9:
+        return False
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:
+        return False
+    return "launch_pdl" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def pdl_options(pdl: bool) -> dict:
+    """The launch option of a kernel launched with PDL (none otherwise: a Triton without the
+    option, or another backend, never sees it)."""
+    return {"launch_pdl": True} if pdl else {}
 
 
 def device_sm_count(device) -> int:

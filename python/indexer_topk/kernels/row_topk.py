@@ -30,7 +30,7 @@ The selection is the contract's and :func:`.select.finalize_row` sorts and write
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN
+from .common import INT32_MAX, KEY_MIN, wait_for_producer
 from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
@@ -261,11 +261,13 @@ def row_length(seq_lens, row, stride_src):
 @triton.jit(do_not_specialize=["stride_src", "rows", "row_start"])
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
-    written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program."""
+    written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
+    launched with programmatic dependent launch after the kernel that wrote ``src``."""
+    wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)

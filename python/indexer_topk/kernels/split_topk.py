@@ -40,7 +40,7 @@ path; only data with many equal keys around the k-th pays the one-program select
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, key_to_score_bits
+from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
 from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
 from .select import composite, finalize_row, radix_digit, take_mask
 
@@ -93,10 +93,13 @@ def _bin_of(key, gate, scale, BINS: tl.constexpr):
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
-    (fp32 bits) and cleared bins (``BINS > 0``), and a zero count."""
+    (fp32 bits) and cleared bins (``BINS > 0``), and a zero count. ``PDL``: this kernel and the
+    next two are launched with programmatic dependent launch, each after the one before."""
+    release_dependents(PDL)
+    wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
@@ -116,12 +119,14 @@ def gate_rows_kernel(
 @triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
 def gather_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist, cand, splits,
-    TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
     gate, appended to its candidate buffer (``cand``: ``8 * TOPK`` int32 a row, keys then
     positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
     bins then the finishing kernel's copy of where their runs start)."""
+    release_dependents(PDL)
+    wait_for_producer(PDL)
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
@@ -229,7 +234,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     gates, counts, scales, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
-    BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False,
+    BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
     candidates (by their bins, or by a search and a sort) or by the one-program row select
@@ -241,6 +246,7 @@ def finish_rows_kernel(
     k-th found (by bins: the histogram read and checked), the selection appended (by bins: the
     candidates placed in their runs), the row ordered and written; and the ``HOW_*`` taken (the
     row select's cycles fall in the third phase)."""
+    wait_for_producer(PDL)
     # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
     # buffer's atomic order would not give: such rows must be one tile
     tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")

@@ -1,0 +1,187 @@
+"""Programmatic dependent launch (PDL) of the legacy path's select kernels: when it is taken,
+what the kernels compile to, and that it changes no bit (eager, replayed, captured)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import indexer_topk as it
+from indexer_topk.envs import envs
+from indexer_topk.kernels import launch as launch_mod
+from kernel_cases import assert_bitwise
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_pdl_needs_compiled_kernels_on_a_cuda_gpu():
+    assert not launch_mod.pdl_capable(torch.device("cpu"))
+    assert not launch_mod.pdl_launch("cpu")
+    if launch_mod.kernels_interpreted():  # the interpreter has no grid dependency control
+        assert not launch_mod.pdl_capable("cuda")
+
+
+@pytest.mark.parametrize("raw, want", [(None, True), ("1", True), ("0", False), ("off", False), ("", False),
+                                       ("maybe", False)])
+def test_pdl_switch(raw, want, monkeypatch):
+    """On by default where capable; off, empty or unreadable launches the kernels one after
+    another (the switch fails safe)."""
+    monkeypatch.setattr(launch_mod, "pdl_capable", lambda device: True)
+    if raw is None:
+        monkeypatch.delenv("INDEXER_TOPK_PDL", raising=False)
+    else:
+        monkeypatch.setenv("INDEXER_TOPK_PDL", raw)
+    assert launch_mod.pdl_launch("cuda") is want
+
+
+def test_pdl_options():
+    assert launch_mod.pdl_options(False) == {}
+    assert launch_mod.pdl_options(True) == {"launch_pdl": True}
+
+
+_COMPILE = """
+import importlib.util, re, sys
+spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+from indexer_topk.kernels.launch import pack_args, tile_config
+from indexer_topk.kernels.logits import logits_kernel
+from indexer_topk.kernels.row_topk import topk_rows_kernel
+from indexer_topk.kernels.split_topk import gate_rows_kernel, gather_rows_kernel
+from indexer_topk.workload import make_workload
+
+MEM = r"\\b(ld|st|atom|red|cp\\.async)\\.(global|shared)"
+def where(ptx, pattern):
+    m = re.search(pattern, ptx)
+    return m.start() if m else -1
+def show(name, ptx):
+    print(name, where(ptx, r"griddepcontrol\\.wait"), where(ptx, r"griddepcontrol\\.launch_dependents"), where(ptx, MEM))
+for fn, const in ((gate_rows_kernel, dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64)),
+                  (gather_rows_kernel, dict(TOPK=64, TILE=1024, BLOCK=256, BINS=64)),
+                  (topk_rows_kernel, dict(TOPK=64, TILE=256, SAMPLE=256))):
+    for pdl in (False, True):
+        c = dict(const, PDL=pdl)
+        sig = report._signature(fn, {}, constexprs=c)
+        sig["rows"] = "i32" if "rows" in sig else None
+        sig = {k: v for k, v in sig.items() if v is not None}
+        show(f"{fn.__name__}:{pdl}", report._compile(fn, sig, c, 90, 4, 1).asm["ptx"])
+w = make_workload("sglang_fp8", context_tokens=[2000], rows_per_request=[2], topk=32, seed=0, device="cpu")
+ka = pack_args(w.inputs(), launch=False)
+tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
+for pdl in (False, True):
+    c = dict(LAYOUT=ka.layout, R=1, TMA=True, INTERPRET=False, STAGES=1, PDL=pdl)
+    show(f"logits_kernel:{pdl}", report._compile(logits_kernel, report._signature(logits_kernel, tensors, constexprs=c),
+                                                 c, 90, 4, 1).asm["ptx"])
+"""
+
+
+def test_pdl_kernels_wait_before_any_memory_access():
+    """Compiled for sm_90 here (no device, no interpreter): with ``PDL`` the select kernels wait
+    for the kernel before them ahead of their first load or store (a later access could read the
+    key matrix or scratch before it is written), the split select's first two release the next,
+    and the score kernel releases the select; without it none of them holds the instructions."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(REPO / "python")
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(REPO / "benchmark" / "research" / "compile_report.py")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    at = {}
+    for line in done.stdout.splitlines():
+        name, wait, release, mem = line.split()
+        at[name] = (int(wait), int(release), int(mem))
+    for name in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel", "logits_kernel"):
+        assert at[f"{name}:False"][:2] == (-1, -1), name
+    for name in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel"):
+        wait, _release, mem = at[f"{name}:True"]
+        assert 0 <= wait < mem, name
+    for name in ("gate_rows_kernel", "gather_rows_kernel", "logits_kernel"):
+        assert at[f"{name}:True"][1] >= 0, name
+    assert at["topk_rows_kernel:True"][1] == -1  # the last kernel of the call releases nothing
+    assert at["logits_kernel:True"][0] == -1  # the call's first kernel follows the caller's work
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the same bits with and without PDL
+# ---------------------------------------------------------------------------------------------
+
+def _legacy(w, pdl: bool, monkeypatch, rows_per_request=None):
+    monkeypatch.setenv("INDEXER_TOPK_PDL", "1" if pdl else "0")
+    out = it.allocate_result(w.rows, w.topk, "cuda")
+    for t in out:
+        t.view(torch.int32).fill_(-12345)
+    it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy", out=out, check_values=False,
+                    rows_per_request=rows_per_request)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", ["decode", "prefill"])
+def test_pdl_gives_the_same_bits_gpu(shape, monkeypatch):
+    """A decode batch (the split select: three kernels after the score kernel) and a prefill
+    chunk (the row select), each called eagerly twice (the second a replay of the first call's
+    launches) with PDL on, then off: equal bit for bit, and the on calls did launch with PDL."""
+    if not launch_mod.pdl_capable("cuda"):
+        pytest.skip("PDL needs sm_90 or later and a Triton with grid dependency control")
+    if shape == "decode":
+        w = it.make_workload("sglang_fp8", context_tokens=[131072, 98304, 4096, 131072, 1000, 120000, 65536, 131072],
+                             rows_per_request=[1] * 8, topk=1024, seed=11, device="cuda")
+        hint = 1
+    else:
+        w = it.make_workload("sglang_fp8", context_tokens=[65536], rows_per_request=[256], topk=1024, seed=12,
+                             device="cuda")
+        hint = None
+    seen = []
+    real = launch_mod.pdl_options
+    monkeypatch.setattr("indexer_topk.backends.legacy.pdl_options", lambda pdl: seen.append(pdl) or real(pdl))
+    on = [_legacy(w, True, monkeypatch, hint) for _ in range(2)]
+    assert seen and all(seen)
+    off = _legacy(w, False, monkeypatch, hint)
+    torch.cuda.synchronize()
+    for got in on:
+        assert_bitwise(got, off, f"{shape} with PDL")
+    assert_bitwise(off, it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy"), f"{shape} checked call")
+
+
+@pytest.mark.gpu
+def test_pdl_capture_then_replay_with_new_inputs_gpu(monkeypatch):
+    """A decode step captured with PDL on, replayed with another batch's queries, keys, pages and
+    shorter lengths: the eager bits of that batch without PDL."""
+    if not launch_mod.pdl_capable("cuda"):
+        pytest.skip("PDL needs sm_90 or later and a Triton with grid dependency control")
+    make = lambda seed: it.make_workload(  # noqa: E731
+        "sglang_fp8", context_tokens=[131072, 98304, 131072, 4096, 131072, 65536, 120000, 131072],
+        rows_per_request=[1] * 8, topk=1024, seed=seed, device="cuda")
+    w1, w2 = make(5), make(6)
+    monkeypatch.setenv("INDEXER_TOPK_PDL", "1")
+    static = [t.clone() if t is not None else None for t in w1.args()]
+    out = it.allocate_result(w1.rows, w1.topk, "cuda")
+
+    def step():
+        torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, "sglang_fp8", *out, None, w1.weight_scale, "legacy",
+                                                False, 1)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile outside the capture
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    new = list(w2.args())
+    new[6] = torch.minimum(new[6], torch.tensor([5000, 24576, 1, 1024, 32768, 0, 30000, 131072], device="cuda",
+                                                dtype=new[6].dtype))
+    for dst, src in zip(static, new):
+        if dst is not None:
+            dst.copy_(src)
+    for t in out:
+        t.view(torch.int32).fill_(-12345)
+    for _ in range(3):  # back to back: each replay's first kernel follows the last one's finish
+        graph.replay()
+    torch.cuda.synchronize()
+    with envs.INDEXER_TOPK_PDL.override(False):
+        want = it.indexer_topk(*new, **w2.kwargs(), backend="legacy")
+    assert_bitwise(out, want, "decode captured with PDL, replayed with new inputs")
