@@ -12,7 +12,8 @@
 # code with and without our plugin (benchmark/sglang_gpu.sh; MSGSPEC_WHEEL for its msgspec).
 # KIT_BUILD_TGZ: a tarball of an earlier session's built kit (DeepGEMM's site, its kernel cache
 # and topk_v2's build), used instead of building; KIT_BUILD_OUT=1 writes this session's there.
-# NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's cache to $OUT/tcache.tgz
+# WARM_CMD: shell code run in this script's shell after the tests, while the kit still builds (its
+# exports reach the mix). NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's cache to $OUT/tcache.tgz
 # at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
 set -u -o pipefail
 export OUT=${OUT:-/tmp/mix_out}
@@ -31,6 +32,11 @@ else
   timeout "${WARM_S:-200}" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
     --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
   stamp "compile pass rc $?"
+fi
+if [ -n "${WARM_CMD:-}" ]; then
+  stamp "WARM_CMD: $WARM_CMD"
+  eval "$WARM_CMD"
+  stamp "WARM_CMD rc $?"
 fi
 wait "$BUILD"
 stamp "SGLang's kernels built"

@@ -165,6 +165,7 @@ def main(argv=None) -> int:
 
     from indexer_topk.bench.environment import environment, gpu_slug
     from indexer_topk.bench.mix import SGLangPath, default_shapes, run_mix, summarize
+    from indexer_topk.envs import envs
 
     device = "cuda" if torch.cuda.is_available() and not a.smoke else "cpu"
     shapes = default_shapes(smoke=a.smoke)
@@ -177,6 +178,7 @@ def main(argv=None) -> int:
     if device == "cuda":
         env["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
         env["arch"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
+    env["flags"] = {k: v for k, v in envs.snapshot().items() if v is not None}  # the switches this run read
     sglang = SGLangPath(a.sglang_kit) if a.sglang_kit else None
     env["sglang_path"] = "SGLang 0.5.23: DeepGEMM MQA logits + topk_v2 (anchor kit)" if sglang else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -71,18 +71,20 @@ for fn, const in ((gate_rows_kernel, dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=6
 w = make_workload("sglang_fp8", context_tokens=[2000], rows_per_request=[2], topk=32, seed=0, device="cpu")
 ka = pack_args(w.inputs(), launch=False)
 tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
-for pdl in (False, True):
-    c = dict(LAYOUT=ka.layout, R=1, TMA=True, INTERPRET=False, STAGES=1, PDL=pdl)
-    show(f"logits_kernel:{pdl}", report._compile(logits_kernel, report._signature(logits_kernel, tensors, constexprs=c),
-                                                 c, 90, 4, 1).asm["ptx"])
+c = dict(LAYOUT=ka.layout, R=1, TMA=True, INTERPRET=False, STAGES=1)
+show("logits_kernel:False", report._compile(logits_kernel, report._signature(logits_kernel, tensors, constexprs=c),
+                                            c, 90, 4, 1).asm["ptx"])
 """
 
 
 def test_pdl_kernels_wait_before_any_memory_access():
     """Compiled for sm_90 here (no device, no interpreter): with ``PDL`` the select kernels wait
     for the kernel before them ahead of their first load or store (a later access could read the
-    key matrix or scratch before it is written), the split select's first two release the next,
-    and the score kernel releases the select; without it none of them holds the instructions."""
+    key matrix or scratch before it is written); without it they hold no such instruction. No
+    kernel releases the next early (``griddepcontrol.launch_dependents``): measured, an early
+    release slowed decode steps of 8 to 64 requests by 6% (most likely the next kernel's programs,
+    resident early, took SM room the score kernel's later programs needed), so each dependent
+    starts as its producer exits."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(REPO / "python")
     done = subprocess.run([sys.executable, "-c", _COMPILE, str(REPO / "benchmark" / "research" / "compile_report.py")],
@@ -92,15 +94,15 @@ def test_pdl_kernels_wait_before_any_memory_access():
     for line in done.stdout.splitlines():
         name, wait, release, mem = line.split()
         at[name] = (int(wait), int(release), int(mem))
-    for name in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel", "logits_kernel"):
-        assert at[f"{name}:False"][:2] == (-1, -1), name
-    for name in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel"):
-        wait, _release, mem = at[f"{name}:True"]
-        assert 0 <= wait < mem, name
-    for name in ("gate_rows_kernel", "gather_rows_kernel", "logits_kernel"):
-        assert at[f"{name}:True"][1] >= 0, name
-    assert at["topk_rows_kernel:True"][1] == -1  # the last kernel of the call releases nothing
-    assert at["logits_kernel:True"][0] == -1  # the call's first kernel follows the caller's work
+    assert set(at) == {f"{n}:{pdl}" for n in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel")
+                       for pdl in (False, True)} | {"logits_kernel:False"}
+    for name, (wait, release, mem) in at.items():
+        assert release == -1, name
+        assert mem >= 0, name
+        if name.endswith(":True"):
+            assert 0 <= wait < mem, name
+        else:
+            assert wait == -1, name
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,13 +2,16 @@
 """The legacy path with and without programmatic dependent launch, side by side on one GPU.
 
     PYTHONPATH=python python3 benchmark/research/pdl_ab.py [--decode 1x128K,8x768K,...] [--prefill 128x16K,...]
+    python3 benchmark/research/pdl_ab.py --verdict pdl_ab.json   # 1 or 0: the setting that measured faster
 
 Each shape's workload is built once; then, in rounds that alternate the two settings (so that a
 clock or temperature drift falls on both alike), the out operator with ``backend="legacy"``:
 decode steps (``rows_per_request=1``) replayed from a CUDA graph, prefill chunks (one request,
 its last rows) as the median CUDA-event time of single eager calls, host included, as the serving
 mix times them. Every output is compared bit for bit with the first run's. The table is printed
-last, the JSON goes to ``--out``.
+last, the JSON goes to ``--out``. ``--verdict`` reads such a JSON and prints ``1`` where every
+shape kept its bits and the geometric mean of on/off is at most 1, else ``0`` (a value for
+``INDEXER_TOPK_PDL`` in the same device session).
 """
 
 from __future__ import annotations
@@ -42,7 +45,11 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--iters", type=int, default=30)
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "pdl_ab.json"))
+    p.add_argument("--verdict", metavar="JSON", help="print 1 or 0 for a finished run's records, run nothing")
     a = p.parse_args(argv)
+    if a.verdict:
+        print(verdict(json.loads(Path(a.verdict).read_text())["records"]))
+        return 0
     device = "cuda"
     shapes = [("decode", s) for s in a.decode.split(",") if s] + [("prefill", s) for s in a.prefill.split(",") if s]
     records = []
@@ -96,6 +103,14 @@ def main(argv=None) -> int:
         print(f"{r['kind']:8s} {r['shape']:10s} {r['timing']:6s} {r['on_ms']:10.4f} {r['off_ms']:9.4f} "
               f"{r['on_ms'] / r['off_ms']:7.3f} {r['same_bits']}")
     return 0
+
+
+def verdict(records) -> int:
+    """1 where PDL kept every shape's bits and was no slower in geometric mean over the shapes."""
+    if not records or not all(r["same_bits"] for r in records):
+        return 0
+    ratios = [r["on_ms"] / r["off_ms"] for r in records]
+    return int(statistics.geometric_mean(ratios) <= 1.0)
 
 
 if __name__ == "__main__":

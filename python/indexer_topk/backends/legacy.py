@@ -103,15 +103,14 @@ def score_span(groups: int, width: int, sm_count: int) -> int:
 
 @launches_kernels
 def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=None,
-                 rows_per_request: Optional[int] = None, pdl: bool = False) -> torch.Tensor:
+                 rows_per_request: Optional[int] = None) -> torch.Tensor:
     """Score stage: the int32 key matrix ``[row_count, width]`` of rows ``row_start ..``.
 
     ``keys`` (int32 or float32 storage of that shape, reinterpreted as
     int32) is written in full: score keys below each row's ``seq_len``, ``KEY_NONE`` past it.
     Decode a key with :func:`indexer_topk.contract.scores_from_ordered_bits`.
     ``rows_per_request=1`` scores one row per tile (rows with pages of their own); the bits are
-    the same either way. ``pdl``: the kernel that reads the matrix next is launched with
-    programmatic dependent launch (:func:`indexer_topk.kernels.launch.pdl_launch`).
+    the same either way.
     """
     ka = pack_args(inputs)
     rows = inputs.rows
@@ -131,7 +130,7 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     launch(
         logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
         ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
-        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages, PDL=pdl,
+        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
         num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
     )
     return keys
@@ -152,9 +151,9 @@ def kth_keys(keys: torch.Tensor, topk: int):
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
     written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
-    its ``seq_len``. ``pdl``: the select kernels are launched with programmatic dependent launch,
-    the first after the kernel that wrote ``keys`` (which must be the stream's last kernel before
-    this call and have released them, as :func:`legacy_score` with ``pdl`` does)."""
+    its ``seq_len``. ``pdl``: the select kernels are launched with programmatic dependent launch
+    (:func:`indexer_topk.kernels.launch.pdl_launch`): each may start as the kernel before it on
+    the stream finishes, and waits for all of it on the GPU before reading anything."""
     keys = keys.view(torch.int32)
     row_count = keys.shape[0]
     search = KTH_SEARCH
@@ -290,7 +289,7 @@ def legacy_indexer_topk(
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
-        legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request, pdl=pdl)
+        legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)
     return out
 

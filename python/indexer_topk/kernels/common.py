@@ -10,9 +10,9 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 try:  # grid dependency control (programmatic dependent launch, sm_90 and later)
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    from triton.language.extra.cuda import gdc_wait
 except ImportError:  # an older Triton: kernels are never launched with PDL (launch.pdl_capable)
-    gdc_launch_dependents = gdc_wait = None
+    gdc_wait = None
 
 # Layout ids, as constexpr kernel arguments.
 LAYOUT_AITER_MXFP4 = 0
@@ -49,16 +49,6 @@ def wait_for_producer(PDL: tl.constexpr):
     ``PDL`` nothing is emitted."""
     if PDL:
         gdc_wait()
-
-
-@triton.jit
-def release_dependents(PDL: tl.constexpr):
-    """Let the next kernel on the stream, when it is launched with programmatic dependent launch,
-    start its programs now: they only wait (:func:`wait_for_producer`) until this kernel is done,
-    on SMs this kernel's programs, all started by then, have left free. Without ``PDL`` nothing is
-    emitted."""
-    if PDL:
-        gdc_launch_dependents()
 
 
 @triton.jit

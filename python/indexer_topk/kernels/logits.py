@@ -10,7 +10,7 @@ or past a row's ``seq_len`` hold ``KEY_MIN``, below every score.
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN, ordered_key, release_dependents
+from .common import KEY_MIN, ordered_key
 from .geometry import PAGE
 from .score import group_rows, load_queries, pages_agree, score_page
 
@@ -37,15 +37,12 @@ def logits_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
     weight_scale, keys, stride_keys, col0, width, span,
     LAYOUT: tl.constexpr, R: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
-    PDL: tl.constexpr = False,
 ):
     """Program (group, span): keys of rows ``row_start + R * group + (0 .. R-1)`` over positions
     ``col0 + span * program_id(1) ..`` (below ``width``), at column ``position - col0`` of the
     key matrix ``keys``; rows at or past ``n_rows`` are not written. The legacy path scores a
     whole row (``col0 = 0``); the chunked-stream experiment (``benchmark/research/chunked_stream.py``) one
-    context chunk at a time. ``PDL``: the select kernel that reads the matrix is launched with
-    programmatic dependent launch, and may start its programs once every program here has."""
-    release_dependents(PDL)
+    context chunk at a time."""
     r0 = row_start + tl.program_id(0) * R
     lo = col0 + tl.program_id(1) * span
     end = tl.minimum(lo + span, width)

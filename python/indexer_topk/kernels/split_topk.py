@@ -40,7 +40,7 @@ path; only data with many equal keys around the k-th pays the one-program select
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, key_to_score_bits, wait_for_producer
 from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
 from .select import composite, finalize_row, radix_digit, take_mask
 
@@ -98,7 +98,6 @@ def gate_rows_kernel(
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
     (fp32 bits) and cleared bins (``BINS > 0``), and a zero count. ``PDL``: this kernel and the
     next two are launched with programmatic dependent launch, each after the one before."""
-    release_dependents(PDL)
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
@@ -125,7 +124,6 @@ def gather_rows_kernel(
     gate, appended to its candidate buffer (``cand``: ``8 * TOPK`` int32 a row, keys then
     positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
     bins then the finishing kernel's copy of where their runs start)."""
-    release_dependents(PDL)
     wait_for_producer(PDL)
     CAP: tl.constexpr = 4 * TOPK
     i = tl.program_id(0)
