@@ -52,21 +52,36 @@ def _reroute_module():
 
 
 def test_mix_reroute_rebuilds_the_committed_mix(tmp_path):
-    """The committed serving mix is what mix_reroute.py makes of the two runs it was joined from:
-    the same records, routes and times."""
+    """The committed serving mix is what mix_reroute.py makes of the two runs it was joined from
+    (the second call's decode shapes, then the first call's other shapes): the same records,
+    routes and times."""
     from pathlib import Path
 
     results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
-    parts = results / "serving_mix" / "fbd5b98"
+    parts = results / "serving_mix" / "06e814c"
     out = tmp_path / "serving_mix_nvidia-h200.json"
-    assert _reroute_module().main([str(parts / "serving_mix_run1.json"), "--add", str(parts / "serving_mix_run2_rest.json"),
-                                   "--out", str(out)]) == 0
+    assert _reroute_module().main([str(parts / "serving_mix_run2_decode.json"), "--add",
+                                   str(parts / "serving_mix_run1.json"), "--out", str(out)]) == 0
     got, want = json.loads(out.read_text()), json.loads((results / "serving_mix_nvidia-h200.json").read_text())
     assert got["records"] == want["records"] and got["summary"] == want["summary"]
     assert got["env"]["assembled"] == want["env"]["assembled"]
-    rerouted = [r for r in got["records"] if "route_before" in r]
-    assert rerouted and all(r["ours_ms"] == r["candidates"][r["route"]] for r in rerouted)
+    assert len(got["records"]) == 33 and all(r["matches_legacy"] for r in got["records"])
     assert (tmp_path / "serving_mix_nvidia-h200_routes.json").exists()
+
+
+def test_mix_reroute_routes_a_cut_run_by_its_candidates(tmp_path):
+    """An earlier session's first call ended before ``--retune``: its records whose shape the
+    joined table routes otherwise take the routed candidate's time from the same run."""
+    from pathlib import Path
+
+    parts = Path(__file__).resolve().parents[1] / "benchmark" / "results" / "serving_mix" / "fbd5b98"
+    out = tmp_path / "mix.json"
+    assert _reroute_module().main([str(parts / "serving_mix_run1.json"), "--add", str(parts / "serving_mix_run2_rest.json"),
+                                   "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    rerouted = [r for r in got["records"] if "route_before" in r]
+    assert len(rerouted) == 12
+    assert all(r["ours_ms"] == r["candidates"][r["route"]] != r["candidates"][r["route_before"]] for r in rerouted)
 
 
 def test_mix_reroute_refuses_another_commit_and_keeps_untimed_routes(tmp_path):
