@@ -446,3 +446,46 @@ def gpu_adversarial_case(pattern: str) -> Case:
         f"gpu256k-{pattern}", "sglang_mxfp4", pattern, context_tokens=(262144,), rows_per_request=(64,),
         topk=2048, seed=11,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# CUDA graphs
+# ---------------------------------------------------------------------------------------------
+
+# A decode batch's contexts: long rows, one short row, and room for shorter lengths at replay.
+DECODE_CONTEXTS = (131072, 98304, 131072, 4096, 131072, 65536, 120000, 131072)
+
+
+def decode_batch(layout: str, seed: int, device: str, topk: int = 1024) -> Workload:
+    """One decode step (one row per request, :data:`DECODE_CONTEXTS`), with queries, keys and
+    scattered page tables of its own for each seed."""
+    return make_workload(layout, context_tokens=list(DECODE_CONTEXTS), rows_per_request=[1] * len(DECODE_CONTEXTS),
+                         topk=topk, seed=seed, device=device)
+
+
+def capture_graph(step) -> "torch.cuda.CUDAGraph":
+    """``step()`` run once on a side stream (its kernels compile and its allocations settle
+    outside the capture), then captured into a new CUDA graph."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def load_batch(static, new, max_lengths=None) -> list:
+    """Copy another batch's tensors (``Workload.args()`` order) into a captured call's
+    ``static`` ones; ``max_lengths``: caps on its ``seq_lens`` (shorter and empty rows).
+    Returns the new batch's arguments as copied."""
+    new = list(new)
+    if max_lengths is not None:
+        new[6] = torch.minimum(new[6], torch.tensor(max_lengths, device=new[6].device, dtype=new[6].dtype))
+    for dst, src in zip(static, new):
+        if dst is not None:
+            dst.copy_(src)
+    return new
+

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import indexer_topk as it
-from kernel_cases import assert_bitwise
+from kernel_cases import assert_bitwise, capture_graph, decode_batch, load_batch
 
 
 @functools.lru_cache(maxsize=None)
@@ -29,15 +29,7 @@ def _eager_legacy(device):
 def _capture(backend, w, out, workspace):
     static = [t.clone() if t is not None else None for t in w.args()]
     kw = dict(w.kwargs(), backend=backend, out=out, workspace=workspace, check_values=False)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up compiles the kernels outside the capture
-        it.indexer_topk(*static, **kw)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        it.indexer_topk(*static, **kw)
-    return graph, static
+    return capture_graph(lambda: it.indexer_topk(*static, **kw)), static
 
 
 @pytest.mark.gpu
@@ -49,9 +41,7 @@ def test_capture_then_replay_with_new_inputs(backend):
     if backend == "fused":
         ws = torch.empty(it.workspace_size(w1.rows, w1.topk, w1.layout.value, "cuda"), dtype=torch.uint8, device="cuda")
     graph, static = _capture(backend, w1, out, ws)
-    for dst, src in zip(static, w2.args()):
-        if dst is not None:
-            dst.copy_(src)
+    load_batch(static, w2.args())
     graph.replay()
     torch.cuda.synchronize()
     assert_bitwise(out, _eager_legacy("cuda"), f"{backend} replayed with new inputs")
@@ -76,13 +66,8 @@ def test_policy_routes_capture_to_legacy():
 # ---------------------------------------------------------------------------------------------
 
 def _decode_pair(device, layout):
-    """Two decode batches of one shape: one row per request, long contexts, each batch with its
-    own queries, keys and scattered page tables."""
-    make = lambda seed: it.make_workload(  # noqa: E731
-        layout, context_tokens=[131072, 98304, 131072, 4096, 131072, 65536, 120000, 131072],
-        rows_per_request=[1] * 8, topk=1024, seed=seed, device=device,
-    )
-    return make(3), make(4)
+    """Two decode batches of one shape, each with its own queries, keys and page tables."""
+    return decode_batch(layout, 3, device), decode_batch(layout, 4, device)
 
 
 @pytest.mark.gpu
@@ -102,21 +87,8 @@ def test_capture_decode_operator_then_replay_with_new_queries_lengths_and_pages(
         torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, layout, *out, ws, w1.weight_scale, "fused", False,
                                                 rows_per_request)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile outside the capture
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-
-    new = list(w2.args())
-    new[6] = torch.minimum(new[6], torch.tensor([5000, 24576, 1, 1024, 32768, 0, 30000, 16384], device="cuda",
-                                                dtype=new[6].dtype))
-    for dst, src in zip(static, new):
-        if dst is not None:
-            dst.copy_(src)
+    graph = capture_graph(step)
+    new = load_batch(static, w2.args(), [5000, 24576, 1, 1024, 32768, 0, 30000, 16384])
     for t in out:
         t.view(torch.int32).fill_(-12345)
     graph.replay()

@@ -12,7 +12,7 @@ import torch
 import indexer_topk as it
 from indexer_topk.envs import envs
 from indexer_topk.kernels import launch as launch_mod
-from kernel_cases import assert_bitwise
+from kernel_cases import assert_bitwise, capture_graph, decode_batch, load_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -153,10 +153,7 @@ def test_pdl_capture_then_replay_with_new_inputs_gpu(monkeypatch):
     shorter lengths: the eager bits of that batch without PDL."""
     if not launch_mod.pdl_capable("cuda"):
         pytest.skip("PDL needs sm_90 or later and a Triton with grid dependency control")
-    make = lambda seed: it.make_workload(  # noqa: E731
-        "sglang_fp8", context_tokens=[131072, 98304, 131072, 4096, 131072, 65536, 120000, 131072],
-        rows_per_request=[1] * 8, topk=1024, seed=seed, device="cuda")
-    w1, w2 = make(5), make(6)
+    w1, w2 = decode_batch("sglang_fp8", 5, "cuda"), decode_batch("sglang_fp8", 6, "cuda")
     monkeypatch.setenv("INDEXER_TOPK_PDL", "1")
     static = [t.clone() if t is not None else None for t in w1.args()]
     out = it.allocate_result(w1.rows, w1.topk, "cuda")
@@ -165,20 +162,8 @@ def test_pdl_capture_then_replay_with_new_inputs_gpu(monkeypatch):
         torch.ops.indexer_topk.indexer_topk_out(*static, w1.topk, "sglang_fp8", *out, None, w1.weight_scale, "legacy",
                                                 False, 1)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile outside the capture
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    new = list(w2.args())
-    new[6] = torch.minimum(new[6], torch.tensor([5000, 24576, 1, 1024, 32768, 0, 30000, 131072], device="cuda",
-                                                dtype=new[6].dtype))
-    for dst, src in zip(static, new):
-        if dst is not None:
-            dst.copy_(src)
+    graph = capture_graph(step)
+    new = load_batch(static, w2.args(), [5000, 24576, 1, 1024, 32768, 0, 30000, 131072])
     for t in out:
         t.view(torch.int32).fill_(-12345)
     for _ in range(3):  # back to back: each replay's first kernel follows the last one's finish
