@@ -16,6 +16,7 @@ from typing import Optional, Tuple
 import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
+from indexer_topk.bench.mix import capture_graph  # noqa: F401  (the graph tests' capture, as the benchmark's)
 from indexer_topk.backends.legacy import legacy_indexer_topk
 from indexer_topk.compare import bitwise_equal, compare_to_reference, first_difference, mma_tolerance
 from indexer_topk.formats import _aiter_scale_column
@@ -461,20 +462,6 @@ def decode_batch(layout: str, seed: int, device: str, topk: int = 1024) -> Workl
     scattered page tables of its own for each seed."""
     return make_workload(layout, context_tokens=list(DECODE_CONTEXTS), rows_per_request=[1] * len(DECODE_CONTEXTS),
                          topk=topk, seed=seed, device=device)
-
-
-def capture_graph(step) -> "torch.cuda.CUDAGraph":
-    """``step()`` run once on a side stream (its kernels compile and its allocations settle
-    outside the capture), then captured into a new CUDA graph."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
 
 
 def load_batch(static, new, max_lengths=None) -> list:
