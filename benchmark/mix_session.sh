@@ -13,8 +13,8 @@
 # KIT_BUILD_TGZ: a tarball of an earlier session's built kit (DeepGEMM's site, its kernel cache
 # and topk_v2's build), used instead of building; KIT_BUILD_OUT=1 writes this session's there.
 # WARM_CMD: shell code run in this script's shell after the tests, while the kit still builds (its
-# exports reach the mix). NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's cache to $OUT/tcache.tgz
-# at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
+# exports reach the mix). NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's
+# cache to $OUT/tcache.tgz at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
 set -u -o pipefail
 export OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"

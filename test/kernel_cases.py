@@ -16,7 +16,6 @@ from typing import Optional, Tuple
 import torch
 
 from indexer_topk.backends.fused import fused_indexer_topk
-from indexer_topk.bench.mix import capture_graph  # noqa: F401  (the graph tests' capture, as the benchmark's)
 from indexer_topk.backends.legacy import legacy_indexer_topk
 from indexer_topk.compare import bitwise_equal, compare_to_reference, first_difference, mma_tolerance
 from indexer_topk.formats import _aiter_scale_column
@@ -450,7 +449,7 @@ def gpu_adversarial_case(pattern: str) -> Case:
 
 
 # ---------------------------------------------------------------------------------------------
-# CUDA graphs
+# Decode batches for the CUDA-graph tests
 # ---------------------------------------------------------------------------------------------
 
 # A decode batch's contexts: long rows, one short row, and room for shorter lengths at replay.
@@ -475,4 +474,3 @@ def load_batch(static, new, max_lengths=None) -> list:
         if dst is not None:
             dst.copy_(src)
     return new
-

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import indexer_topk as it
-from kernel_cases import assert_bitwise, capture_graph, decode_batch, load_batch
+from indexer_topk.bench.mix import capture_graph
+from kernel_cases import assert_bitwise, decode_batch, load_batch
 
 
 @functools.lru_cache(maxsize=None)

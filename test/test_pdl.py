@@ -10,9 +10,10 @@ import pytest
 import torch
 
 import indexer_topk as it
+from indexer_topk.bench.mix import capture_graph
 from indexer_topk.envs import envs
 from indexer_topk.kernels import launch as launch_mod
-from kernel_cases import assert_bitwise, capture_graph, decode_batch, load_batch
+from kernel_cases import assert_bitwise, decode_batch, load_batch
 
 REPO = Path(__file__).resolve().parents[1]
 
