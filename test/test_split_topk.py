@@ -381,6 +381,41 @@ def test_score_span_fills_the_device():
     assert span(1, 64, 132) == legacy_backend.SCORE_MIN_SPAN
 
 
+def test_select_way_by_rows_and_width():
+    """The split select for few rows, and for long rows up to ``SPLIT_ROWS_PER_SM`` an SM; the
+    row select for rows of one register tile from ``ROWS_MIN_ROWS`` rows, and for many long rows."""
+    way = legacy_backend.select_way
+    sms, tile = 132, legacy_backend.ROWS_TILE
+    most = legacy_backend.SPLIT_ROWS_PER_SM * sms
+    assert way(1, tile, sms) == way(legacy_backend.ROWS_MIN_ROWS - 1, 4 * tile, sms) == "split"
+    assert way(legacy_backend.ROWS_MIN_ROWS, tile, sms) == "rows"
+    assert way(legacy_backend.ROWS_MIN_ROWS, tile + 64, sms) == "split"
+    assert way(most, 16 * tile, sms) == "split"
+    assert way(most + 1, 16 * tile, sms) == "rows"
+
+
+def test_auto_takes_the_way_select_way_names(monkeypatch, device):
+    """``KTH_SEARCH = "auto"`` runs the way :func:`select_way` names, with the torch way's bits."""
+    force_way(monkeypatch, device, "auto", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256, ROWS_TILE=1024,
+              ROWS_SAMPLE=512)
+    monkeypatch.setattr(legacy_backend, "ROWS_MIN_ROWS", 4)
+    monkeypatch.setattr(legacy_backend, "SPLIT_ROWS_PER_SM", 1)
+    sms, tile = device_sm_count(device), legacy_backend.ROWS_TILE
+    split_calls = []
+    real_split = legacy_backend.split_select
+    monkeypatch.setattr(legacy_backend, "split_select", lambda *a, **k: (split_calls.append(1), real_split(*a, **k)))
+    for rows, width, want in ((sms, tile + 64, "split"), (sms + 1, tile + 64, "rows"), (sms, tile, "rows")):
+        assert legacy_backend.select_way(rows, width, sms) == want
+        keys, lens_t = key_matrix("scores", [width] * rows, width, device, seed=rows)
+        split_calls.clear()
+        monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "auto")
+        out = poisoned_result(rows, TOPK, device)
+        legacy_backend.legacy_select(keys, lens_t, page_table_for(rows, width, device), topk=TOPK, out=out)
+        assert bool(split_calls) == (want == "split"), (rows, width)
+        assert unwritten_slots(out) == []
+        assert_same_bits(out, torch_way(keys, lens_t, TOPK, monkeypatch))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: DeepSeek-V4 decode widths with the shipped tile, sample and block
 # ---------------------------------------------------------------------------------------------
@@ -468,3 +503,20 @@ print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
     assert done.returncode == 0, done.stderr[-2000:]
     clock, stores = done.stdout.split()
     assert clock == "True" and int(stores) >= 4  # the clock read, and the row's counters stored
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["scores", "increasing", "ties", "spikes"])
+@pytest.mark.parametrize("rows,width", [(128, 65536), (1024, 16384), (300, 4160)])
+def test_auto_on_prefill_chunks_gpu(pattern, rows, width, monkeypatch, device):
+    """Prefill chunks of long rows, which ``auto`` sends to the split select (and 300 rows just
+    past the tile), with lengths around ``topk`` and the tile among them: the torch way's bits,
+    every slot written."""
+    topk = 1024
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "auto")
+    lens = ([width, width - 1, 4097, 4096, topk + 1, topk, topk - 1, 1, 0] + [width] * 23) * (rows // 32 + 1)
+    keys, lens_t = key_matrix(pattern, lens[:rows], width, device, seed=rows + width)
+    out = poisoned_result(rows, topk, device)
+    legacy_backend.legacy_select(keys, lens_t, page_table_for(rows, width, device), topk=topk, out=out)
+    assert unwritten_slots(out) == []
+    assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))

@@ -9,7 +9,8 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 ("random") and from scores that increase along the row ("increasing"), and times
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG]``
-config, ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
+config, ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
+(the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
 With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
 scores beside them. Prints a table; ``--json`` writes the records.
@@ -47,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="128x4096,1024x4096,1024x8192,1024x16384,8192x4096,1024x65536,128x196608,1024x196608")
     ap.add_argument("--patterns", default="random,increasing")
     ap.add_argument("--configs", default="4096:8:2:128")
+    ap.add_argument("--split-configs", default="16:4",
+                    help="the split way's finishing and gate warps and gathering programs an SM, WARPS:PROGRAMS_PER_SM")
     ap.add_argument("--ways", default="rows,torch,radix")
     ap.add_argument("--topk", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
@@ -61,6 +64,8 @@ def main(argv=None) -> int:
         topk_v2 = load_anchor_kit(args.sglang_kit)[2]
     records = []
     lines = []
+    knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
+    shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
         for pattern in args.patterns.split(","):
@@ -71,16 +76,25 @@ def main(argv=None) -> int:
             row = {"rows": rows, "keys": width, "pattern": pattern, "topk": args.topk}
             ways = []
             for way in args.ways.split(","):
-                configs = args.configs.split(",") if way == "rows" else [None]
-                for cfg in configs:
+                configs = {"rows": args.configs, "split": args.split_configs}.get(way)
+                for cfg in configs.split(",") if configs else [None]:
+                    for k, v in shipped.items():
+                        setattr(legacy_backend, k, v)
                     legacy_backend.KTH_SEARCH = way
                     name = way
-                    if cfg:
+                    if cfg and way == "split":
+                        warps, pps = (int(x) for x in cfg.split(":"))
+                        legacy_backend.SPLIT_WARPS, legacy_backend.SPLIT_PROGRAMS_PER_SM = warps, pps
+                        name = f"split {cfg}"
+                    elif cfg:
                         tile, warps, pps, maxnreg = (int(x) for x in (cfg + ":0").split(":")[:4])
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         name = f"rows {cfg}"
+                    if way == "auto":
+                        sms = torch.cuda.get_device_properties(device).multi_processor_count
+                        name = f"auto={legacy_backend.select_way(rows, width, sms)}"
                     if way == "radix" and rows * width > (1 << 24):
                         continue  # minutes at these sizes: one program per row, many passes
                     out = allocate_result(rows, args.topk, device)
@@ -114,6 +128,8 @@ def main(argv=None) -> int:
             del keys, scores
             torch.cuda.empty_cache()
     legacy_backend.KTH_SEARCH = "auto"
+    for k, v in shipped.items():
+        setattr(legacy_backend, k, v)
     print("\nms per call, CUDA-graph replays ('!' = differs from the first way's bits)")
     print("\n".join(lines))
     if args.json:

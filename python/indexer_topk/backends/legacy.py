@@ -46,10 +46,12 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # (kernels/split_topk.py, launches only); "torch" runs torch.topk over the key matrix for each
 # row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
 # histogram passes over the whole row, one program per row (the select stage before "rows").
-# "auto" takes "rows" for key matrices of at least ROWS_MIN_ROWS rows and "split" below: one
-# program per row leaves most SMs idle for a few decode rows. Same selection, same bits.
+# "auto" asks select_way: "split" below ROWS_MIN_ROWS rows (one program per row leaves most SMs
+# idle for a few decode rows) and for rows longer than the row select's tile up to
+# SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits.
 KTH_SEARCH = "auto"
 ROWS_MIN_ROWS = 128
+SPLIT_ROWS_PER_SM = 8
 
 # The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
 # and programs per SM.
@@ -147,6 +149,20 @@ def kth_keys(keys: torch.Tensor, topk: int):
     return kth, need
 
 
+def select_way(rows: int, width: int, sm_count: int) -> str:
+    """How :func:`legacy_select` selects ``rows`` key-matrix rows of ``width`` keys on a GPU of
+    ``sm_count`` SMs: ``"split"`` below ``ROWS_MIN_ROWS`` rows, and for rows longer than the row
+    select's register tile (``ROWS_TILE``) while they number at most ``SPLIT_ROWS_PER_SM`` an SM;
+    ``"rows"`` otherwise. A long row read by one program streams at one SM's pace, while the
+    split select spreads it over several and finishes it from a few thousand candidates; with
+    many rows to a program the row select's one read of each row wins."""
+    if rows < ROWS_MIN_ROWS:
+        return "split"
+    if width > ROWS_TILE and rows <= SPLIT_ROWS_PER_SM * sm_count:
+        return "split"
+    return "rows"
+
+
 @launches_kernels
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
@@ -158,7 +174,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     row_count = keys.shape[0]
     search = KTH_SEARCH
     if search == "auto":
-        search = "rows" if row_count >= ROWS_MIN_ROWS else "split"
+        search = select_way(row_count, keys.shape[1], device_sm_count(keys.device))
     if search == "split":  # it checks the matrix and the device itself
         split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start, pdl=pdl)
         return
