@@ -379,6 +379,12 @@ def test_score_span_fills_the_device():
     assert legacy_backend.SCORE_MIN_SPAN <= span(1, 196608, 132) < full
     assert span(512, 196608, 132) == full
     assert span(1, 64, 132) == legacy_backend.SCORE_MIN_SPAN
+    # one wave, never a partial second: a decode batch's programs fit the SMs' slots
+    wave = legacy_backend.SCORE_PROGRAMS_PER_SM * 132
+    for groups, width in ((256, 32768), (64, 32768), (8, 196608), (32, 196608), (100, 30000), (1056, 8192)):
+        s = span(groups, width, 132)
+        assert groups * -(-width // s) <= max(wave, groups), (groups, width, s)
+        assert groups * -(-width // s) > wave // 2 or s == full, (groups, width, s)
 
 
 def test_select_way_by_rows_and_width():

@@ -86,8 +86,10 @@ SPLIT_MAXSEG = 16
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
-# until it fills SCORE_PROGRAMS_PER_SM programs an SM). On an H200, 8 programs an SM scored
-# 8 x 768K in 56.5 us against 67.7 for 4, 64 x 128K in 75.7 against 86.9 (split_decode.py).
+# so that it fills, without passing, one wave of SCORE_PROGRAMS_PER_SM programs an SM). On an
+# H200, 8 programs an SM scored 8 x 768K in 56.5 us against 67.7 for 4, 64 x 128K in 75.7
+# against 86.9 (split_decode.py); a span that let 256 x 128K take 1,280 programs (a partial
+# second wave) scored it in 0.348 ms against 0.283 for 1,024.
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
@@ -95,9 +97,9 @@ SCORE_PROGRAMS_PER_SM = 8
 
 def score_span(groups: int, width: int, sm_count: int) -> int:
     """Positions per score program for ``groups`` row groups of ``width`` positions: ``SCORE_SPAN``
-    unless that leaves programs short of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole pages, at
-    least ``SCORE_MIN_SPAN``."""
-    want = -(-SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
+    unless that leaves programs short of one wave of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole
+    pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``."""
+    want = max(1, SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
     span = -(-width // want)
     span = -(-span // PAGE_SIZE) * PAGE_SIZE
     return max(SCORE_MIN_SPAN, min(SCORE_SPAN, span))
