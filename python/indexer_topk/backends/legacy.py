@@ -8,12 +8,14 @@ against and the fallback the policy keeps for decode and graph capture.
 
 The matrix is a *key matrix*: it stores each score as its int32 order key (the same 4 bytes
 as the fp32 score, see :mod:`indexer_topk.kernels.logits`), so the top-k stage can rank
-integers. From 128 rows the top-k stage reads each row about once (:mod:`indexer_topk.kernels.row_topk`:
-a radix search of the k-th key in registers, a sampled gate and a bounded candidate pool for
-long rows); below, each row is spread over many programs that gather the keys reaching a
-sampled gate into a small buffer, searched by one program per row
-(:mod:`indexer_topk.kernels.split_topk`). Either way it takes every key above the k-th and the
-lowest positions among keys equal to it, and sorts the result under the contract's order.
+integers. Below 128 rows, and for rows longer than one register tile while there are few of
+them for the SMs (:func:`select_way`), each row is spread over many programs that gather the
+keys reaching a sampled gate into a small buffer, finished by one program per row
+(:mod:`indexer_topk.kernels.split_topk`); otherwise persistent programs read each row about once
+(:mod:`indexer_topk.kernels.row_topk`: a radix search of the k-th key in registers, a sampled
+gate and a bounded candidate pool for long rows). Either way it takes every key above the k-th
+and the lowest positions among keys equal to it, and sorts the result under the contract's
+order.
 
 A decode batch (``rows_per_request=1``: every row has pages of its own) is scored one row per
 tile, so each program streams its own row's pages with its loads pipelined; a row's scores
