@@ -1,6 +1,7 @@
 """Top-k of a few long key-matrix rows, each row spread over many programs.
 
-The legacy path's select stage for batches of few rows (a decode step: one row per request).
+The legacy path's select stage for batches of few rows (a decode step: one row per request)
+and for chunks of long rows that leave an SM few of them (``backends.legacy.select_way``).
 One program per row (:mod:`.row_topk`) would leave most SMs idle and read a 196,608-key row at
 one SM's pace, so a row is split three ways, one launch each:
 
