@@ -53,7 +53,7 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits.
 KTH_SEARCH = "auto"
 ROWS_MIN_ROWS = 128
-SPLIT_ROWS_PER_SM = 8
+SPLIT_ROWS_PER_SM = 1
 
 # The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
 # and programs per SM.
