@@ -388,16 +388,17 @@ def test_score_span_fills_the_device():
 
 
 def test_select_way_by_rows_and_width():
-    """The split select for few rows, and for long rows up to ``SPLIT_ROWS_PER_SM`` an SM; the
-    row select for rows of one register tile from ``ROWS_MIN_ROWS`` rows, and for many long rows."""
+    """The split select for few rows, and for rows longer than ``SPLIT_MIN_WIDTH`` up to
+    ``SPLIT_ROWS_PER_SM`` an SM; the row select from ``ROWS_MIN_ROWS`` rows of shorter rows, and
+    for more long rows."""
     way = legacy_backend.select_way
-    sms, tile = 132, legacy_backend.ROWS_TILE
-    most = legacy_backend.SPLIT_ROWS_PER_SM * sms
-    assert way(1, tile, sms) == way(legacy_backend.ROWS_MIN_ROWS - 1, 4 * tile, sms) == "split"
-    assert way(legacy_backend.ROWS_MIN_ROWS, tile, sms) == "rows"
-    assert way(legacy_backend.ROWS_MIN_ROWS, tile + 64, sms) == "split"
-    assert way(most, 16 * tile, sms) == "split"
-    assert way(most + 1, 16 * tile, sms) == "rows"
+    sms, long_row = 132, legacy_backend.SPLIT_MIN_WIDTH
+    most = max(legacy_backend.SPLIT_ROWS_PER_SM * sms, legacy_backend.ROWS_MIN_ROWS)
+    assert way(1, 64, sms) == way(legacy_backend.ROWS_MIN_ROWS - 1, 4 * long_row, sms) == "split"
+    assert way(legacy_backend.ROWS_MIN_ROWS, long_row, sms) == "rows"
+    assert way(legacy_backend.ROWS_MIN_ROWS, long_row + 64, sms) == "split"
+    assert way(most, 16 * long_row, sms) == "split"
+    assert way(most + 1, 16 * long_row, sms) == "rows"
 
 
 def test_auto_takes_the_way_select_way_names(monkeypatch, device):
@@ -406,6 +407,7 @@ def test_auto_takes_the_way_select_way_names(monkeypatch, device):
               ROWS_SAMPLE=512)
     monkeypatch.setattr(legacy_backend, "ROWS_MIN_ROWS", 4)
     monkeypatch.setattr(legacy_backend, "SPLIT_ROWS_PER_SM", 1)
+    monkeypatch.setattr(legacy_backend, "SPLIT_MIN_WIDTH", legacy_backend.ROWS_TILE)
     sms, tile = device_sm_count(device), legacy_backend.ROWS_TILE
     split_calls = []
     real_split = legacy_backend.split_select
@@ -513,11 +515,11 @@ print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["scores", "increasing", "ties", "spikes"])
-@pytest.mark.parametrize("rows,width", [(128, 65536), (1024, 16384), (300, 4160)])
+@pytest.mark.parametrize("rows,width", [(128, 65536), (132, 16448), (1024, 16384), (300, 4160)])
 def test_auto_on_prefill_chunks_gpu(pattern, rows, width, monkeypatch, device):
-    """Prefill chunks of long rows, which ``auto`` sends to the split select (and 300 rows just
-    past the tile), with lengths around ``topk`` and the tile among them: the torch way's bits,
-    every slot written."""
+    """Prefill chunks as ``auto`` selects them (the split select for 128 rows of 65,536 keys and
+    132 of 16,448; the row select for the others), with lengths around ``topk`` and the tile among
+    them: the torch way's bits, every slot written."""
     topk = 1024
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "auto")
     lens = ([width, width - 1, 4097, 4096, topk + 1, topk, topk - 1, 1, 0] + [width] * 23) * (rows // 32 + 1)

@@ -49,11 +49,17 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # row's k-th key, then one exact pass per row; "radix" searches the k-th key with 8-bit
 # histogram passes over the whole row, one program per row (the select stage before "rows").
 # "auto" asks select_way: "split" below ROWS_MIN_ROWS rows (one program per row leaves most SMs
-# idle for a few decode rows) and for rows longer than the row select's tile up to
-# SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits.
+# idle for a few decode rows) and for rows longer than SPLIT_MIN_WIDTH keys up to
+# SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits. Measured on an H200
+# (benchmark/research/select_way.sh, CUDA-graph replays of the select stage, normal scores):
+# 128 rows of 65,536 keys 0.071 ms split against 0.149 rows, 128 x 196,608 0.338 / 0.403; even
+# at 128 x 16,384 (0.043 / 0.041) and 256 x 65,536 (0.129 / 0.129), where the split select's
+# three launches cost an eager call more host time; the row select wins from 256 x 16,384
+# (0.055 / 0.070) and at 512 rows and more.
 KTH_SEARCH = "auto"
 ROWS_MIN_ROWS = 128
 SPLIT_ROWS_PER_SM = 1
+SPLIT_MIN_WIDTH = 16384
 
 # The "rows" select: keys per register tile of the scan, keys its gate is sampled from, warps
 # and programs per SM.
@@ -155,14 +161,14 @@ def kth_keys(keys: torch.Tensor, topk: int):
 
 def select_way(rows: int, width: int, sm_count: int) -> str:
     """How :func:`legacy_select` selects ``rows`` key-matrix rows of ``width`` keys on a GPU of
-    ``sm_count`` SMs: ``"split"`` below ``ROWS_MIN_ROWS`` rows, and for rows longer than the row
-    select's register tile (``ROWS_TILE``) while they number at most ``SPLIT_ROWS_PER_SM`` an SM;
-    ``"rows"`` otherwise. A long row read by one program streams at one SM's pace, while the
-    split select spreads it over several and finishes it from a few thousand candidates; with
-    many rows to a program the row select's one read of each row wins."""
+    ``sm_count`` SMs: ``"split"`` below ``ROWS_MIN_ROWS`` rows, and for rows longer than
+    ``SPLIT_MIN_WIDTH`` keys while they number at most ``SPLIT_ROWS_PER_SM`` an SM; ``"rows"``
+    otherwise. A long row read by one program streams at one SM's pace, while the split select
+    spreads it over several and finishes it from a few thousand candidates; with more rows than
+    SMs the row select's one read of each row wins."""
     if rows < ROWS_MIN_ROWS:
         return "split"
-    if width > ROWS_TILE and rows <= SPLIT_ROWS_PER_SM * sm_count:
+    if width > SPLIT_MIN_WIDTH and rows <= SPLIT_ROWS_PER_SM * sm_count:
         return "split"
     return "rows"
 
