@@ -51,21 +51,33 @@ def _reroute_module():
     return module
 
 
-def test_mix_reroute_rebuilds_the_committed_mix(tmp_path):
-    """The committed serving mix is what mix_reroute.py makes of the two runs it was joined from
-    (the second call's decode shapes, then the first call's other shapes): the same records,
-    routes and times."""
+def test_committed_mix_is_one_calls_run():
+    """The committed serving mix is the run of one device call at 4ddb2e5 (every shape, with
+    ``--retune``), as its log's folder keeps it: the same records and summary."""
     from pathlib import Path
 
     results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
-    parts = results / "serving_mix" / "06e814c"
+    run = json.loads((results / "serving_mix" / "4ddb2e5" / "serving_mix_run1.json").read_text())
+    want = json.loads((results / "serving_mix_nvidia-h200.json").read_text())
+    assert run["records"] == want["records"] and run["summary"] == want["summary"]
+    assert want["env"]["commit"] == "4ddb2e5"
+    assert len(want["records"]) == 33 and all(r["matches_legacy"] for r in want["records"])
+
+
+def test_mix_reroute_joins_two_calls_of_a_session(tmp_path):
+    """mix_reroute.py joins the two calls of 06e814c's session (the second call's decode shapes,
+    then the first call's other shapes) into every shape once, and writes the joined table."""
+    from pathlib import Path
+
+    parts = Path(__file__).resolve().parents[1] / "benchmark" / "results" / "serving_mix" / "06e814c"
     out = tmp_path / "serving_mix_nvidia-h200.json"
     assert _reroute_module().main([str(parts / "serving_mix_run2_decode.json"), "--add",
                                    str(parts / "serving_mix_run1.json"), "--out", str(out)]) == 0
-    got, want = json.loads(out.read_text()), json.loads((results / "serving_mix_nvidia-h200.json").read_text())
-    assert got["records"] == want["records"] and got["summary"] == want["summary"]
-    assert got["env"]["assembled"] == want["env"]["assembled"]
+    got = json.loads(out.read_text())
+    assert got["env"]["commit"] == "06e814c" and got["env"]["assembled"]
     assert len(got["records"]) == 33 and all(r["matches_legacy"] for r in got["records"])
+    assert len({(r["kind"], r["layout"], r["topk"], r["requests"], r["rows_per_request"], r["context_tokens"],
+                 r.get("spread")) for r in got["records"]}) == 33
     assert (tmp_path / "serving_mix_nvidia-h200_routes.json").exists()
 
 
