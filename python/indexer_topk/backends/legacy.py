@@ -51,11 +51,10 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # "auto" asks select_way: "split" below ROWS_MIN_ROWS rows (one program per row leaves most SMs
 # idle for a few decode rows) and for rows longer than SPLIT_MIN_WIDTH keys up to
 # SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits. Measured on an H200
-# (benchmark/research/select_way.sh, CUDA-graph replays of the select stage, normal scores):
-# 128 rows of 65,536 keys 0.071 ms split against 0.149 rows, 128 x 196,608 0.338 / 0.403; even
-# at 128 x 16,384 (0.043 / 0.041) and 256 x 65,536 (0.129 / 0.129), where the split select's
-# three launches cost an eager call more host time; the row select wins from 256 x 16,384
-# (0.055 / 0.070) and at 512 rows and more.
+# (benchmark/research/select_way.sh; benchmark/results/NOTES.md, "The split select for prefill
+# chunks"): the split select wins at 128 rows of 65,536 and 196,608 keys, ties at 128 x 16,384
+# and 256 x 65,536 (where its three launches cost an eager call more host time), and loses from
+# 256 rows of 16,384 keys and at 512 rows and more.
 KTH_SEARCH = "auto"
 ROWS_MIN_ROWS = 128
 SPLIT_ROWS_PER_SM = 1
@@ -97,7 +96,7 @@ SPLIT_MAXSEG = 16
 # so that it fills, without passing, one wave of SCORE_PROGRAMS_PER_SM programs an SM). On an
 # H200, 8 programs an SM scored 8 x 768K in 56.5 us against 67.7 for 4, 64 x 128K in 75.7
 # against 86.9 (split_decode.py); a span that let 256 x 128K take 1,280 programs (a partial
-# second wave) scored it in 0.348 ms against 0.283 for 1,024.
+# second wave) scored it about a fifth slower than 1,024 did (benchmark/results/NOTES.md).
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
