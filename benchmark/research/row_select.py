@@ -27,6 +27,7 @@ import torch
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.bench.mix import graph_ms
 from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits
+from indexer_topk.kernels.launch import device_sm_count
 
 
 def key_matrix(rows, width, pattern, device):
@@ -93,8 +94,7 @@ def main(argv=None) -> int:
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         name = f"rows {cfg}"
                     if way == "auto":
-                        sms = torch.cuda.get_device_properties(device).multi_processor_count
-                        name = f"auto={legacy_backend.select_way(rows, width, sms)}"
+                        name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"
                     if way == "radix" and rows * width > (1 << 24):
                         continue  # minutes at these sizes: one program per row, many passes
                     out = allocate_result(rows, args.topk, device)

@@ -51,7 +51,7 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # "auto" asks select_way: "split" below ROWS_MIN_ROWS rows (one program per row leaves most SMs
 # idle for a few decode rows) and for rows longer than SPLIT_MIN_WIDTH keys up to
 # SPLIT_ROWS_PER_SM rows an SM, "rows" otherwise. Same selection, same bits. Measured on an H200
-# (benchmark/research/select_way.sh; benchmark/results/NOTES.md, "The split select for prefill
+# (benchmark/research/row_select.sh; benchmark/results/NOTES.md, "The split select for prefill
 # chunks"): the split select wins at 128 rows of 65,536 and 196,608 keys, ties at 128 x 16,384
 # and 256 x 65,536 (where its three launches cost an eager call more host time), and loses from
 # 256 rows of 16,384 keys and at 512 rows and more.
