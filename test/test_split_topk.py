@@ -517,8 +517,8 @@ print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 @pytest.mark.parametrize("pattern", ["scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("rows,width", [(128, 65536), (132, 16448), (1024, 16384), (300, 4160)])
 def test_auto_on_prefill_chunks_gpu(pattern, rows, width, monkeypatch, device):
-    """Prefill chunks as ``auto`` selects them (the split select for 128 rows of 65,536 keys and
-    132 of 16,448; the row select for the others), with lengths around ``topk`` and the tile among
+    """Prefill chunks as ``auto`` selects them (on an H200, the split select for 128 rows of 65,536
+    keys and 132 of 16,448; the row select for the others), with lengths around ``topk`` and the tile among
     them: the torch way's bits, every slot written."""
     topk = 1024
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "auto")
