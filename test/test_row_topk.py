@@ -144,6 +144,72 @@ def test_rows_write_only_their_outputs(topk, rows_way, monkeypatch, device):
         assert not bool((rows[2:4] == 0x5A5A5A5A).any())
 
 
+def expected_order(keys, lens, topk):
+    """Each row's selection as plain torch orders it: the best ``min(n, topk)`` keys, keys
+    descending then positions ascending (a stable sort), ascending positions for rows of at
+    most ``topk``."""
+    out = []
+    for row, n in zip(keys.cpu(), lens.cpu().tolist()):
+        order = torch.sort(row[:n], descending=True, stable=True).indices[:topk]
+        out.append((order.sort().values if n <= topk else order).tolist())
+    return out
+
+
+def assert_expected_order(got, keys, lens, topk):
+    """Every slot of ``got`` as :func:`expected_order` has it: positions, keys, counts, padding."""
+    assert unwritten_slots(got) == []
+    for r, want in enumerate(expected_order(keys, lens, topk)):
+        n = len(want)
+        assert got.counts[r].item() == n
+        assert got.raw_indices[r, :n].tolist() == want, r
+        assert torch.equal(ordered_score_bits(got.values[r, :n]).cpu(), keys[r].cpu()[want]), r
+        assert bool((got.raw_indices[r, n:] == -1).all())
+
+
+@pytest.mark.parametrize("way", ["rows", "torch"])
+def test_selection_order_with_distinct_and_few_equal_keys(way, rows_way, monkeypatch, device):
+    """The finish orders a long row by its keys alone where they are distinct, and falls back to
+    (key, position) composites where any two are equal. Rows of distinct keys, and rows where one
+    pair of equal keys (at reversed positions, at the top, inside, at the k-th) or many equal
+    keys enter the selection, against plain torch's order, every slot."""
+    width = 1600
+    rows = 8
+    gen = torch.Generator().manual_seed(11)
+    keys = torch.randperm(2**20, generator=gen)[: rows * width].view(rows, width).to(torch.int32) - 2**19
+    top = keys.max().item()
+    keys[1, 1500], keys[1, 3] = top + 5, top + 5  # the best key twice, far apart
+    keys[2, 900], keys[2, 40] = top + 1, top + 1
+    keys[2, 41] = top + 2
+    srt = keys[3].sort(descending=True).values
+    keys[3, (keys[3] == srt[TOPK // 2]).nonzero()[0]] = srt[TOPK // 2 + 1]  # a tie inside
+    kth = keys[4].sort(descending=True).values[TOPK - 1]
+    keys[4, 7] = kth  # a second key equal to the k-th, earlier: it takes the k-th's slot
+    keys[5, ::3] = 12345  # many equal keys
+    keys[6] = -keys[6]  # negative keys, distinct
+    lens = torch.tensor([width, width, width - 1, width, width, width, TOPK + 1, TOPK], dtype=torch.int32)
+    keys[torch.arange(width)[None, :] >= lens[:, None].long()] = KEY_NONE
+    keys, lens = keys.to(device), lens.to(device)
+    assert_expected_order(select(keys, lens, TOPK, way, monkeypatch), keys, lens, TOPK)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024])
+@pytest.mark.parametrize("way", ["rows", "split"])
+def test_selection_order_gpu(way, topk, monkeypatch, device):
+    """The shipped tile and sample at prefill-chunk widths (4,096 and 16,384 keys), indexer-like
+    scores with every fourth row given equal keys in its selection, against plain torch's order."""
+    rows, width = 264, 16384
+    gen = torch.Generator().manual_seed(topk)
+    keys = ordered_score_bits(torch.randn((rows, width), generator=gen) * 8)
+    keys[::4, 100:4000:37] = keys[::4].max(dim=1, keepdim=True).values  # equal keys at the top
+    lens = torch.tensor([width, 4096, width - 5, 4096 + 3] * (rows // 4), dtype=torch.int32)
+    # a plateau of 800 keys equal to the row's 200th best: the k-th key of topk 512, inside 1024's
+    keys[1::4, 9:4000:5] = keys[1::4, :4096].sort(dim=1, descending=True).values[:, 199:200]
+    keys[torch.arange(width)[None, :] >= lens[:, None].long()] = KEY_NONE
+    keys, lens = keys.to(device), lens.to(device)
+    assert_expected_order(select(keys, lens, topk, way, monkeypatch), keys, lens, topk)
+
+
 @pytest.mark.parametrize("case", pattern_cases()[:4] + [c for c in pattern_cases() if "increasing" in c.name], ids=str)
 def test_legacy_with_rows_matches_reference(case, rows_way, device):
     """The legacy path end to end with the row select agrees with the fp64 reference (run here,
