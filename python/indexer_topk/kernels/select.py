@@ -210,19 +210,20 @@ def composite(key, pos):
 
 
 @triton.jit
-def count_above(sorted_ptr, count, key, valid, TOPK: tl.constexpr):
-    """How many of the ``count <= TOPK`` keys at ``sorted_ptr`` (int32, descending) exceed each
-    valid ``key``: a binary search of ``bit_length(TOPK)`` steps, enough for any ``count``."""
+def count_above(by_key, count, key, valid, TOPK: tl.constexpr):
+    """How many of the first ``count <= TOPK`` keys of ``by_key`` (int32 ``[TOPK]``, descending)
+    exceed each valid ``key``: a binary search of ``bit_length(TOPK)`` steps, enough for any
+    ``count``. Each step gathers from the register tile (through shared memory): a gather from a
+    copy in global memory costs an L1 wavefront per distinct line, about one per lane."""
     lo = tl.zeros_like(key)
     hi = lo + count
     for s in tl.static_range(31):
         if (TOPK >> s) > 0:
             active = valid & (lo < hi)
             mid = (lo + hi) >> 1
-            v = tl.load(sorted_ptr + mid, mask=active, other=0)
-            up = active & (v > key)
+            up = active & (tl.gather(by_key, tl.minimum(mid, TOPK - 1), 0) > key)
             lo = tl.where(up, mid + 1, lo)
-            hi = tl.where(active & (v <= key), mid, hi)
+            hi = tl.where(active & ~up, mid, hi)
     return lo
 
 
@@ -237,12 +238,12 @@ def finalize_row(
     Long rows are sorted best first; rows with ``seq_len <= TOPK`` keep ascending positions.
     Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row.
 
-    A long row's keys alone are sorted (int32), staged in the ``out_phys`` row, and each entry
-    finds its slot by a binary search there: the number of keys above its own. Where the keys
-    are distinct those slots are a permutation (their sum is ``count * (count - 1) / 2``; each
-    pair of equal keys takes one from it) and each position is written straight to its slot.
-    Equal keys among them (ties, plateaus) need the position order too: the entries are then
-    sorted as 64-bit ``(key, position)`` composites, which costs about three times the int32 sort.
+    A long row's keys alone are sorted (int32), and each entry finds its slot by a binary search
+    in them: the number of keys above its own. Where the keys are distinct those slots are a
+    permutation (their sum is ``count * (count - 1) / 2``; each pair of equal keys takes one from
+    it) and each position is written straight to its slot. Equal keys among them (ties, plateaus)
+    need the position order too: the entries are then sorted as 64-bit ``(key, position)``
+    composites, which costs about three times the int32 sort.
     """
     offs = tl.arange(0, TOPK)
     count = tl.maximum(count, 0)  # a negative (unchecked) length is an empty row
@@ -251,11 +252,9 @@ def finalize_row(
     pos = tl.load(src_pos + offs, mask=m, other=0)
     if seq_len > TOPK:
         by_key = sort1d(tl.where(m, key, KEY_MIN), True)
-        tl.debug_barrier()  # src (possibly the output row) is read before the staging writes
-        tl.store(out_phys_row + offs, by_key)
-        tl.debug_barrier()
-        slot = count_above(out_phys_row, count, key, m, TOPK)
+        slot = count_above(by_key, count, key, m, TOPK)
         if tl.sum(tl.where(m, slot - offs, 0), axis=0) == 0:
+            tl.debug_barrier()  # src (possibly the output row) is read before the scatter
             tl.store(out_raw_row + slot, pos, mask=m)
             tl.debug_barrier()
             key = by_key
