@@ -8,8 +8,7 @@ the *first* ``need`` keys equal to ``T`` in storage order, which are the lowest 
 ``radix_threshold`` finds ``T`` with up to four 8-bit histogram passes from the top byte,
 stopping early once the boundary bucket is taken whole. ``select_into`` then writes the
 selected ``(key, position)`` pairs compactly, still in position order. ``finalize_row`` sorts
-them under the contract's order (keys descending, then positions ascending: int64
-``key << 32 | ~position``; by the keys alone where they are distinct) and writes the four outputs.
+them under the contract's order (int64 ``key << 32 | ~position``) and writes the four outputs.
 """
 
 import triton
@@ -210,24 +209,6 @@ def composite(key, pos):
 
 
 @triton.jit
-def count_above(by_key, count, key, valid, TOPK: tl.constexpr):
-    """How many of the first ``count <= TOPK`` keys of ``by_key`` (int32 ``[TOPK]``, descending)
-    exceed each valid ``key``: a binary search of ``bit_length(TOPK)`` steps, enough for any
-    ``count``. Each step gathers from the register tile (through shared memory): a gather from a
-    copy in global memory costs an L1 wavefront per distinct line, about one per lane."""
-    lo = tl.zeros_like(key)
-    hi = lo + count
-    for s in tl.static_range(31):
-        if (TOPK >> s) > 0:
-            active = valid & (lo < hi)
-            mid = (lo + hi) >> 1
-            up = active & (tl.gather(by_key, tl.minimum(mid, TOPK - 1), 0) > key)
-            lo = tl.where(up, mid + 1, lo)
-            hi = tl.where(active & ~up, mid, hi)
-    return lo
-
-
-@triton.jit
 def finalize_row(
     src_key, src_pos, count, seq_len, pt_row_ptr,
     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
@@ -237,13 +218,6 @@ def finalize_row(
 
     Long rows are sorted best first; rows with ``seq_len <= TOPK`` keep ascending positions.
     Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row.
-
-    A long row's keys alone are sorted (int32), and each entry finds its slot by a binary search
-    in them: the number of keys above its own. Where the keys are distinct those slots are a
-    permutation (their sum is ``count * (count - 1) / 2``; each pair of equal keys takes one from
-    it) and each position is written straight to its slot. Equal keys among them (ties, plateaus)
-    need the position order too: the entries are then sorted as 64-bit ``(key, position)``
-    composites, which costs about three times the int32 sort.
     """
     offs = tl.arange(0, TOPK)
     count = tl.maximum(count, 0)  # a negative (unchecked) length is an empty row
@@ -251,18 +225,9 @@ def finalize_row(
     key = tl.load(src_key + offs, mask=m, other=0)
     pos = tl.load(src_pos + offs, mask=m, other=0)
     if seq_len > TOPK:
-        by_key = sort1d(tl.where(m, key, KEY_MIN), True)
-        slot = count_above(by_key, count, key, m, TOPK)
-        if tl.sum(tl.where(m, slot - offs, 0), axis=0) == 0:
-            tl.debug_barrier()  # src (possibly the output row) is read before the scatter
-            tl.store(out_raw_row + slot, pos, mask=m)
-            tl.debug_barrier()
-            key = by_key
-            pos = tl.load(out_raw_row + offs, mask=m, other=0)
-        else:
-            comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
-            key = (comp >> 32).to(tl.int32)
-            pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
+        comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
+        key = (comp >> 32).to(tl.int32)
+        pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
     bits = tl.where(m, key_to_score_bits(key), NEG_INF_BITS)
     raw = tl.where(m, pos, -1)
