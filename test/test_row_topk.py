@@ -167,11 +167,11 @@ def assert_expected_order(got, keys, lens, topk):
 
 
 @pytest.mark.parametrize("way", ["rows", "torch"])
-def test_selection_order_with_distinct_and_few_equal_keys(way, rows_way, monkeypatch, device):
-    """The finish orders a long row by its keys alone where they are distinct, and falls back to
-    (key, position) composites where any two are equal. Rows of distinct keys, and rows where one
-    pair of equal keys (at reversed positions, at the top, inside, at the k-th) or many equal
-    keys enter the selection, against plain torch's order, every slot."""
+def test_selection_order_against_plain_torch(way, rows_way, monkeypatch, device):
+    """The finish (:func:`.select.finalize_row`, which every way shares, so comparing ways cannot
+    check it) against plain torch's stable order, every slot: rows of distinct keys, and rows
+    where one pair of equal keys (at reversed positions, at the top, inside, at the k-th) or many
+    equal keys enter the selection."""
     width = 1600
     rows = 8
     gen = torch.Generator().manual_seed(11)
@@ -196,8 +196,9 @@ def test_selection_order_with_distinct_and_few_equal_keys(way, rows_way, monkeyp
 @pytest.mark.parametrize("topk", [512, 1024])
 @pytest.mark.parametrize("way", ["rows", "split"])
 def test_selection_order_gpu(way, topk, monkeypatch, device):
-    """The shipped tile and sample at prefill-chunk widths (4,096 and 16,384 keys), indexer-like
-    scores with every fourth row given equal keys in its selection, against plain torch's order."""
+    """:func:`test_selection_order_against_plain_torch` with the shipped tile and sample at
+    prefill-chunk widths (4,096 and 16,384 keys): indexer-like scores, every fourth row given
+    equal keys at its top and another a plateau at or inside its k-th key."""
     rows, width = 264, 16384
     gen = torch.Generator().manual_seed(topk)
     keys = ordered_score_bits(torch.randn((rows, width), generator=gen) * 8)
