@@ -233,7 +233,7 @@ def gpu_batch(layout, seed, decode):
 @pytest.mark.parametrize("backend", ["fused", "legacy"])
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
 def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
-    """On the GPU a replay calls Triton's launchers directly (tensor descriptors rebuilt over the
+    """On the GPU a replay launches through the CUDA driver (tensor descriptors encoded over the
     new addresses): three calls on fresh tensors through the out operator, into poisoned
     outputs, bit for bit the full path; then the step captured in a CUDA graph and replayed with
     a new batch copied into its inputs."""
@@ -253,6 +253,9 @@ def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
         assert_bitwise(out, want, f"{layout} {backend} call {seed}")
     # both ways of legacy's select ("rows" and, below ROWS_MIN_ROWS rows, "split") only launch
     assert replays_of(backend)[0] is not None
+    # and every launch is replayed through the CUDA driver (kernels/driver_launch.py)
+    launches = [s for s in replays_of(backend)[0].steps if hasattr(s, "driver")]
+    assert launches and all(s.driver is not None for s in launches), [s.driver for s in launches]
     step = lambda: torch.ops.indexer_topk.indexer_topk_out(  # noqa: E731
         *w.args(), w.topk, layout, *out, ws, w.weight_scale, backend, False, hint)
     graph = capture_graph(step)

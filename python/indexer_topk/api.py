@@ -250,6 +250,7 @@ def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKRes
         return fn(inputs, out=out, workspace=workspace, **kwargs)
     recorder = Recorder((*inputs.tensors, *out, workspace))
     with recorder:
+        recorder.driver_launches = envs.INDEXER_TOPK_DRIVER_LAUNCH.get()  # read inside: a replay checks it
         fn(inputs, out=out, workspace=workspace, **kwargs)
     known.replays[name] = recorder.replay()
     return out

@@ -131,7 +131,8 @@ class Recorder:
     :class:`Replay`, or ``None`` with :attr:`why_not` saying why there is none.
     """
 
-    def __init__(self, roots: Sequence[Optional[torch.Tensor]]):
+    def __init__(self, roots: Sequence[Optional[torch.Tensor]], driver_launches: bool = False):
+        self.driver_launches = driver_launches
         self.spans: List[Optional[Tuple[int, int]]] = [storage_span(t) for t in roots]
         self.steps: list = []
         self.env: Dict[str, Optional[str]] = {}
@@ -206,8 +207,12 @@ class Recorder:
             return self.fail("a launch option is a tensor")
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-            self.steps.append(_Launch(grid3, template, tensors, descriptors, compiled.run, compiled.function,
-                                      compiled.packed_metadata))
+            step = _Launch(grid3, template, tensors, descriptors, compiled.run, compiled.function,
+                           compiled.packed_metadata)
+            if self.driver_launches:
+                from .kernels.driver_launch import driver_launch
+                step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors)
+            self.steps.append(step)
         elif compiled is None and not descriptors:  # the interpreter: launch it again through it
             self.steps.append(_Interpreted(kernel, tuple(grid), template, tensors, options))
         else:
@@ -233,9 +238,10 @@ class _Launch:
     """A compiled launch: the launcher, its function handle and metadata, the arguments with
     their address slots."""
 
-    __slots__ = ("grid", "template", "ptrs", "descs", "launcher", "function", "metadata")
+    __slots__ = ("grid", "template", "ptrs", "descs", "launcher", "function", "metadata", "driver")
 
     def __init__(self, grid, template, tensors, descriptors, launcher, function, metadata):
+        self.driver = None  # a DriverLaunch (kernels/driver_launch.py) where one reproduces this launch
         self.grid = grid
         self.template = tuple(template)
         self.ptrs = tuple((i, r, off) for i, r, off, *_ in tensors)
@@ -243,6 +249,8 @@ class _Launch:
         self.launcher, self.function, self.metadata = launcher, function, metadata
 
     def run(self, ptrs: List[int], tensors, stream: int) -> None:
+        if self.driver is not None:
+            return self.driver.run(ptrs, stream)
         params = list(self.template)
         for i, r, off in self.ptrs:
             params[i] = ptrs[r] + off

@@ -1,0 +1,107 @@
+"""The parameter block of a replayed launch through the CUDA driver
+(:mod:`indexer_topk.kernels.driver_launch`): laid out from the kernel's signature, checked against
+its PTX, and refused wherever the two disagree. The launches themselves run on the GPU
+(``test_replay.py::test_compiled_replays_give_the_full_paths_bits``)."""
+
+import ctypes
+import types
+
+import pytest
+import triton
+import triton.language as tl
+
+from indexer_topk.kernels.driver_launch import build_launch, ptx_param_sizes
+
+
+def _probe_kernel(x, n, scale, big, y, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + offs, mask=offs < n, other=0.0)
+    tl.store(y + offs, v * scale + big.to(tl.float32), mask=offs < n)
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    """``_probe_kernel`` compiled for sm_90 (no GPU needed), as a launch would have it."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from triton.runtime.jit import JITFunction
+
+    sig = {"x": "*fp32", "n": "i32", "scale": "fp32", "big": "i64", "y": "*fp32", "BLOCK": "constexpr"}
+    try:
+        k = triton.compile(ASTSource(JITFunction(_probe_kernel), sig, {"BLOCK": 128}), target=GPUTarget("cuda", 90, 32),
+                           options={"num_warps": 4})
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"compiling for sm_90 without a GPU failed: {e}")
+    # a JITFunction made here, not by the decorator: under the interpreter the decorator makes none
+    return types.SimpleNamespace(metadata=k.metadata, src=k.src, asm=k.asm, function=1234)
+
+
+PARAMS = [None, 1000, 0.5, 1 << 40, None, 128]
+TENSORS = [(0, 0, 16), (4, 2, 0)]  # (argument, root, byte offset)
+
+
+def test_ptx_param_sizes():
+    ptx = """
+    .visible .entry k(
+        .param .u64 .ptr .global .align 1 k_param_0,
+        .param .u32 k_param_1,
+        .param .align 64 .b8 k_param_2[128],
+        .param .f32 k_param_3,
+        .param .u64 k_param_4
+    )
+    .maxntid 128, 1, 1
+    {"""
+    assert ptx_param_sizes(ptx, "k") == [8, 4, 128, 4, 8]
+    assert ptx_param_sizes(ptx, "other") is None
+
+
+def test_block_matches_the_kernels_ptx(compiled):
+    dl = build_launch(compiled, (3, 1, 1), PARAMS, TENSORS, [])
+    assert dl is not None
+    sizes = ptx_param_sizes(compiled.asm["ptx"], compiled.metadata.name)
+    assert [ctypes.sizeof(c) for c in dl.cells] == sizes
+    # the arguments in order (the constexpr dropped), then Triton's null scratch pointers
+    assert [c.value for c in dl.cells[:5]] == [0, 1000, 0.5, 1 << 40, 0]
+    assert all(c.value == 0 for c in dl.cells[5:])
+    assert len(sizes) in (5, 6, 7)
+    assert dl.params[1] == ctypes.addressof(dl.cells[1])
+    # the address slots follow their roots
+    (c0, r0, o0), (c4, r4, o4) = dl.ptr_slots
+    assert (c0 is dl.cells[0], r0, o0) == (True, 0, 16) and (c4 is dl.cells[4], r4, o4) == (True, 2, 0)
+    cfg = dl.config
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX) == (3, 1, 1, 128)
+    assert (cfg.sharedMemBytes, cfg.numAttrs) == (compiled.metadata.shared, 0)
+
+
+def test_launch_attributes_follow_the_metadata(compiled):
+    md = compiled.metadata._replace(launch_pdl=True)
+    dl = build_launch(types.SimpleNamespace(**{**vars(compiled), "metadata": md}), (3, 1, 1), PARAMS, TENSORS, [])
+    assert dl.config.numAttrs == 1 and dl.attrs[0].id == 6 and dl.attrs[0].value[0] == 1
+
+
+@pytest.mark.parametrize("change", ["ptx_param_missing", "ptx_param_wider", "global_scratch", "clusters",
+                                    "tensor_not_recorded", "bool_scalar", "grid_empty", "hook"])
+def test_anything_it_cannot_reproduce_keeps_tritons_launcher(compiled, change, monkeypatch):
+    k = types.SimpleNamespace(**vars(compiled))
+    params, tensors, grid = list(PARAMS), list(TENSORS), (3, 1, 1)
+    name = compiled.metadata.name
+    if change == "ptx_param_missing":
+        k.asm = {**k.asm, "ptx": k.asm["ptx"].replace(f".param .u32 {name}_param_1,", "")}
+    elif change == "ptx_param_wider":
+        k.asm = {**k.asm, "ptx": k.asm["ptx"].replace(f".param .u32 {name}_param_1", f".param .u64 {name}_param_1")}
+    elif change == "global_scratch":
+        k.metadata = k.metadata._replace(global_scratch_size=64)
+    elif change == "clusters":
+        k.metadata = k.metadata._replace(num_ctas=2)
+    elif change == "tensor_not_recorded":
+        tensors = tensors[:1]
+    elif change == "bool_scalar":
+        params[1] = True
+    elif change == "grid_empty":
+        grid = (0, 1, 1)
+    elif change == "hook":
+        from triton import knobs
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert build_launch(compiled, (3, 1, 1), PARAMS, TENSORS, []) is not None or change == "hook"
+    assert build_launch(k, grid, params, tensors, []) is None
