@@ -95,7 +95,7 @@ def test_env_defaults_and_invalid_values(caplog):
         "INDEXER_TOPK_FUSED_DECODE": False,
         "INDEXER_TOPK_HOPPER_STREAM": True,
         "INDEXER_TOPK_REPLAY": True,
-        "INDEXER_TOPK_DRIVER_LAUNCH": False,
+        "INDEXER_TOPK_DRIVER_LAUNCH": True,
         "INDEXER_TOPK_PDL": True,
         "INDEXER_TOPK_ROUTES": None,
         "INDEXER_TOPK_LOGITS_BUDGET_MB": 2048,

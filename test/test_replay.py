@@ -269,3 +269,34 @@ def test_compiled_replays_give_the_full_paths_bits(layout, backend, decode):
     with envs.INDEXER_TOPK_REPLAY.override(False):
         want = indexer_topk.indexer_topk(*fresh.args(), **fresh.kwargs(), backend=backend, rows_per_request=hint)
     assert_bitwise(out, want, f"{layout} {backend}, graph replayed with a new batch")
+
+
+def test_auto_is_routed_once_per_signature_capture_and_policy(monkeypatch):
+    """A replayed ``auto`` call asks the policy once per signature, and again when a capture
+    starts or the process's policy is rebuilt (tests only), never reusing a stale answer."""
+    from indexer_topk import policy as policy_module
+
+    asked = []
+    real_route = policy_module.PathPolicy.route
+
+    def counting_route(self, **kw):
+        asked.append(kw.get("capturing"))
+        return real_route(self, **kw)
+
+    monkeypatch.setattr(policy_module.PathPolicy, "route", counting_route)
+    w = batch()
+    for _ in range(3):
+        indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="auto", check_values=False)
+    first = len(asked)
+    assert first >= 1 and asked[-1] is False  # the first call's route, then the signature's kept one
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="auto", check_values=False)
+    assert len(asked) == first
+    monkeypatch.setattr(api, "is_capturing", lambda: True)
+    indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="auto", check_values=False)
+    assert len(asked) == first + 1 and asked[-1] is True
+    policy_module._clear_default_policy()
+    try:
+        indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="auto", check_values=False)
+        assert len(asked) == first + 2
+    finally:
+        policy_module._clear_default_policy()

@@ -13,6 +13,7 @@ from .contract import (
 )
 from .envs import envs
 from .replay import Recorder
+from .routes.modes import is_capturing
 
 BACKENDS = ("auto", "reference", "legacy", "fused", "aiter")
 
@@ -196,7 +197,7 @@ def indexer_topk(
         out = fresh_out = allocate_result(known.rows, topk, known.device)
     elif not isinstance(out, IndexerTopKResult):
         out = IndexerTopKResult(*out)
-    name = resolve_backend(backend, layout=known.layout, topk=topk, rows=known.rows, c4_len=known.c4_len)
+    name = _known_route(known, backend, topk)
     replay = known.replays.get(name, _UNSEEN)
     if replay is not None and replay is not _UNSEEN and replay.matches_env():
         if fresh_out is None:  # the caller's outputs, whose addresses the signature read
@@ -206,6 +207,25 @@ def indexer_topk(
                        raw_stream(known.device))
         return out
     return _run(known, name, known.inputs(tensors, topk), out, workspace, rows_per_request)
+
+
+def _known_route(known: KnownCall, backend: str, topk: int) -> str:
+    """:func:`resolve_backend` for a call of a known signature: ``auto``'s answer is kept per
+    signature, capturing or not, while the process's policy stays the one that gave it."""
+    if backend != "auto":
+        return resolve_backend(backend)
+    module = getattr(resolve_backend, "policy_module", None)
+    if module is None:  # imported once, as resolve_backend does
+        from . import policy as module
+
+        resolve_backend.policy_module = module
+    policy = module.default_policy()
+    capturing = is_capturing()
+    hit = known.routes.get(capturing)
+    if hit is None or hit[0] is not policy:
+        hit = known.routes[capturing] = (policy, policy.route(layout=known.layout, topk=topk, capturing=capturing,
+                                                              rows=known.rows, c4_len=known.c4_len))
+    return hit[1]
 
 
 _KNOWN = KnownCalls()

@@ -40,7 +40,7 @@ _TENSOR = torch.Tensor
 class KnownCall:
     """What full validation established for one call signature (see the module docstring)."""
 
-    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "replays")
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "replays", "routes")
 
     def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int]):
         self.layout = layout
@@ -51,6 +51,9 @@ class KnownCall:
         self.lengths = tuple(lengths)  # bytes of each tensor of the signature, for :func:`disjoint`
         # backend name -> Replay, or None when its calls cannot be replayed
         self.replays: Dict[str, object] = {}
+        # capturing or not -> (the policy asked, the backend ``auto`` stood for): the policy is
+        # frozen, the call's shape fixed by the signature, so only a capture changes the answer
+        self.routes: Dict[bool, tuple] = {}
 
     def inputs(self, tensors: Sequence, topk: int) -> IndexerInputs:
         """The backends' :class:`~indexer_topk.contract.IndexerInputs` of a call of this signature

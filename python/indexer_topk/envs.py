@@ -248,7 +248,7 @@ class Envs:
     # Replayed launches go straight to the CUDA driver with their parameter blocks built once
     # (indexer_topk.kernels.driver_launch), where that reproduces Triton's launch exactly; 0
     # replays every launch through Triton's launcher. Read when a signature is recorded.
-    INDEXER_TOPK_DRIVER_LAUNCH = EnvBool(False, invalid=False, invalid_means="replays launch through Triton's launcher")
+    INDEXER_TOPK_DRIVER_LAUNCH = EnvBool(True, invalid=False, invalid_means="replays launch through Triton's launcher")
     # Programmatic dependent launch of the kernels that follow a call's first kernel (sm_90 and
     # later): each starts while the one before it finishes and waits for it on the GPU, which
     # hides the gap between them. Read at each legacy call; off (or unreadable) launches them
