@@ -291,8 +291,14 @@ def shape_route(rec: dict) -> str:
 def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[str] = ("fused", "legacy", "aiter"),
             sglang: Optional["SGLangPath"] = None, iters: int = 10, host_calls: int = 200, seed: int = 0,
             progress: Optional[Callable[[int, int, MixShape], None]] = None,
-            on_record: Optional[Callable[[dict], None]] = None) -> List[dict]:
+            on_record: Optional[Callable[[dict], None]] = None, warmup: bool = True) -> List[dict]:
     """Time every shape (see the module docstring); one record per shape.
+
+    ``warmup`` (on a GPU): the first shape is measured once more before the run and that record
+    dropped. Without it the first shape pays what any first measurement of a process pays (GPU
+    clocks coming up from idle, the allocator's first blocks, lazy loads on both paths), seen in
+    the committed runs as a first shape several times slower than in the runs before
+    (``benchmark/results/NOTES.md``).
 
     ``candidates``: our backends timed beside ``auto`` (those that cannot run here are left
     out); ``sglang``: the engine's path, or ``None``; ``progress(i, n, shape)`` before each
@@ -302,6 +308,9 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
     from ..compare import bitwise_equal
     from ..errors import BackendUnavailable, failure_reason
 
+    if warmup and shapes and torch.device(device).type == "cuda":
+        run_mix(shapes[:1], device=device, candidates=candidates, sglang=sglang, iters=iters, host_calls=host_calls,
+                seed=seed, warmup=False)
     records = []
     for i, shape in enumerate(shapes):
         if progress is not None:
