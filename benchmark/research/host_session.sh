@@ -4,7 +4,7 @@
 # path (SHAPES; the mix warms up on its first shape). COMMIT names the code; logs under $OUT.
 #
 #   COMMIT=<rev> KIT_BUILD_TGZ=.carry/kit_build.tgz bash benchmark/research/host_session.sh
-export OUT KIT=$(pwd)/.anchor
+export OUT KIT=${KIT:-$(pwd)/.anchor}  # the SGLang CUDA anchor kit
 source benchmark/kit_env.sh
 start_kit_build
 stamp "host breakdown"
