@@ -105,3 +105,120 @@ def test_anything_it_cannot_reproduce_keeps_tritons_launcher(compiled, change, m
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda *a: None)
     assert build_launch(compiled, (3, 1, 1), PARAMS, TENSORS, []) is not None or change == "hook"
     assert build_launch(k, grid, params, tensors, []) is None
+
+
+class FakeDriver:
+    """Stands in for libcuda: records what each launch would have read from its parameter block."""
+
+    def __init__(self, codes=()):
+        self.codes = list(codes)  # CUresult of the next launches (then 0)
+        self.launches = []
+        self.made_current = []
+        self.read = (0, 1)  # the parameters that point into a block (read as they are at launch)
+
+    def launch_ex(self, config, function, params, extra):
+        cfg = config._obj
+        block = [ctypes.c_uint64.from_address(params[i]).value for i in self.read]
+        self.launches.append((cfg.hStream, function, block, params[0]))
+        return self.codes.pop(0) if self.codes else 0
+
+    def error_string(self, rc, out):
+        out._obj.value = b"an error"
+        return 0
+
+    def make_current(self, ordinal):
+        self.made_current.append(ordinal)
+        return 0
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    from indexer_topk.kernels import driver_launch as dl
+
+    fake = FakeDriver()
+    monkeypatch.setitem(dl._DRIVER, "fns", (fake.launch_ex, fake.error_string, fake.make_current))
+    return fake
+
+
+def two_pointer_launch(compiled):
+    """A launch of a kernel taking two pointers: argument 0 at root 0 + 16, argument 1 at root 2."""
+    from indexer_topk.kernels.driver_launch import DriverLaunch
+
+    cells = [ctypes.c_uint64(0), ctypes.c_uint64(0)]
+    return DriverLaunch(compiled, (2, 1, 1), cells, [(cells[0], 0, 16), (cells[1], 2, 0)], [], None, device=3)
+
+
+def test_run_writes_each_address_into_its_slot(compiled, fake_driver):
+    dl = two_pointer_launch(compiled)
+    dl.run([1000, 5, 7000], stream=42)
+    dl.run([2000, 5, 9000], stream=43)
+    assert fake_driver.launches == [(42, 1234, [1016, 7000], ctypes.addressof(dl.cells[0])),
+                                    (43, 1234, [2016, 9000], ctypes.addressof(dl.cells[0]))]
+
+
+def test_run_makes_a_context_current_once_asked_and_reports_errors(compiled, fake_driver):
+    dl = two_pointer_launch(compiled)
+    fake_driver.codes = [201]  # no context on this thread: the device's primary one, then again
+    dl.run([0, 0, 0], stream=1)
+    assert fake_driver.made_current == [3] and len(fake_driver.launches) == 2
+    fake_driver.codes = [700]
+    with pytest.raises(RuntimeError, match=r"an error \(CUresult 700\)"):
+        dl.run([0, 0, 0], stream=1)
+
+
+def test_a_descriptor_is_encoded_once_per_address(compiled, fake_driver, monkeypatch):
+    from indexer_topk.kernels import driver_launch as dl_module
+    from indexer_topk.kernels.driver_launch import DriverLaunch
+
+    encoded = []
+
+    def expand(desc, meta):
+        encoded.append(desc.base.data_ptr())
+        return [types.SimpleNamespace(addr=desc.base.data_ptr() + 1)]
+
+    monkeypatch.setattr(dl_module, "_tmap_address", lambda obj: obj.addr)
+    cells = [(ctypes.c_uint8 * 128)(), ctypes.c_uint64(0)]
+    class Descriptor:  # a host tensor descriptor as replay rebases it: attributes, one of them base
+        def __init__(self):
+            self.base, self.block_shape = None, [64, 128]
+
+    desc = Descriptor()
+    dl = DriverLaunch(compiled, (1, 1, 1), cells, [(cells[1], 1, 0)], [(0, None, desc, 0, 64)], expand)
+    fake_driver.read = (1,)  # slot 0 points at the (fake) encoded map
+    for base in (1000, 1000, 3000, 1000):
+        dl.run([base, 77], stream=0)
+    assert encoded == [1064, 3064]  # a map per distinct base (root + offset), reused after
+    assert [(launch[3], launch[2]) for launch in fake_driver.launches] == [(1065, [77]), (1065, [77]), (3065, [77]),
+                                                                            (1065, [77])]
+
+
+def test_concurrent_replays_never_launch_each_others_addresses(compiled, monkeypatch):
+    """ctypes lets go of the GIL inside the driver call: two threads replaying one launch must
+    each launch with their own addresses (the block is locked until the driver has copied it)."""
+    import threading
+    import time
+
+    from indexer_topk.kernels import driver_launch as dl_module
+
+    seen = []
+
+    def slow_launch(config, function, params, extra):
+        first = ctypes.c_uint64.from_address(params[0]).value
+        time.sleep(0.0005)  # the window another thread would write in
+        seen.append((first, ctypes.c_uint64.from_address(params[1]).value))
+        return 0
+
+    monkeypatch.setitem(dl_module._DRIVER, "fns", (slow_launch, None, None))
+    dl = two_pointer_launch(compiled)
+
+    def worker(k):
+        for _ in range(50):
+            dl.run([k * 100, 0, k * 100 + 1], stream=0)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(1, 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(seen) == 200
+    assert all(b == a - 16 + 1 for a, b in seen), [p for p in seen if p[1] != p[0] - 15][:5]

@@ -211,7 +211,8 @@ class Recorder:
                            compiled.packed_metadata)
             if self.driver_launches:
                 from .kernels.driver_launch import driver_launch
-                step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors)
+                step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors,
+                                            torch.cuda.current_device())
             self.steps.append(step)
         elif compiled is None and not descriptors:  # the interpreter: launch it again through it
             self.steps.append(_Interpreted(kernel, tuple(grid), template, tensors, options))

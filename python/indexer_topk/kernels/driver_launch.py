@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import re
+import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 # CUlaunchAttributeID values of cuda.h (CUDA 12)
@@ -47,8 +48,13 @@ class _Config(ctypes.Structure):
 _DRIVER: Dict[str, Any] = {}
 
 
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT: no context current on the calling thread
+
+
 def _driver():
-    """``(cuLaunchKernelEx, cuGetErrorString)`` of the process's libcuda, or ``None`` without one."""
+    """The process's libcuda entry points this module calls, as ``(cuLaunchKernelEx,
+    cuGetErrorString, make_current)``, or ``None`` without a driver; ``make_current(ordinal)``
+    makes that device's primary context current on the calling thread."""
     if "fns" not in _DRIVER:
         fns = None
         try:
@@ -59,7 +65,14 @@ def _driver():
             err = lib.cuGetErrorString
             err.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
             err.restype = ctypes.c_int
-            fns = (launch_ex, err)
+            get_device, retain, set_current = lib.cuDeviceGet, lib.cuDevicePrimaryCtxRetain, lib.cuCtxSetCurrent
+
+            def make_current(ordinal: int) -> int:
+                dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+                return (get_device(ctypes.byref(dev), ordinal) or retain(ctypes.byref(ctx), dev)
+                        or set_current(ctx))
+
+            fns = (launch_ex, err, make_current)
         except (OSError, AttributeError):
             pass
         _DRIVER["fns"] = fns
@@ -147,11 +160,16 @@ class DriverLaunch:
     offset)`` of each tensor descriptor's map.
     """
 
-    __slots__ = ("compiled", "config", "attrs", "cells", "params", "ptr_slots", "desc_slots", "tmaps", "expand")
+    __slots__ = ("compiled", "device", "config", "attrs", "cells", "params", "ptr_slots", "desc_slots", "tmaps",
+                 "expand", "lock")
 
-    def __init__(self, compiled, grid, cells, ptr_slots, desc_slots, expand):
+    def __init__(self, compiled, grid, cells, ptr_slots, desc_slots, expand, device: int = 0):
         md = compiled.metadata
         self.compiled = compiled  # keeps the module (and so the function) loaded
+        self.device = device  # the CUDA ordinal the function was loaded on
+        # one parameter block per launch: a replay on another thread waits for this one's
+        # launch to copy it (ctypes lets go of the GIL inside the driver call)
+        self.lock = threading.Lock()
         self.cells = cells  # the parameters' storage, which self.params points into
         self.params = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
         self.ptr_slots = tuple(ptr_slots)
@@ -172,17 +190,22 @@ class DriverLaunch:
 
     def run(self, ptrs: Sequence[int], stream: int) -> None:
         """Launch on ``stream`` over the roots at addresses ``ptrs`` (indexed as the recording's)."""
-        for cell, r, off in self.ptr_slots:
-            cell.value = ptrs[r] + off
-        for first, meta, desc, r, off in self.desc_slots:
-            base = ptrs[r] + off
-            hit = self.tmaps.get((first, base))
-            if hit is None:
-                hit = self._encode(first, meta, desc, base)
-            self.params[first] = hit[1]
-        self.config.hStream = stream
-        launch_ex, err = _driver()
-        rc = launch_ex(ctypes.byref(self.config), self.compiled.function, self.params, None)
+        launch_ex, err, make_current = _driver()
+        with self.lock:
+            for cell, r, off in self.ptr_slots:
+                cell.value = ptrs[r] + off
+            for first, meta, desc, r, off in self.desc_slots:
+                base = ptrs[r] + off
+                hit = self.tmaps.get((first, base))
+                if hit is None:
+                    hit = self._encode(first, meta, desc, base)
+                self.params[first] = hit[1]
+            self.config.hStream = stream
+            rc = launch_ex(ctypes.byref(self.config), self.compiled.function, self.params, None)
+            if rc == _INVALID_CONTEXT and not make_current(self.device):
+                # a thread that never made a CUDA call: as Triton's own launcher does, it gets the
+                # device's primary context
+                rc = launch_ex(ctypes.byref(self.config), self.compiled.function, self.params, None)
         if rc:
             msg = ctypes.c_char_p()
             err(rc, ctypes.byref(msg))
@@ -200,19 +223,19 @@ class DriverLaunch:
 
 
 def driver_launch(compiled, grid, params: Sequence[Any], tensors: Sequence[Tuple[int, int, int]],
-                  descriptors: Sequence[Tuple[int, int, int, Any]]) -> Optional[DriverLaunch]:
+                  descriptors: Sequence[Tuple[int, int, int, Any]], device: int = 0) -> Optional[DriverLaunch]:
     """A :class:`DriverLaunch` of ``compiled`` (a Triton ``CompiledKernel``) over ``grid`` (3
     ints) with the recorded arguments ``params`` (one per Python parameter, constexprs
     included), where ``tensors`` gives ``(argument, root, byte offset)`` of each tensor argument
     and ``descriptors`` ``(argument, root, byte offset, descriptor)`` of each tensor descriptor;
     ``None`` where the launch is not one this module reproduces exactly (see the module
-    docstring), or where no CUDA driver is loaded."""
+    docstring), or where no CUDA driver is loaded. ``device``: the CUDA ordinal it ran on."""
     if _driver() is None:
         return None
-    return build_launch(compiled, grid, params, tensors, descriptors)
+    return build_launch(compiled, grid, params, tensors, descriptors, device)
 
 
-def build_launch(compiled, grid, params, tensors, descriptors) -> Optional[DriverLaunch]:
+def build_launch(compiled, grid, params, tensors, descriptors, device: int = 0) -> Optional[DriverLaunch]:
     """:func:`driver_launch` without its look for a CUDA driver (the parameter block alone is
     built and checked; :meth:`DriverLaunch.run` needs the driver)."""
     md = getattr(compiled, "metadata", None)
@@ -287,7 +310,7 @@ def build_launch(compiled, grid, params, tensors, descriptors) -> Optional[Drive
             return None
     # a map's slot holds a zeroed block until its first launch points it at the encoded map
     cells = [(ctypes.c_uint8 * c)() if isinstance(c, int) else c for c in cells]
-    return DriverLaunch(compiled, tuple(grid), cells, ptr_slots, desc_slots, expand)
+    return DriverLaunch(compiled, tuple(grid), cells, ptr_slots, desc_slots, expand, device)
 
 
 __all__ = ["DriverLaunch", "build_launch", "driver_launch", "ptx_param_sizes"]
