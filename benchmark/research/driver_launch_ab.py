@@ -18,36 +18,16 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # host_path
 
-import indexer_topk  # noqa: E402
 from indexer_topk import api  # noqa: E402
-from indexer_topk.bench.mix import capture_graph, host_us  # noqa: E402
+from indexer_topk.bench.mix import host_us  # noqa: E402
 from indexer_topk.bench.timing import median_ms  # noqa: E402
-from indexer_topk.compare import bitwise_equal, first_difference  # noqa: E402
-from indexer_topk.contract import allocate_result  # noqa: E402
 from indexer_topk.envs import envs  # noqa: E402
 from indexer_topk.options import parse_tokens  # noqa: E402
-from indexer_topk.workload import make_workload  # noqa: E402
 
-
-def workload(layout, rows, tokens, decode, seed, topk=1024):
-    if decode:
-        return make_workload(layout, context_tokens=[tokens] * rows, rows_per_request=[1] * rows, topk=topk,
-                             seed=seed, device="cuda")
-    return make_workload(layout, context_tokens=[tokens], rows_per_request=[rows], topk=topk, seed=seed, device="cuda")
-
-
-def call(w, backend, out, ws, hint):
-    torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, ws, w.weight_scale, backend,
-                                            False, hint)
-
-
-def full(w, backend, hint):
-    with envs.INDEXER_TOPK_REPLAY.override(False):
-        return indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend=backend, rows_per_request=hint)
+from host_path import call, fresh_calls, graph_check  # noqa: E402  (the same shapes, calls and checks)
 
 
 def driver_steps():
@@ -64,39 +44,18 @@ def driver_steps():
 
 def one_way(layout, rows, tokens, decode, backend, driver):
     hint = 1 if decode else None
-    api._KNOWN.clear()
-    ws = torch.empty(indexer_topk.workspace_size(rows, 1024, layout), dtype=torch.uint8, device="cuda")
-    same = True
     with envs.INDEXER_TOPK_DRIVER_LAUNCH.override(driver):
-        for seed in (1, 2, 3):
-            w = workload(layout, rows, tokens, decode, seed)
-            out = allocate_result(w.rows, w.topk, "cuda")
-            for x in out:
-                x.view(torch.int32).fill_(-12345)
-            call(w, backend, out, ws, hint)
-            torch.cuda.synchronize()
-            want = full(w, backend, hint)
-            if not bitwise_equal(out, want):
-                same = False
-                print(f"MISMATCH {layout} {backend} {rows}x{tokens} driver={driver} seed {seed}: "
-                      f"{first_difference(out, want)}", flush=True)
+        same, w, out, ws = fresh_calls(layout, rows, tokens, decode, backend, hint,
+                                       f"{rows}x{tokens} driver={driver}")
         d, n = driver_steps()
         step = lambda: call(w, backend, out, ws, hint)  # noqa: E731
         host = host_us(step, 200, "cuda")
         eager = median_ms(step, warmup=3, iters=20, device="cuda")
         gms = None
         if decode:
-            g = capture_graph(step)
-            w2 = workload(layout, rows, tokens, decode, 9)
-            for dst, src in zip(w.args(), w2.args()):
-                if dst is not None:
-                    dst.copy_(src)
-            g.replay()
-            torch.cuda.synchronize()
-            if not bitwise_equal(out, full(w2, backend, hint)):
-                same = False
-                print(f"MISMATCH graph {layout} {backend} {rows}x{tokens} driver={driver}", flush=True)
-            gms = median_ms(g.replay, warmup=3, iters=20, device="cuda")
+            graph_same, gms = graph_check(step, w, out, layout, rows, tokens, backend, hint,
+                                          f"{rows}x{tokens} driver={driver}")
+            same = same and graph_same
     return same, d, n, host, eager, gms
 
 

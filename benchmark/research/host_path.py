@@ -53,6 +53,44 @@ def full(w, backend, hint):
         return out
 
 
+def fresh_calls(layout, rows, tokens, decode, backend, hint, what):
+    """Three calls of one signature on new workloads (new addresses, new values) through the out
+    operator into poisoned outputs, from a fresh record, each compared with the full path bit for
+    bit (a difference is printed, ``what`` naming the case): ``(all equal, the last workload, its
+    outputs, the workspace)``."""
+    api._KNOWN.clear()
+    ws = torch.empty(indexer_topk.workspace_size(rows, 1024, layout), dtype=torch.uint8, device="cuda")
+    same = True
+    for seed in (1, 2, 3):
+        w = workload(layout, rows, tokens, decode, seed)
+        out = allocate_result(w.rows, w.topk, "cuda")
+        for x in out:
+            x.view(torch.int32).fill_(-12345)
+        call(w, backend, out, ws, hint)
+        torch.cuda.synchronize()
+        want = full(w, backend, hint)
+        if not bitwise_equal(out, want):
+            same = False
+            print(f"MISMATCH {layout} {backend} {what} seed {seed}: {first_difference(out, want)}", flush=True)
+    return same, w, out, ws
+
+
+def graph_check(step, w, out, layout, rows, tokens, backend, hint, what):
+    """A decode step captured in a CUDA graph, replayed with a new batch copied into its inputs
+    and compared with the full path (a difference is printed): ``(equal, graph replay ms)``."""
+    w2 = workload(layout, rows, tokens, True, 9)
+    g = capture_graph(step)
+    for dst, src in zip(w.args(), w2.args()):
+        if dst is not None:
+            dst.copy_(src)
+    g.replay()
+    torch.cuda.synchronize()
+    same = bitwise_equal(out, full(w2, backend, hint))
+    if not same:
+        print(f"MISMATCH graph {layout} {backend} {what}", flush=True)
+    return same, median_ms(g.replay, warmup=3, iters=20, device="cuda")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="128x16K,1024x64K,8x768Kd,64x128Kd")
@@ -71,20 +109,7 @@ def main():
                 for kth in (a.kth.split(",") if backend == "legacy" else ["-"]):
                     if kth != "-":
                         legacy_backend.KTH_SEARCH = kth
-                    api._KNOWN.clear()
-                    ws = torch.empty(indexer_topk.workspace_size(rows, 1024, layout), dtype=torch.uint8, device="cuda")
-                    same = True
-                    for seed in (1, 2, 3):
-                        w = workload(layout, rows, tokens, decode, seed)
-                        out = allocate_result(w.rows, w.topk, "cuda")
-                        for x in out:
-                            x.view(torch.int32).fill_(-12345)
-                        call(w, backend, out, ws, hint)
-                        torch.cuda.synchronize()
-                        want = full(w, backend, hint)
-                        if not bitwise_equal(out, want):
-                            same = False
-                            print(f"MISMATCH {layout} {backend} {text} seed {seed}: {first_difference(out, want)}")
+                    same, w, out, ws = fresh_calls(layout, rows, tokens, decode, backend, hint, text)
                     known = list(api._KNOWN._calls.values())
                     replay = known[0].replays.get(backend) if known else None
                     step = lambda: call(w, backend, out, ws, hint)  # noqa: E731
@@ -95,18 +120,9 @@ def main():
                     torch.cuda.synchronize()
                     eager = median_ms(step, warmup=2, iters=10, device="cuda")
                     gms = None
-                    if decode:  # the captured step replayed with a new batch copied into its inputs
-                        w2 = workload(layout, rows, tokens, decode, 9)
-                        g = capture_graph(step)
-                        for dst, src in zip(w.args(), w2.args()):
-                            if dst is not None:
-                                dst.copy_(src)
-                        g.replay()
-                        torch.cuda.synchronize()
-                        if not bitwise_equal(out, full(w2, backend, hint)):
-                            same = False
-                            print(f"MISMATCH graph {layout} {backend} {text}")
-                        gms = median_ms(g.replay, warmup=3, iters=20, device="cuda")
+                    if decode:
+                        graph_same, gms = graph_check(step, w, out, layout, rows, tokens, backend, hint, text)
+                        same = same and graph_same
                     bad += not same
                     rows_out.append((layout, text, backend + ("" if kth == "-" else f"/{kth}"), same,
                                      replay is not None, on, off, eager, gms))
