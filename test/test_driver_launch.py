@@ -4,9 +4,11 @@ its PTX, and refused wherever the two disagree. The launches themselves run on t
 (``test_replay.py::test_compiled_replays_give_the_full_paths_bits``)."""
 
 import ctypes
+import re
 import types
 
 import pytest
+import torch
 import triton
 import triton.language as tl
 
@@ -80,8 +82,9 @@ def test_launch_attributes_follow_the_metadata(compiled):
     assert dl.config.numAttrs == 1 and dl.attrs[0].id == 6 and dl.attrs[0].value[0] == 1
 
 
-@pytest.mark.parametrize("change", ["ptx_param_missing", "ptx_param_wider", "global_scratch", "clusters",
-                                    "tensor_not_recorded", "bool_scalar", "grid_empty", "hook"])
+@pytest.mark.parametrize("change", ["ptx_param_missing", "ptx_param_wider", "ptx_float_as_bits", "ptx_scratch_missing",
+                                    "global_scratch", "clusters", "tensor_not_recorded", "float_for_int",
+                                    "grid_empty", "hook"])
 def test_anything_it_cannot_reproduce_keeps_tritons_launcher(compiled, change, monkeypatch):
     k = types.SimpleNamespace(**vars(compiled))
     params, tensors, grid = list(PARAMS), list(TENSORS), (3, 1, 1)
@@ -90,14 +93,20 @@ def test_anything_it_cannot_reproduce_keeps_tritons_launcher(compiled, change, m
         k.asm = {**k.asm, "ptx": k.asm["ptx"].replace(f".param .u32 {name}_param_1,", "")}
     elif change == "ptx_param_wider":
         k.asm = {**k.asm, "ptx": k.asm["ptx"].replace(f".param .u32 {name}_param_1", f".param .u64 {name}_param_1")}
+    elif change == "ptx_float_as_bits":  # same size, another kind: a float passed as bits is another value
+        k.asm = {**k.asm, "ptx": k.asm["ptx"].replace(f".param .f32 {name}_param_2", f".param .u32 {name}_param_2")}
+    elif change == "ptx_scratch_missing":  # one trailing pointer fewer than the two Triton appends
+        ptx = k.asm["ptx"]
+        last = max(i for i in range(7) if f"{name}_param_{i}" in ptx)
+        k.asm = {**k.asm, "ptx": re.sub(r",\s*\.param[^,)]*" + f"{name}_param_{last}" + r"\b", "", ptx)}
     elif change == "global_scratch":
         k.metadata = k.metadata._replace(global_scratch_size=64)
     elif change == "clusters":
         k.metadata = k.metadata._replace(num_ctas=2)
     elif change == "tensor_not_recorded":
         tensors = tensors[:1]
-    elif change == "bool_scalar":
-        params[1] = True
+    elif change == "float_for_int":  # a value the i32 parameter cannot hold as recorded
+        params[1] = 2.5
     elif change == "grid_empty":
         grid = (0, 1, 1)
     elif change == "hook":
@@ -222,3 +231,117 @@ def test_concurrent_replays_never_launch_each_others_addresses(compiled, monkeyp
         t.join()
     assert len(seen) == 200
     assert all(b == a - 16 + 1 for a, b in seen), [p for p in seen if p[1] != p[0] - 15][:5]
+
+
+class _Map:
+    """Stands in for Triton's ``PyCUtensorMap``: owns a 128-byte block."""
+
+    def __init__(self, tag):
+        self.buf = (ctypes.c_uint64 * 16)(*([tag] * 16))
+
+
+class _Descriptor:
+    """A host tensor descriptor as a replay rebases it: plain attributes, one of them ``base``."""
+
+    def __init__(self):
+        self.base, self.block_shape, self.shape, self.strides = None, [64, 64], [64, 64], [64, 1]
+
+
+def test_every_map_of_a_launch_lives_until_the_driver_copies_it(compiled, monkeypatch):
+    """Two descriptors, the cache full: the maps a launch points at are alive when it launches,
+    also when its second slot's miss would start the cache over."""
+    import weakref
+
+    from indexer_topk.kernels import driver_launch as dl_module
+    from indexer_topk.kernels.driver_launch import DriverLaunch
+
+    alive = {}
+
+    def expand(desc, meta):
+        m = _Map(desc.base.data_ptr())
+        alive[ctypes.addressof(m.buf)] = weakref.ref(m)
+        return [m, 64, 64, 64, 1]
+
+    seen = []
+
+    def launch(config, function, params, extra):
+        for slot in (0, 1):
+            ref = alive.get(params[slot])
+            seen.append(ref is not None and ref() is not None
+                        and ctypes.c_uint64.from_address(params[slot]).value == {0: bases[0], 1: bases[1]}[slot])
+        return 0
+
+    monkeypatch.setattr(dl_module, "_tmap_address", lambda obj: ctypes.addressof(obj.buf))
+    monkeypatch.setitem(dl_module._DRIVER, "fns", (launch, None, None))
+    cells = [(ctypes.c_uint8 * 128)(), (ctypes.c_uint8 * 128)()]
+    dl = DriverLaunch(compiled, (1, 1, 1), cells, [], [(0, None, _Descriptor(), 0, 0), (1, None, _Descriptor(), 1, 0)],
+                      expand)
+    for i in range(dl_module._TMAPS_KEPT + 40):  # queries at drifting addresses, keys fixed, then keys moving
+        bases = (0x10000 * (i + 1), 0x900000 + (0x100 * i if i >= dl_module._TMAPS_KEPT - 2 else 0))
+        dl.run(list(bases), stream=0)
+    assert seen and all(seen)
+    assert len(dl.tmaps) <= dl_module._TMAPS_KEPT + 1
+
+
+def _descriptor_kernel(n, desc, out, scale, BLOCK: tl.constexpr):
+    x = desc.load([0, 0])
+    offs = tl.arange(0, 64)[:, None] * 64 + tl.arange(0, 64)[None, :]
+    tl.store(out + offs, x.to(tl.float32) * scale, mask=offs < n)
+
+
+def test_descriptor_block_from_a_real_compile(monkeypatch):
+    """A kernel taking a tensor descriptor, compiled for sm_90: its map, shape and strides take
+    the PTX's slots, expanded by Triton's own function in either spelling (Triton 3.6 takes two
+    arguments, 3.9 three); a descriptor Triton would pass decomposed is refused."""
+    import triton.backends.nvidia.driver as nv
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    from indexer_topk.kernels import driver_launch as dl_module
+
+    sig = {"n": "i32", "desc": "tensordesc<fp16[64, 64]>", "out": "*fp32", "scale": "fp32", "BLOCK": "constexpr"}
+    k = triton.compile(ASTSource(JITFunction(_descriptor_kernel), sig, {"BLOCK": 64}), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    compiled = types.SimpleNamespace(metadata=k.metadata, src=k.src, asm=k.asm, function=1)
+    metas = []
+
+    def three(arg, metadata, _):
+        metas.append(metadata)
+        return [_Map(7), *arg.shape, *arg.strides]
+
+    monkeypatch.setattr(dl_module, "_tmap_address", lambda obj: ctypes.addressof(obj.buf) if isinstance(obj, _Map) else None)
+    desc = _Descriptor()
+    params, tensors, descs = [5, desc, None, 0.5, 64], [(2, 1, 0)], [(1, 0, 0, desc)]
+    monkeypatch.setattr(nv, "make_tensordesc_arg", three)
+    dl = build_launch(compiled, (1, 1, 1), params, tensors, descs)
+    assert dl is not None and metas == [k.metadata.tensordesc_meta[0]]
+    assert [ctypes.sizeof(c) for c in dl.cells] == ptx_param_sizes(k.asm["ptx"], k.metadata.name)
+    assert [c.value for c in dl.cells[2:6]] == [64, 64, 64, 1]  # shape (i32), strides (i64)
+    assert [type(c) for c in dl.cells[2:6]] == [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2
+    assert dl.desc_slots == ((1, k.metadata.tensordesc_meta[0], desc, 0, 0),)
+    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, metadata: three(arg, metadata, None))
+    assert build_launch(compiled, (1, 1, 1), params, tensors, descs) is not None
+    monkeypatch.setattr(nv, "make_tensordesc_arg", lambda arg, metadata, _: [arg.base, *arg.shape, *arg.strides])
+    assert build_launch(compiled, (1, 1, 1), params, tensors, descs) is None
+
+
+def test_a_recorded_launch_takes_the_driver_where_one_is_built(compiled, monkeypatch):
+    """The recorder's wiring: a compiled launch gets its driver launch when driver launches are on
+    and one can be built; off, or where building fails, it keeps Triton's launcher."""
+    from indexer_topk import replay
+    from indexer_topk.kernels import driver_launch as dl_module
+
+    fake = FakeDriver()
+    monkeypatch.setitem(dl_module._DRIVER, "fns", (fake.launch_ex, fake.error_string, fake.make_current))
+    monkeypatch.setattr(replay.torch.cuda, "current_device", lambda: 0)
+    kernel = types.SimpleNamespace(arg_names=["x", "n", "scale", "big", "y", "BLOCK"], signature=None)
+    run = types.SimpleNamespace(**{**vars(compiled), "run": lambda *a: None, "packed_metadata": None})
+    x, y = torch.zeros(8), torch.zeros(8)
+    for on, breaks, want in ((True, False, True), (False, False, False), (True, True, False)):
+        if breaks:
+            monkeypatch.setattr(dl_module, "build_launch", lambda *a: 1 / 0)
+        rec = replay.Recorder([x, y], driver_launches=on)
+        rec.add_launch(kernel, (3,), (x, 1000, 0.5, 1 << 40, y), {"BLOCK": 128}, run)
+        [step] = rec.steps
+        assert (step.driver is not None) == want, (on, breaks)

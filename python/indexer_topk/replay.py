@@ -207,12 +207,14 @@ class Recorder:
             return self.fail("a launch option is a tensor")
         grid3 = tuple(grid) + (1,) * (3 - len(grid))
         if all(hasattr(compiled, a) for a in ("run", "function", "packed_metadata")):
-            step = _Launch(grid3, template, tensors, descriptors, compiled.run, compiled.function,
-                           compiled.packed_metadata)
+            step = _Launch(grid3, template, tensors, descriptors, compiled)
             if self.driver_launches:
                 from .kernels.driver_launch import driver_launch
-                step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors,
-                                            torch.cuda.current_device())
+                try:
+                    step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors,
+                                                torch.cuda.current_device())
+                except Exception:  # noqa: BLE001 - whatever it cannot build keeps Triton's launcher
+                    step.driver = None
             self.steps.append(step)
         elif compiled is None and not descriptors:  # the interpreter: launch it again through it
             self.steps.append(_Interpreted(kernel, tuple(grid), template, tensors, options))
@@ -239,15 +241,16 @@ class _Launch:
     """A compiled launch: the launcher, its function handle and metadata, the arguments with
     their address slots."""
 
-    __slots__ = ("grid", "template", "ptrs", "descs", "launcher", "function", "metadata", "driver")
+    __slots__ = ("grid", "template", "ptrs", "descs", "compiled", "launcher", "function", "metadata", "driver")
 
-    def __init__(self, grid, template, tensors, descriptors, launcher, function, metadata):
+    def __init__(self, grid, template, tensors, descriptors, compiled):
         self.driver = None  # a DriverLaunch (kernels/driver_launch.py) where one reproduces this launch
+        self.compiled = compiled  # keeps its module loaded: Triton unloads it with the last reference
         self.grid = grid
         self.template = tuple(template)
         self.ptrs = tuple((i, r, off) for i, r, off, *_ in tensors)
         self.descs = tuple(descriptors)
-        self.launcher, self.function, self.metadata = launcher, function, metadata
+        self.launcher, self.function, self.metadata = compiled.run, compiled.function, compiled.packed_metadata
 
     def run(self, ptrs: List[int], tensors, stream: int) -> None:
         if self.driver is not None:

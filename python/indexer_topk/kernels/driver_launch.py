@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 _ATTR_COOPERATIVE = 2
 _ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 _TMAP_BYTES = 128  # sizeof(CUtensorMap)
+_TMAPS_KEPT = 256  # encoded maps a launch keeps (per distinct base address) before it starts over
 
 
 class _Attr(ctypes.Structure):
@@ -84,12 +85,13 @@ def _driver():
 _PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b[^,]*?(?:\[(\d+)\])?\s*$")
 
 
-def ptx_param_sizes(ptx: str, name: str) -> Optional[List[int]]:
-    """Byte sizes of the parameters of kernel ``name``'s ``.entry`` in ``ptx``, in order."""
+def ptx_params(ptx: str, name: str) -> Optional[List[Tuple[str, int]]]:
+    """``(kind, bytes)`` of each parameter of kernel ``name``'s ``.entry`` in ``ptx``, in order;
+    ``kind`` is the PTX type's letter (``f`` float, ``u`` / ``s`` / ``b`` bits)."""
     m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\(([^)]*)\)", ptx)
     if m is None:
         return None
-    sizes = []
+    params = []
     for part in m.group(1).split(","):
         part = part.strip()
         if not part:
@@ -98,8 +100,14 @@ def ptx_param_sizes(ptx: str, name: str) -> Optional[List[int]]:
         if p is None:
             return None
         width = int(p.group(2)) // 8
-        sizes.append(width * int(p.group(3)) if p.group(3) else width)
-    return sizes
+        params.append((p.group(1)[0], width * int(p.group(3)) if p.group(3) else width))
+    return params
+
+
+def ptx_param_sizes(ptx: str, name: str) -> Optional[List[int]]:
+    """Byte sizes of the parameters of kernel ``name``'s ``.entry`` in ``ptx``, in order."""
+    params = ptx_params(ptx, name)
+    return None if params is None else [size for _, size in params]
 
 
 # Triton signature types of scalar parameters: ctypes type and byte size
@@ -192,6 +200,11 @@ class DriverLaunch:
         """Launch on ``stream`` over the roots at addresses ``ptrs`` (indexed as the recording's)."""
         launch_ex, err, make_current = _driver()
         with self.lock:
+            if len(self.tmaps) >= _TMAPS_KEPT:
+                # one map per layer's key pages and per query buffer: a bound, not a working set.
+                # Cleared before any slot is written, never between two of one launch's slots,
+                # whose maps must all live until the driver has copied the block.
+                self.tmaps.clear()
             for cell, r, off in self.ptr_slots:
                 cell.value = ptrs[r] + off
             for first, meta, desc, r, off in self.desc_slots:
@@ -216,8 +229,6 @@ class DriverLaunch:
         from ..replay import _Address, _rebased
         obj = self.expand(_rebased(desc, _Address(base)), meta)[0]
         hit = (obj, _tmap_address(obj))  # the object owns the map's memory: it is kept with it
-        if len(self.tmaps) >= 256:  # one map per layer's key pages, not per call
-            self.tmaps.clear()
         self.tmaps[(first, base)] = hit
         return hit
 
@@ -249,7 +260,8 @@ def build_launch(compiled, grid, params, tensors, descriptors, device: int = 0) 
         return None
     if _launch_hooks():
         return None  # a profiler watches Triton's launches: leave them to Triton
-    sizes = ptx_param_sizes(asm["ptx"], md.name)
+    ptx = ptx_params(asm["ptx"], md.name)
+    sizes = None if ptx is None else [size for _, size in ptx]
     names = list(src.fn.arg_names)
     signature = src.signature
     if sizes is None or len(names) != len(params) or any(n not in signature for n in names):
@@ -291,26 +303,29 @@ def build_launch(compiled, grid, params, tensors, descriptors, device: int = 0) 
             continue
         scalar = _SCALARS.get(ty)
         v = params[i]
-        if scalar is None or isinstance(v, bool) or not isinstance(v, (int, float)):
+        floating = scalar in (ctypes.c_float, ctypes.c_double)
+        if scalar is None or isinstance(v, bool) or not isinstance(v, (int, float) if floating else int):
             return None
         cells.append(scalar(v))
-    # the scratch pointers Triton appends: null, as both scratch sizes are 0 (checked above)
-    extra = len(sizes) - len(cells)
-    if extra not in (0, 1, 2) or any(s != 8 for s in sizes[len(cells):]):
+    # the global and profile scratch pointers Triton appends to every kernel: null, as both
+    # scratch sizes are 0 (checked above)
+    if len(sizes) != len(cells) + 2 or sizes[-2:] != [8, 8]:
         return None
-    cells.extend(ctypes.c_uint64(0) for _ in range(extra))
+    cells.extend(ctypes.c_uint64(0) for _ in range(2))
     for first, ints in desc_ints:
         for j, v in enumerate(ints):
             width = sizes[first + j]
             if width not in (4, 8):
                 return None
             cells[first + j] = (ctypes.c_int32 if width == 4 else ctypes.c_int64)(v)
-    for cell, size in zip(cells, sizes):
+    for cell, (kind, size) in zip(cells, ptx):
         if (cell if isinstance(cell, int) else ctypes.sizeof(cell)) != size:
             return None
+        if isinstance(cell, (ctypes.c_float, ctypes.c_double)) != (kind == "f"):
+            return None  # a float where the kernel takes bits, or the other way
     # a map's slot holds a zeroed block until its first launch points it at the encoded map
     cells = [(ctypes.c_uint8 * c)() if isinstance(c, int) else c for c in cells]
     return DriverLaunch(compiled, tuple(grid), cells, ptr_slots, desc_slots, expand, device)
 
 
-__all__ = ["DriverLaunch", "build_launch", "driver_launch", "ptx_param_sizes"]
+__all__ = ["DriverLaunch", "build_launch", "driver_launch", "ptx_param_sizes", "ptx_params"]
