@@ -300,3 +300,29 @@ def test_auto_is_routed_once_per_signature_capture_and_policy(monkeypatch):
         assert len(asked) == first + 2
     finally:
         policy_module._clear_default_policy()
+
+
+@pytest.mark.gpu
+def test_driver_launches_restart_their_map_cache_between_launches(monkeypatch):
+    """The fused FP8 path's stream takes three tensor maps; replays whose queries land at new
+    addresses keep encoding maps. With the cache bound cut to 4, it starts over every few calls:
+    every replay is still bit for bit the full path (a map freed while a launch still pointed at
+    it would read another buffer)."""
+    from indexer_topk.kernels import driver_launch
+
+    monkeypatch.setattr(driver_launch, "_TMAPS_KEPT", 4)
+    w = gpu_batch("sglang_fp8", 1, False)
+    ws = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, "sglang_fp8"), dtype=torch.uint8, device="cuda")
+    keep = []  # the moved queries stay allocated: each call's addresses are new
+    for i in range(12):
+        args = list(w.args())
+        args[0] = args[0].clone()
+        keep.append(args[0])
+        out = allocate_result(w.rows, w.topk, "cuda")
+        torch.ops.indexer_topk.indexer_topk_out(*args, w.topk, "sglang_fp8", *out, ws, w.weight_scale, "fused", False,
+                                                None)
+        with envs.INDEXER_TOPK_REPLAY.override(False):
+            want = indexer_topk.indexer_topk(*args, **w.kwargs(), backend="fused")
+        assert_bitwise(out, want, f"replay {i}")
+    launches = [s for s in replays_of("fused")[0].steps if getattr(s, "driver", None) is not None]
+    assert any(s.driver.desc_slots for s in launches)
