@@ -20,12 +20,15 @@ So the first call of a signature runs the backend as written, under a :class:`Re
   (:func:`note_env`, called by :mod:`indexer_topk.envs`).
 
 A later call of the signature calls :meth:`Replay.run`: the same allocations, then each
-kernel's launcher directly with the new addresses, on the current stream. Under Triton's
-interpreter (no compiled kernels) a replay rebuilds each tensor argument as a view of the new
-roots and launches through the interpreter, so the same mapping runs on a CPU.
+kernel with the new addresses, on the current stream: through the CUDA driver with a parameter
+block built at recording (:mod:`indexer_topk.kernels.driver_launch`, where it reproduces the
+launch exactly and ``INDEXER_TOPK_DRIVER_LAUNCH`` is on), else through the kernel's Triton
+launcher directly. Under Triton's interpreter (no compiled kernels) a replay rebuilds each
+tensor argument as a view of the new roots and launches through the interpreter, so the same
+mapping runs on a CPU.
 
 What a replay skips is Triton's per-launch dispatch: launch hooks (profilers attach there) do
-not see replayed launches.
+not see replayed launches; a launch recorded while a hook is set keeps Triton's launcher.
 """
 
 from __future__ import annotations
