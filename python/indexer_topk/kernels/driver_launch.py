@@ -11,10 +11,12 @@ Triton's own launcher sets.
 
 The parameter block is laid out from the kernel's signature (constexprs dropped, each tensor
 descriptor expanded as Triton expands it) and then checked, parameter by parameter, against the
-``.entry`` declaration of the kernel's PTX: where the two disagree in number or in any
-parameter's size, or the kernel needs global or profile scratch, clusters or launch hooks,
-:func:`driver_launch` returns ``None`` and the replay keeps Triton's launcher. A tensor
-descriptor's ``CUtensorMap`` is encoded by Triton's own code once per base address and kept.
+``.entry`` declaration of the kernel's PTX, which must hold exactly those parameters (each of
+the same size and kind, float or bits) and the two scratch pointers Triton appends. Where they
+disagree, or the kernel needs global or profile scratch, clusters or launch hooks, or a recorded
+value does not fit its parameter's type, :func:`driver_launch` returns ``None`` and the replay
+keeps Triton's launcher. A tensor descriptor's ``CUtensorMap`` is encoded by Triton's own code
+once per base address and kept (up to a bound) for the launches that follow.
 """
 
 from __future__ import annotations
@@ -110,7 +112,7 @@ def ptx_param_sizes(ptx: str, name: str) -> Optional[List[int]]:
     return None if params is None else [size for _, size in params]
 
 
-# Triton signature types of scalar parameters: ctypes type and byte size
+# the ctypes type of each Triton signature type of a scalar parameter
 _SCALARS = {
     "i8": ctypes.c_int8, "u8": ctypes.c_uint8, "i16": ctypes.c_int16, "u16": ctypes.c_uint16,
     "i32": ctypes.c_int32, "u32": ctypes.c_uint32, "i64": ctypes.c_int64, "u64": ctypes.c_uint64,
