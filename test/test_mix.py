@@ -1,7 +1,10 @@
 """The serving-mix benchmark (:mod:`indexer_topk.bench.mix`) on a CPU: its record, its checks."""
 
 import json
+import statistics
+import time
 
+import pytest
 import torch
 
 from indexer_topk.bench import mix
@@ -36,8 +39,25 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     assert seen[0] == (0, 1, shape.label) and seen[1] is rec
     assert rec["matches_legacy"] is True and rec["route"] in ("legacy", "fused", "reference")
     assert rec["candidates"].keys() == {"legacy"} and rec["ours_ms"] > 0 and rec["host_us"] > 0
+    assert rec["host_us_run_median"] == pytest.approx(rec["host_us"])  # one call: one run
     assert "sglang_ms" not in rec and rec["timing"] == "eager"  # SGLang's path not timed: no key
     json.dumps(records)  # the record is what the JSON file holds
+
+
+def test_host_us_runs_and_their_median():
+    """A run the host's scheduler stalls moves the mean of the runs, not their median."""
+    calls = []
+
+    def step():
+        calls.append(None)
+        if len(calls) == 25:  # inside the second run of 20
+            time.sleep(0.2)
+
+    runs = []
+    mean = mix.host_us(step, 60, "cpu", runs)
+    assert len(calls) == 60 and len(runs) == 3
+    assert mean == pytest.approx(sum(runs) / 3, rel=1e-6)
+    assert runs[1] > 5000 and statistics.median(runs) < mean / 10
 
 
 def _reroute_module():

@@ -19,7 +19,9 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
 Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time
 of single calls, host time included where the GPU waits for it; ``host_us`` the mean host wall
 time per call over back-to-back calls without a sync (the calls after a shape's first, which
-replay its launches); ``host_us_first`` the host time of a shape's first call with warm
+replay its launches), and ``host_us_run_median`` the median of its runs' means (a run of
+:data:`HOST_RUN` calls that the host's scheduler interrupts moves the mean, not this);
+``host_us_first`` the host time of a shape's first call with warm
 kernels (validation, planning and recording); ``host_us_checked`` the wall time per call with
 ``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
 """
@@ -157,10 +159,11 @@ def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
 HOST_RUN = 20  # back-to-back calls between syncs when timing host time
 
 
-def host_us(step: Callable[[], None], calls: int, device) -> float:
+def host_us(step: Callable[[], None], calls: int, device, runs: Optional[List[float]] = None) -> float:
     """Mean host wall time per call of ``calls`` calls, made back to back in runs of
     :data:`HOST_RUN` without a sync; between runs a sync, not counted, keeps a full launch queue
-    (a GPU slower than the host) from blocking the host and counting GPU time as host time."""
+    (a GPU slower than the host) from blocking the host and counting GPU time as host time.
+    ``runs``: a list that gets each run's mean (us per call)."""
     elapsed = 0.0
     done = 0
     while done < calls:
@@ -169,8 +172,11 @@ def host_us(step: Callable[[], None], calls: int, device) -> float:
         t0 = time.perf_counter()
         for _ in range(n):
             step()
-        elapsed += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        elapsed += took
         done += n
+        if runs is not None:
+            runs.append(took / n * 1e6)
     synchronize(device)
     return elapsed / calls * 1e6
 
@@ -235,7 +241,9 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     path.step()
     first = (time.perf_counter() - t0) * 1e6
     ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
-    fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev)}
+    runs: List[float] = []
+    fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev, runs)}
+    fields["host_us_run_median"] = statistics.median(runs)
     synchronize(dev)
     t0 = time.perf_counter()
     checked = max(5, host_calls // 20)
