@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexer_topk.kernels.driver_launch import build_launch, ptx_param_sizes
+from indexer_topk.kernels.driver_launch import build_launch, ptx_params
 
 
 def _probe_kernel(x, n, scale, big, y, BLOCK: tl.constexpr):
@@ -43,7 +43,7 @@ PARAMS = [None, 1000, 0.5, 1 << 40, None, 128]
 TENSORS = [(0, 0, 16), (4, 2, 0)]  # (argument, root, byte offset)
 
 
-def test_ptx_param_sizes():
+def test_ptx_params():
     ptx = """
     .visible .entry k(
         .param .u64 .ptr .global .align 1 k_param_0,
@@ -54,14 +54,14 @@ def test_ptx_param_sizes():
     )
     .maxntid 128, 1, 1
     {"""
-    assert ptx_param_sizes(ptx, "k") == [8, 4, 128, 4, 8]
-    assert ptx_param_sizes(ptx, "other") is None
+    assert ptx_params(ptx, "k") == [("u", 8), ("u", 4), ("b", 128), ("f", 4), ("u", 8)]
+    assert ptx_params(ptx, "other") is None
 
 
 def test_block_matches_the_kernels_ptx(compiled):
     dl = build_launch(compiled, (3, 1, 1), PARAMS, TENSORS, [])
     assert dl is not None
-    sizes = ptx_param_sizes(compiled.asm["ptx"], compiled.metadata.name)
+    sizes = [size for _, size in ptx_params(compiled.asm["ptx"], compiled.metadata.name)]
     assert [ctypes.sizeof(c) for c in dl.cells] == sizes
     # the arguments in order (the constexpr dropped), then Triton's null scratch pointers
     assert [c.value for c in dl.cells[:5]] == [0, 1000, 0.5, 1 << 40, 0]
@@ -316,7 +316,7 @@ def test_descriptor_block_from_a_real_compile(monkeypatch):
     monkeypatch.setattr(nv, "make_tensordesc_arg", three)
     dl = build_launch(compiled, (1, 1, 1), params, tensors, descs)
     assert dl is not None and metas == [k.metadata.tensordesc_meta[0]]
-    assert [ctypes.sizeof(c) for c in dl.cells] == ptx_param_sizes(k.asm["ptx"], k.metadata.name)
+    assert [ctypes.sizeof(c) for c in dl.cells] == [size for _, size in ptx_params(k.asm["ptx"], k.metadata.name)]
     assert [c.value for c in dl.cells[2:6]] == [64, 64, 64, 1]  # shape (i32), strides (i64)
     assert [type(c) for c in dl.cells[2:6]] == [ctypes.c_int32] * 2 + [ctypes.c_int64] * 2
     assert dl.desc_slots == ((1, k.metadata.tensordesc_meta[0], desc, 0, 0),)

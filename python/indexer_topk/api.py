@@ -60,12 +60,21 @@ def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = F
         if backend not in BACKENDS:
             raise ValueError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
         return backend
-    policy = getattr(resolve_backend, "policy_module", None)
-    if policy is None:  # imported once: an import statement per call costs more than the lookup
+    return _default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
+
+
+def _default_policy():
+    """The process's :func:`indexer_topk.policy.default_policy` (its module imported once: an
+    import statement per call costs more than the lookup)."""
+    global _policy_module
+    if _policy_module is None:
         from . import policy
 
-        resolve_backend.policy_module = policy
-    return policy.default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
+        _policy_module = policy
+    return _policy_module.default_policy()
+
+
+_policy_module = None
 
 
 def indexer_topk(
@@ -214,12 +223,7 @@ def _known_route(known: KnownCall, backend: str, topk: int) -> str:
     signature, capturing or not, while the process's policy stays the one that gave it."""
     if backend != "auto":
         return resolve_backend(backend)
-    module = getattr(resolve_backend, "policy_module", None)
-    if module is None:  # imported once, as resolve_backend does
-        from . import policy as module
-
-        resolve_backend.policy_module = module
-    policy = module.default_policy()
+    policy = _default_policy()
     capturing = is_capturing()
     hit = known.routes.get(capturing)
     if hit is None or hit[0] is not policy:

@@ -214,7 +214,7 @@ class Recorder:
             if self.driver_launches:
                 from .kernels.driver_launch import driver_launch
                 try:
-                    step.driver = driver_launch(compiled, grid3, params, [t[:3] for t in tensors], descriptors,
+                    step.driver = driver_launch(compiled, grid3, params, step.ptrs, descriptors,
                                                 torch.cuda.current_device())
                 except Exception:  # noqa: BLE001 - whatever it cannot build keeps Triton's launcher
                     step.driver = None

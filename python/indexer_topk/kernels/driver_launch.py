@@ -106,12 +106,6 @@ def ptx_params(ptx: str, name: str) -> Optional[List[Tuple[str, int]]]:
     return params
 
 
-def ptx_param_sizes(ptx: str, name: str) -> Optional[List[int]]:
-    """Byte sizes of the parameters of kernel ``name``'s ``.entry`` in ``ptx``, in order."""
-    params = ptx_params(ptx, name)
-    return None if params is None else [size for _, size in params]
-
-
 # the ctypes type of each Triton signature type of a scalar parameter
 _SCALARS = {
     "i8": ctypes.c_int8, "u8": ctypes.c_uint8, "i16": ctypes.c_int16, "u16": ctypes.c_uint16,
@@ -330,4 +324,4 @@ def build_launch(compiled, grid, params, tensors, descriptors, device: int = 0) 
     return DriverLaunch(compiled, tuple(grid), cells, ptr_slots, desc_slots, expand, device)
 
 
-__all__ = ["DriverLaunch", "build_launch", "driver_launch", "ptx_param_sizes", "ptx_params"]
+__all__ = ["DriverLaunch", "build_launch", "driver_launch", "ptx_params"]
