@@ -20,7 +20,7 @@ from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits,
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
-    HOW_BINS, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    HOW_BINS, HOW_REFILLED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 
 from kernel_cases import (
@@ -57,10 +57,14 @@ def split_bins(request, split_way, monkeypatch):
 
 def hows_expected(hows, counts, lens, topk, bins) -> None:
     """Rows selected from their candidates were finished by their bins or by the search (by the
-    search alone without bins), the rest by the row select."""
+    search alone without bins); rows whose buffer overflowed were refilled first or took the row
+    select (always without bins); the rest took the row select."""
     took = set(took_candidates(counts, lens, topk))
-    for r, how in enumerate(hows.tolist()):
-        if r not in took:
+    tile = legacy_backend.SPLIT_TILE
+    for r, (how, c, n) in enumerate(zip(hows.tolist(), counts.tolist(), lens.tolist())):
+        if r not in took and bins and n > tile and c > 4 * topk:
+            assert how in (HOW_ROW_SELECT, HOW_REFILLED + HOW_SEARCH, HOW_REFILLED + HOW_BINS), r
+        elif r not in took:
             assert how == HOW_ROW_SELECT, r
         elif bins == 0:
             assert how == HOW_SEARCH, r
@@ -195,6 +199,40 @@ def test_split_bins_on_scores_no_range_resolves(kind, split_way, monkeypatch, de
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens, TOPK, monkeypatch))
     hows_expected(hows, counts, lens.cpu(), TOPK, 4096)
+
+
+def dipped_scores(lens, width, device, seed=21):
+    """The "scores" pattern, half a standard deviation lower where the split select samples each
+    row: its gate lets in several times the keys it aims at."""
+    keys, lens_t = key_matrix("scores", lens, width, "cpu", seed=seed)
+    scores = scores_from_ordered_bits(keys)
+    sample = legacy_backend.SPLIT_SAMPLE
+    for r, n in enumerate(lens):
+        if n >= sample:
+            scores[r, (torch.arange(sample) * n) // sample] -= 4.0
+    keys = ordered_score_bits(scores)
+    keys[torch.arange(width)[None, :] >= lens_t[:, None].long()] = KEY_NONE
+    return keys.to(device), lens_t.to(device)
+
+
+def test_split_refills_an_overflowed_buffer(split_bins, monkeypatch, device):
+    """Scores a little lower where the sample reads: the gate lets in more keys than the buffer
+    holds (every row overflows), while the bins from the k-th key's up hold few. With 4,096 bins
+    each row's buffer is refilled with exactly those bins' keys and finished from them; with
+    none, the row select serves. Same bits as the torch way, every slot written, whatever the
+    row's length against the refill's blocks."""
+    width = 5120
+    lens = [width, 5000, 4097, 3000]
+    keys, lens_t = dipped_scores(lens, width, device)
+    got, counts, hows = split(keys, lens_t, TOPK)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    assert all(c > 4 * TOPK for c in counts.tolist()), counts  # else no row needed a refill
+    hows_expected(hows, counts, lens_t.cpu(), TOPK, split_bins)
+    if split_bins == 4096:
+        assert all(h & HOW_REFILLED for h in hows.tolist()), hows
+    elif split_bins == 0:
+        assert hows.tolist() == [HOW_ROW_SELECT] * len(lens)
 
 
 def test_split_lengths_past_the_matrix(split_bins, monkeypatch, device):
@@ -446,6 +484,23 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
         long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
         took = took_candidates(counts, lens_t, topk)
         assert set(took) <= set(long_rows) and len(took) >= len(long_rows) - len(long_rows) // 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+def test_split_refills_an_overflowed_buffer_gpu(topk, split_way, monkeypatch, device):
+    """Decode widths whose gate lets in more than the buffer holds: each long row refilled and
+    finished from its bins' keys, the torch way's bits."""
+    width = 196608
+    lens = [width, width - 1, 100000, 32768, 4097, 4096, topk + 1, 0]
+    keys, lens_t = dipped_scores(lens, width, device, seed=topk)
+    got, counts, hows = split(keys, lens_t, topk)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
+    over = [i for i, (c, n) in enumerate(zip(counts.tolist(), lens)) if n > legacy_backend.SPLIT_TILE and c > 4 * topk]
+    assert set(over) >= {0, 1, 2}, counts  # the longest rows overflowed
+    assert [bool(hows[i] & HOW_REFILLED) for i in over] == [True] * len(over), hows
 
 
 @pytest.mark.gpu

@@ -9,7 +9,7 @@ graph-replayed time, device time per kernel, and bits against the default settin
 each config): SM cycles per row from its start to the candidates loaded, the k-th found, the
 selection appended and the row sorted and written (by bins: the histogram read, the runs placed,
 the ranks written), medians over the rows finished the commoner way, and how many rows were
-finished by bins and by the search.
+finished by bins, by the search and refilled first.
 
 Each ``;``-separated config sets attributes of :mod:`indexer_topk.backends.legacy` (an empty
 config: the shipped settings, always run first as the reference). Every run goes through the out
@@ -66,7 +66,8 @@ def workloads(a, device):
     for pattern in a.patterns.split(","):
         for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
             w = make_workload(a.layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
-                              topk=a.topk, seed=1, device=device, pattern=pattern)
+                              topk=a.topk, seed=a.seed, device=device, pattern=pattern,
+                              page_table_pad=a.page_table_pad)
             shape = f"{requests}x{tokens // 1024}K" + (f"x{per_request}" if per_request > 1 else "")
             yield pattern, shape, per_request, w
             w = None
@@ -75,7 +76,7 @@ def workloads(a, device):
 
 def profile(a, device) -> int:
     """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
-    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_SEARCH, PROF_FIELDS
+    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_REFILLED, HOW_SEARCH, PROF_FIELDS
 
     settings = Settings(a.configs)
     lines = []
@@ -90,12 +91,13 @@ def profile(a, device) -> int:
             torch.cuda.synchronize()
             hows = prof[:, 4]
             n_bins, n_search = int((hows == HOW_BINS).sum()), int((hows == HOW_SEARCH).sum())
+            n_refilled = int(((hows & HOW_REFILLED) != 0).sum())
             took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
             cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
             phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
                       "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
             lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
-                         f"search {n_search:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
+                         f"search {n_search:4d} refilled {n_refilled:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
             print(lines[-1], flush=True)
         keys = w = None  # freed before the next shape's workload is built
     settings.apply()
@@ -113,6 +115,9 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default="")
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--seed", type=int, default=1, help="the workload's seed (the serving mix uses 0)")
+    p.add_argument("--page-table-pad", type=int, default=1,
+                   help="spare page-table columns past the longest row (the serving mix uses 0)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "split_decode.json"))
     p.add_argument("--profile", action="store_true", help="the finishing kernel's phase cycles (PROF build)")
     a = p.parse_args(argv)

@@ -234,8 +234,9 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
     that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
-    and the row is longer than ``SPLIT_TILE``), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
-    :mod:`indexer_topk.kernels.split_topk`). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    and the row is longer than ``SPLIT_TILE``, or from a refill of its buffer when more reached
+    it), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
+    :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_REFILLED`` for a refilled row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""

@@ -26,16 +26,23 @@ one SM's pace, so a row is split three ways, one launch each:
    Otherwise (a bin too full: ties, plateaus, a range the bins do not resolve; or ``BINS == 0``)
    the k-th is searched in one register tile (:func:`.row_topk.tile_kth`), keys equal to it
    ranked by position with a second search (the buffer is in the atomics' order), and the
-   selection sorted. A row the gate misjudged (fewer than ``TOPK`` or more than ``CAP`` reached
-   it: ties, plateaus, a sample that missed the row's shape) and a row of at most ``TILE`` keys
-   are selected by the one-program row select instead, exact whatever the data, and sorted
+   selection sorted. A row whose buffer overflowed (more than ``CAP`` reached the gate) but
+   whose bins from the k-th key's up hold at most ``CAP`` keys is *refilled*: the program reads
+   the row again and writes exactly the keys of those bins to the buffer (the histogram counted
+   every entrant, stored or not, by the same bin function), then finishes it as above. A row
+   the gate misjudged otherwise (fewer than ``TOPK`` reached it; or more than ``CAP`` from the
+   k-th key's bin up: ties, plateaus) and a row of at most ``TILE`` keys are selected by the
+   one-program row select instead, exact whatever the data, and sorted
    (:func:`.select.finalize_row`).
 
-With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys puts the count below
-``TOPK`` or above ``4 * TOPK`` about once in a thousand rows of random scores (the sampled
-quantile's spread: at 196,608 keys, the gate is the 27th of the sample, so the count's standard
-deviation is about a fifth of its mean), so random and trending scores alike take the split
-path; only data with many equal keys around the k-th pays the one-program select.
+With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys at 196,608 keys takes as
+its gate the 27th largest sampled key, while the row's best ``TOPK`` and ``CAP`` keys hold
+about 10.7 and 42.7 of the sample: too few keys reach the gate when 27 sampled keys lie among
+the best ``TOPK`` (about one row in 50,000 of random scores, a binomial tail), too many when at most
+26 lie among the best ``CAP`` (about one row in 260). A decode batch of 32 such rows overflows
+about one step in eight, and the one-program row select over a 196,608-key row takes about
+0.2 ms, several times the rest of the step: hence the refill, one more read of the row by one
+program.
 """
 
 import triton
@@ -53,7 +60,9 @@ HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin scale 
 HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
 HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
 HOW_BINS = 2  # from its candidates, by the histogram's bins
+HOW_REFILLED = 4  # added to HOW_SEARCH or HOW_BINS: the buffer overflowed and was refilled first
 _ROW_SELECT, _SEARCH, _BINS = tl.constexpr(HOW_ROW_SELECT), tl.constexpr(HOW_SEARCH), tl.constexpr(HOW_BINS)
+_REFILLED = tl.constexpr(HOW_REFILLED)
 
 
 @triton.jit
@@ -156,6 +165,28 @@ def gather_rows_kernel(
 
 
 @triton.jit
+def _refill(row, n, gate, scale, low_bin, ck, CAP: tl.constexpr, BINS: tl.constexpr):
+    """Rewrite the candidate buffer ``ck`` (``CAP`` keys, then ``CAP`` positions) with the keys
+    of the row ``row`` (``n`` keys) that reach ``gate`` and lie in bin ``low_bin`` or above, in
+    position order: the entrants :func:`gather_rows_kernel` counted in those bins. Returns how
+    many there are (none is stored past ``CAP``)."""
+    offs = tl.arange(0, CAP)
+    got = tl.zeros([], dtype=tl.int32)
+    for c0 in range(0, n, CAP):
+        pos = c0 + offs
+        key = tl.load(row + pos, mask=pos < n, other=KEY_MIN, eviction_policy="evict_first")
+        enter = (pos < n) & (key >= gate)
+        enter = enter & (_bin_of(key, gate, scale, BINS) >= low_bin)
+        enter_i = enter.to(tl.int32)
+        dst = got + tl.cumsum(enter_i, axis=0) - enter_i
+        room = enter & (dst < CAP)
+        tl.store(ck + dst, key, mask=room)
+        tl.store(ck + CAP + dst, pos, mask=room)
+        got += tl.sum(enter_i, axis=0)
+    return got
+
+
+@triton.jit
 def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0,
                        PROF: tl.constexpr):
     """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates ``(key, pos)`` (a
@@ -236,9 +267,10 @@ def finish_rows_kernel(
     BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
-    candidates (by their bins, or by a search and a sort) or by the one-program row select
-    (:func:`.row_topk.select_row`, its pool in the row's candidate buffer), written to the four
-    outputs; ``hows[i]``: which (``HOW_*``).
+    candidates (by their bins, or by a search and a sort; first refilled where the buffer
+    overflowed and the bins allow) or by the one-program row select (:func:`.row_topk.select_row`,
+    its pool in the row's candidate buffer), written to the four outputs; ``hows[i]``: which
+    (``HOW_*``, plus ``HOW_REFILLED`` for a refilled row).
 
     ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
     otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
@@ -263,6 +295,22 @@ def finish_rows_kernel(
     if PROF:
         tl.debug_barrier()
         t0 = _clock()
+    low_bin = tl.zeros([], dtype=tl.int32)  # bins below it hold no candidate (a refilled row's)
+    refilled = tl.zeros([], dtype=tl.int32)
+    if BINS > 0:
+        if (n > TILE) & (count > CAP):
+            # the buffer overflowed: the histogram still counted every entrant
+            all_bins = tl.load(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS))
+            bnd0, above0, bucket0 = radix_digit(all_bins, TOPK)
+            kept = above0 + bucket0
+            if (bnd0 >= 0) & (kept <= CAP) & (tl.sum(all_bins, axis=0) == count):
+                got = _refill(src + i.to(tl.int64) * stride_src, n, tl.load(gates + i),
+                              tl.load(scales + i).to(tl.float32, bitcast=True), bnd0, ck, CAP, BINS)
+                tl.debug_barrier()  # the buffer's new entries are seen by every thread
+                if got == kept:
+                    count = kept
+                    low_bin = bnd0
+                    refilled = 1
     from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
     # the candidates (unread where the row select serves)
     offs = tl.arange(0, CAP)
@@ -274,7 +322,8 @@ def finish_rows_kernel(
     how = tl.where(from_candidates, _SEARCH, _ROW_SELECT)
     if BINS > 0:
         hist_row = hist + i.to(tl.int64) * (2 * BINS)
-        bin_counts = tl.load(hist_row + tl.arange(0, BINS), mask=tl.arange(0, BINS) < tl.where(from_candidates, BINS, 0),
+        bins = tl.arange(0, BINS)
+        bin_counts = tl.load(hist_row + bins, mask=(bins >= low_bin) & (bins < tl.where(from_candidates, BINS, 0)),
                              other=0)
         bnd, above, bucket = radix_digit(bin_counts, TOPK)
         run_max = tl.max(tl.where(tl.arange(0, BINS) >= bnd, bin_counts, 0), axis=0)
@@ -287,7 +336,7 @@ def finish_rows_kernel(
             _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
                             tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
                             bin_counts, count, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
-    tl.store(hows + i, how)
+    tl.store(hows + i, how + refilled * _REFILLED)
     if how != _BINS:
         if how == _SEARCH:
             _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
@@ -303,4 +352,4 @@ def finish_rows_kernel(
                      out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
     if PROF:
         _stamp(prof_row, 3, t0)
-        tl.store(prof_row + 4, how.to(tl.int64))
+        tl.store(prof_row + 4, (how + refilled * _REFILLED).to(tl.int64))
