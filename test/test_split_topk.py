@@ -20,7 +20,7 @@ from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits,
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
-    HOW_BINS, HOW_REFILLED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 
 from kernel_cases import (
@@ -57,13 +57,14 @@ def split_bins(request, split_way, monkeypatch):
 
 def hows_expected(hows, counts, lens, topk, bins) -> None:
     """Rows selected from their candidates were finished by their bins or by the search (by the
-    search alone without bins); rows whose buffer overflowed were refilled first or took the row
-    select (always without bins); the rest took the row select."""
+    search alone without bins); rows with more candidates than the registers hold but no more
+    than the buffer were trimmed first or took the row select (always without bins); the rest
+    took the row select."""
     took = set(took_candidates(counts, lens, topk))
     tile = legacy_backend.SPLIT_TILE
     for r, (how, c, n) in enumerate(zip(hows.tolist(), counts.tolist(), lens.tolist())):
-        if r not in took and bins and n > tile and c > 4 * topk:
-            assert how in (HOW_ROW_SELECT, HOW_REFILLED + HOW_SEARCH, HOW_REFILLED + HOW_BINS), r
+        if r not in took and bins and n > tile and 4 * topk < c <= 8 * topk:
+            assert how in (HOW_ROW_SELECT, HOW_TRIMMED + HOW_SEARCH, HOW_TRIMMED + HOW_BINS), r
         elif r not in took:
             assert how == HOW_ROW_SELECT, r
         elif bins == 0:
@@ -201,36 +202,36 @@ def test_split_bins_on_scores_no_range_resolves(kind, split_way, monkeypatch, de
     hows_expected(hows, counts, lens.cpu(), TOPK, 4096)
 
 
-def dipped_scores(lens, width, device, seed=21):
-    """The "scores" pattern, half a standard deviation lower where the split select samples each
-    row: its gate lets in several times the keys it aims at."""
+def dipped_scores(lens, width, device, seed=21, dip=4.0):
+    """The "scores" pattern (standard deviation 8), ``dip`` lower where the split select samples
+    each row: its gate lets in more keys than it aims at."""
     keys, lens_t = key_matrix("scores", lens, width, "cpu", seed=seed)
     scores = scores_from_ordered_bits(keys)
     sample = legacy_backend.SPLIT_SAMPLE
     for r, n in enumerate(lens):
         if n >= sample:
-            scores[r, (torch.arange(sample) * n) // sample] -= 4.0
+            scores[r, (torch.arange(sample) * n) // sample] -= dip
     keys = ordered_score_bits(scores)
     keys[torch.arange(width)[None, :] >= lens_t[:, None].long()] = KEY_NONE
     return keys.to(device), lens_t.to(device)
 
 
-def test_split_refills_an_overflowed_buffer(split_bins, monkeypatch, device):
-    """Scores a little lower where the sample reads: the gate lets in more keys than the buffer
-    holds (every row overflows), while the bins from the k-th key's up hold few. With 4,096 bins
-    each row's buffer is refilled with exactly those bins' keys and finished from them; with
-    none, the row select serves. Same bits as the torch way, every slot written, whatever the
-    row's length against the refill's blocks."""
+def test_split_trims_candidates_past_the_registers(split_bins, monkeypatch, device):
+    """Scores half a standard deviation lower where the sample reads: the gate lets in more keys
+    than the finishing program holds (``4 * topk``; the buffer holds twice that), while the bins
+    from the k-th key's up hold few. With 4,096 bins each row's candidates are trimmed to those
+    bins' and finished from them; without bins the row select serves. Same bits as the torch
+    way, every slot written."""
     width = 5120
     lens = [width, 5000, 4097, 3000]
     keys, lens_t = dipped_scores(lens, width, device)
     got, counts, hows = split(keys, lens_t, TOPK)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
-    assert all(c > 4 * TOPK for c in counts.tolist()), counts  # else no row needed a refill
+    assert all(4 * TOPK < c <= 8 * TOPK for c in counts.tolist()), counts  # else no row is trimmed
     hows_expected(hows, counts, lens_t.cpu(), TOPK, split_bins)
     if split_bins == 4096:
-        assert all(h & HOW_REFILLED for h in hows.tolist()), hows
+        assert all(h & HOW_TRIMMED for h in hows.tolist()), hows
     elif split_bins == 0:
         assert hows.tolist() == [HOW_ROW_SELECT] * len(lens)
 
@@ -317,7 +318,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
     rows, bins = len(lens), split_bins
     scratch = torch.zeros(L.split_scratch_size(rows, topk), dtype=torch.int32, device=device)
     gates, counts, scales, hows = scratch[: 4 * rows].view(4, rows)
-    cand_end = rows * (4 + 8 * topk)
+    cand_end = rows * (4 + 16 * topk)
     cand = scratch[4 * rows: cand_end]
     hist = scratch[cand_end:] if bins else cand
     runs = L.split_runs(rows, width, device_sm_count(device))
@@ -327,7 +328,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
                                      TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
     gen = torch.Generator().manual_seed(0)
-    buf = cand.view(rows, 2, 4 * topk)
+    buf = cand.view(rows, 2, 8 * topk)
     for r in range(rows):
         c = int(counts[r])
         buf[r, :, :c] = buf[r, :, :c][:, torch.randperm(c, generator=gen).to(device)].clone()
@@ -349,13 +350,14 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
 
 
 def test_split_entrants_at_the_buffer_bounds(split_bins, monkeypatch, device):
-    """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk and
-    4 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate): the fallback
-    condition's edges, each with the torch way's bits."""
+    """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1,
+    8 * topk and 8 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate):
+    the edges of the candidate path, the trim (its bins cannot trim keys tied at the gate: the
+    row select serves) and the buffer, each with the torch way's bits."""
     topk = 128
     sample = legacy_backend.SPLIT_SAMPLE
     width = max(5120, 4 * sample)  # the gate's rank (about 2.5 * topk * sample / width) below topk - 1
-    targets = [topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1]
+    targets = [topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1, 8 * topk, 8 * topk + 1]
     gen = torch.Generator().manual_seed(3)
     keys = torch.randint(-1000, 0, (len(targets), width), generator=gen, dtype=torch.int32)
     spots = (torch.arange(sample) * width) // sample
@@ -488,19 +490,20 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_split_refills_an_overflowed_buffer_gpu(topk, split_way, monkeypatch, device):
-    """Decode widths whose gate lets in more than the buffer holds: each long row refilled and
-    finished from its bins' keys, the torch way's bits."""
+def test_split_trims_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, device):
+    """Decode widths whose gate lets in more than the finishing program holds: each such row
+    trimmed and finished from its bins' keys, the torch way's bits."""
     width = 196608
     lens = [width, width - 1, 100000, 32768, 4097, 4096, topk + 1, 0]
-    keys, lens_t = dipped_scores(lens, width, device, seed=topk)
+    keys, lens_t = dipped_scores(lens, width, device, seed=topk, dip=3.0)
     got, counts, hows = split(keys, lens_t, topk)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
     hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
-    over = [i for i, (c, n) in enumerate(zip(counts.tolist(), lens)) if n > legacy_backend.SPLIT_TILE and c > 4 * topk]
-    assert set(over) >= {0, 1, 2}, counts  # the longest rows overflowed
-    assert [bool(hows[i] & HOW_REFILLED) for i in over] == [True] * len(over), hows
+    over = [i for i, (c, n) in enumerate(zip(counts.tolist(), lens))
+            if n > legacy_backend.SPLIT_TILE and 4 * topk < c <= 8 * topk]
+    assert set(over) >= {0, 1}, counts  # the longest rows have more candidates than the registers hold
+    assert [bool(hows[i] & HOW_TRIMMED) for i in over] == [True] * len(over), hows
 
 
 @pytest.mark.gpu

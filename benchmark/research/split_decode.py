@@ -9,7 +9,7 @@ graph-replayed time, device time per kernel, and bits against the default settin
 each config): SM cycles per row from its start to the candidates loaded, the k-th found, the
 selection appended and the row sorted and written (by bins: the histogram read, the runs placed,
 the ranks written), medians over the rows finished the commoner way, and how many rows were
-finished by bins, by the search and refilled first.
+finished by bins, by the search and trimmed first.
 
 Each ``;``-separated config sets attributes of :mod:`indexer_topk.backends.legacy` (an empty
 config: the shipped settings, always run first as the reference). Every run goes through the out
@@ -76,7 +76,7 @@ def workloads(a, device):
 
 def profile(a, device) -> int:
     """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
-    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_REFILLED, HOW_SEARCH, PROF_FIELDS
+    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_TRIMMED, HOW_SEARCH, PROF_FIELDS
 
     settings = Settings(a.configs)
     lines = []
@@ -91,13 +91,13 @@ def profile(a, device) -> int:
             torch.cuda.synchronize()
             hows = prof[:, 4]
             n_bins, n_search = int((hows == HOW_BINS).sum()), int((hows == HOW_SEARCH).sum())
-            n_refilled = int(((hows & HOW_REFILLED) != 0).sum())
+            n_trimmed = int(((hows & HOW_TRIMMED) != 0).sum())
             took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
             cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
             phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
                       "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
             lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
-                         f"search {n_search:4d} refilled {n_refilled:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
+                         f"search {n_search:4d} trimmed {n_trimmed:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
             print(lines[-1], flush=True)
         keys = w = None  # freed before the next shape's workload is built
     settings.apply()

@@ -222,9 +222,9 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
-    (gate, candidate count, histogram scale, how it was finished), a buffer of ``4 * topk`` keys and
-    ``4 * topk`` positions, and ``2 * SPLIT_BINS`` for its histogram."""
-    return rows * (HEADER_FIELDS + 8 * topk + 2 * SPLIT_BINS)
+    (gate, candidate count, histogram scale, how it was finished), a buffer of ``8 * topk`` keys and
+    ``8 * topk`` positions, and ``2 * SPLIT_BINS`` for its histogram."""
+    return rows * (HEADER_FIELDS + 16 * topk + 2 * SPLIT_BINS)
 
 
 @launches_kernels
@@ -234,9 +234,9 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
     that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
-    and the row is longer than ``SPLIT_TILE``, or from a refill of its buffer when more reached
-    it), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
-    :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_REFILLED`` for a refilled row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    and the row is longer than ``SPLIT_TILE``, or from those of its bins from the k-th key's up
+    when more reached it), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
+    :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_TRIMMED`` for a trimmed row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
@@ -259,8 +259,8 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
         return
     check_runnable(keys.device)
     gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
-    cand = scratch[HEADER_FIELDS * rows: rows * (HEADER_FIELDS + 8 * topk)]
-    hist = scratch[rows * (HEADER_FIELDS + 8 * topk): need] if SPLIT_BINS else cand  # unread without bins
+    cand = scratch[HEADER_FIELDS * rows: rows * (HEADER_FIELDS + 16 * topk)]
+    hist = scratch[rows * (HEADER_FIELDS + 16 * topk): need] if SPLIT_BINS else cand  # unread without bins
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_WARPS,

@@ -12,8 +12,8 @@ one SM's pace, so a row is split three ways, one launch each:
    clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
-   ``CAP = 4 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
-   counts each in its bin. The count keeps counting past ``CAP`` (those entries are not
+   ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
+   counts each in its bin. The count keeps counting past ``BUF`` (those entries are not
    stored), so an overflow is seen.
 3. :func:`finish_rows_kernel`, a program per row. When the row's count lies in
    ``[TOPK, CAP]``, the buffer holds every key that reaches the gate and the row's best
@@ -26,23 +26,24 @@ one SM's pace, so a row is split three ways, one launch each:
    Otherwise (a bin too full: ties, plateaus, a range the bins do not resolve; or ``BINS == 0``)
    the k-th is searched in one register tile (:func:`.row_topk.tile_kth`), keys equal to it
    ranked by position with a second search (the buffer is in the atomics' order), and the
-   selection sorted. A row whose buffer overflowed (more than ``CAP`` reached the gate) but
-   whose bins from the k-th key's up hold at most ``CAP`` keys is *refilled*: the program reads
-   the row again and writes exactly the keys of those bins to the buffer (the histogram counted
-   every entrant, stored or not, by the same bin function), then finishes it as above. A row
-   the gate misjudged otherwise (fewer than ``TOPK`` reached it; or more than ``CAP`` from the
-   k-th key's bin up: ties, plateaus) and a row of at most ``TILE`` keys are selected by the
-   one-program row select instead, exact whatever the data, and sorted
-   (:func:`.select.finalize_row`).
+   selection sorted. The program holds ``CAP = 4 * TOPK`` candidates in registers: a row whose
+   count lies in ``(CAP, BUF]`` (the buffer holds every entrant) is first *trimmed* to the
+   entrants of its bins from the k-th key's up, where those number at most ``CAP``, and
+   finished as above. A row the gate misjudged otherwise (fewer than ``TOPK`` reached it, more
+   than ``BUF``, or more than ``CAP`` from the k-th key's bin up: ties, plateaus) and a row of at
+   most ``TILE`` keys are selected by the one-program row select instead, exact whatever the
+   data, and sorted (:func:`.select.finalize_row`).
 
 With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys at 196,608 keys takes as
 its gate the 27th largest sampled key, while the row's best ``TOPK`` and ``CAP`` keys hold
 about 10.7 and 42.7 of the sample: too few keys reach the gate when 27 sampled keys lie among
-the best ``TOPK`` (about one row in 50,000 of random scores, a binomial tail), too many when at most
-26 lie among the best ``CAP`` (about one row in 260). A decode batch of 32 such rows overflows
-about one step in eight, and the one-program row select over a 196,608-key row takes about
-0.2 ms, several times the rest of the step: hence the refill, one more read of the row by one
-program.
+the best ``TOPK`` (about one row in 50,000 of random scores, a binomial tail), more than ``CAP`` when
+at most 26 lie among the best ``CAP`` (about one row in 260). Were those rows left to the
+one-program row select (about 0.2 ms over a 196,608-key row, several times the rest of the step),
+a decode batch of 32 rows would pay it about one step in eight; with the trim, only rows past
+``BUF`` do (at most 26 sampled among the best 8,192 keys, expected 85: about one row in 10^12).
+A trim reads the buffer again, not the row: the same trim by a second read of the row, by one
+program, took longer than the row select (0.26 ms at 196,608 keys).
 """
 
 import triton
@@ -60,9 +61,9 @@ HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin scale 
 HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
 HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
 HOW_BINS = 2  # from its candidates, by the histogram's bins
-HOW_REFILLED = 4  # added to HOW_SEARCH or HOW_BINS: the buffer overflowed and was refilled first
+HOW_TRIMMED = 4  # added to HOW_SEARCH or HOW_BINS: more than CAP candidates, trimmed first
 _ROW_SELECT, _SEARCH, _BINS = tl.constexpr(HOW_ROW_SELECT), tl.constexpr(HOW_SEARCH), tl.constexpr(HOW_BINS)
-_REFILLED = tl.constexpr(HOW_REFILLED)
+_TRIMMED = tl.constexpr(HOW_TRIMMED)
 
 
 @triton.jit
@@ -131,11 +132,11 @@ def gather_rows_kernel(
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
-    gate, appended to its candidate buffer (``cand``: ``8 * TOPK`` int32 a row, keys then
-    positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
+    gate, appended to its candidate buffer (``cand``: ``16 * TOPK`` int32 a row, ``BUF = 8 * TOPK``
+    keys then as many positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
     bins then the finishing kernel's copy of where their runs start)."""
     wait_for_producer(PDL)
-    CAP: tl.constexpr = 4 * TOPK
+    BUF: tl.constexpr = 8 * TOPK
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     if n > TILE:
@@ -147,7 +148,7 @@ def gather_rows_kernel(
         lo = tl.program_id(1) * run
         hi = tl.minimum(lo + run, n)
         row = src + i.to(tl.int64) * stride_src
-        ck = cand + i.to(tl.int64) * (2 * CAP)
+        ck = cand + i.to(tl.int64) * (2 * BUF)
         offs = tl.arange(0, BLOCK)
         for c0 in range(lo, hi, BLOCK):
             pos = c0 + offs
@@ -157,32 +158,39 @@ def gather_rows_kernel(
             n_in = tl.sum(enter_i, axis=0)
             if n_in > 0:
                 dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
-                room = enter & (dst < CAP)
+                room = enter & (dst < BUF)
                 tl.store(ck + dst, key, mask=room)
-                tl.store(ck + CAP + dst, pos, mask=room)
+                tl.store(ck + BUF + dst, pos, mask=room)
                 if BINS > 0:
                     tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
 @triton.jit
-def _refill(row, n, gate, scale, low_bin, ck, CAP: tl.constexpr, BINS: tl.constexpr):
-    """Rewrite the candidate buffer ``ck`` (``CAP`` keys, then ``CAP`` positions) with the keys
-    of the row ``row`` (``n`` keys) that reach ``gate`` and lie in bin ``low_bin`` or above, in
-    position order: the entrants :func:`gather_rows_kernel` counted in those bins. Returns how
-    many there are (none is stored past ``CAP``)."""
+def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexpr):
+    """Keep the entries of the candidate buffer ``ck`` (``count <= BUF`` of them, ``BUF = 8 *
+    TOPK`` keys then as many positions) whose keys lie in bin ``low_bin`` or above, moved to its
+    first slots in buffer order. Returns how many there are (none is stored past ``CAP = 4 *
+    TOPK``)."""
+    CAP: tl.constexpr = 4 * TOPK
+    BUF: tl.constexpr = 8 * TOPK
     offs = tl.arange(0, CAP)
     got = tl.zeros([], dtype=tl.int32)
-    for c0 in range(0, n, CAP):
-        pos = c0 + offs
-        key = tl.load(row + pos, mask=pos < n, other=KEY_MIN, eviction_policy="evict_first")
-        enter = (pos < n) & (key >= gate)
-        enter = enter & (_bin_of(key, gate, scale, BINS) >= low_bin)
-        enter_i = enter.to(tl.int32)
-        dst = got + tl.cumsum(enter_i, axis=0) - enter_i
-        room = enter & (dst < CAP)
+    # two halves of CAP entries, each a register tile of the finishing program's size (one of
+    # BUF entries spills); the first half's slots are written over, so it is read whole first
+    for h in tl.static_range(2):
+        at = h * CAP + offs
+        valid = at < count
+        key = tl.load(ck + at, mask=valid, other=0)
+        pos = tl.load(ck + BUF + at, mask=valid, other=0)
+        keep = valid & (_bin_of(key, gate, scale, BINS) >= low_bin)
+        keep_i = keep.to(tl.int32)
+        dst = got + tl.cumsum(keep_i, axis=0) - keep_i
+        if h == 0:
+            tl.debug_barrier()  # every entry of the first half read before any is written over
+        room = keep & (dst < CAP)
         tl.store(ck + dst, key, mask=room)
-        tl.store(ck + CAP + dst, pos, mask=room)
-        got += tl.sum(enter_i, axis=0)
+        tl.store(ck + BUF + dst, pos, mask=room)
+        got += tl.sum(keep_i, axis=0)
     return got
 
 
@@ -222,7 +230,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     the slot from an atomic add on the bin's counter in ``hist_row``, starting at ``start_row``'s
     copy), then its rank in the run by the contract's order: the output slot. Run slots past
     ``TOPK`` (the boundary bin's losers) are not written."""
-    CAP: tl.constexpr = 4 * TOPK
+    BUF: tl.constexpr = 8 * TOPK
     bins = tl.arange(0, BINS)
     start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
     tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
@@ -233,14 +241,14 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     staged = valid & (b >= bnd)
     slot = tl.atomic_add(hist_row + b, 1, mask=staged, sem="relaxed")
     tl.store(ck + slot, key, mask=staged)
-    tl.store(ck + CAP + slot, pos, mask=staged)
+    tl.store(ck + BUF + slot, pos, mask=staged)
     tl.debug_barrier()  # the runs are complete, and the counters hold each run's end
     if PROF:
         _stamp(prof_row, 2, t0)
     s = tl.arange(0, 2 * TOPK)  # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them
     live = s < above + bucket
     ks = tl.load(ck + s, mask=live, other=0)
-    ps = tl.load(ck + CAP + s, mask=live, other=0)
+    ps = tl.load(ck + BUF + s, mask=live, other=0)
     bs = _bin_of(ks, gate, scale, BINS)
     lo = tl.load(start_row + bs, mask=live, other=0)
     hi = tl.load(hist_row + bs, mask=live, other=0)
@@ -249,7 +257,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     for d in tl.static_range(MAXSEG):
         j = lo + d
         m = live & (j < hi)
-        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + CAP + j, mask=m, other=0))
+        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + BUF + j, mask=m, other=0))
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
     w = live & (f < TOPK)
@@ -267,10 +275,10 @@ def finish_rows_kernel(
     BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
-    candidates (by their bins, or by a search and a sort; first refilled where the buffer
-    overflowed and the bins allow) or by the one-program row select (:func:`.row_topk.select_row`,
+    candidates (by their bins, or by a search and a sort; first trimmed where they outnumber the
+    registers and the bins allow) or by the one-program row select (:func:`.row_topk.select_row`,
     its pool in the row's candidate buffer), written to the four outputs; ``hows[i]``: which
-    (``HOW_*``, plus ``HOW_REFILLED`` for a refilled row).
+    (``HOW_*``, plus ``HOW_TRIMMED`` for a trimmed row).
 
     ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
     otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
@@ -282,12 +290,13 @@ def finish_rows_kernel(
     # buffer's atomic order would not give: such rows must be one tile
     tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")
     tl.static_assert(MAXSEG <= TOPK, "a bin's run spills at most MAXSEG slots past TOPK")
-    CAP: tl.constexpr = 4 * TOPK
+    CAP: tl.constexpr = 4 * TOPK  # candidates held in registers
+    BUF: tl.constexpr = 8 * TOPK  # entries of the row's buffer
     i = tl.program_id(0)
     row = row_start + i
     n = row_length(seq_lens, row, stride_src)
     orow = row.to(tl.int64) * TOPK
-    ck = cand + i.to(tl.int64) * (2 * CAP)
+    ck = cand + i.to(tl.int64) * (2 * BUF)
     count = tl.load(counts + i)
     prof_row = prof + i.to(tl.int64) * _PROF_STRIDE
     pt_row = page_table + row.to(tl.int64) * stride_pt
@@ -295,28 +304,28 @@ def finish_rows_kernel(
     if PROF:
         tl.debug_barrier()
         t0 = _clock()
-    low_bin = tl.zeros([], dtype=tl.int32)  # bins below it hold no candidate (a refilled row's)
-    refilled = tl.zeros([], dtype=tl.int32)
+    low_bin = tl.zeros([], dtype=tl.int32) - 1  # a trimmed row's k-th bin: none below holds a candidate
     if BINS > 0:
-        if (n > TILE) & (count > CAP):
-            # the buffer overflowed: the histogram still counted every entrant
+        if (n > TILE) & (count > CAP) & (count <= BUF):
+            # more candidates than the registers hold, every one in the buffer and in its bin:
+            # trimmed to the bins from the k-th key's up where those hold few enough
             all_bins = tl.load(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS))
             bnd0, above0, bucket0 = radix_digit(all_bins, TOPK)
             kept = above0 + bucket0
             if (bnd0 >= 0) & (kept <= CAP) & (tl.sum(all_bins, axis=0) == count):
-                got = _refill(src + i.to(tl.int64) * stride_src, n, tl.load(gates + i),
-                              tl.load(scales + i).to(tl.float32, bitcast=True), bnd0, ck, CAP, BINS)
-                tl.debug_barrier()  # the buffer's new entries are seen by every thread
+                got = _trim(ck, count, tl.load(gates + i), tl.load(scales + i).to(tl.float32, bitcast=True), bnd0,
+                            TOPK, BINS)
+                tl.debug_barrier()  # the moved entries are seen by every thread
                 if got == kept:
                     count = kept
                     low_bin = bnd0
-                    refilled = 1
+    trimmed = (low_bin >= 0).to(tl.int32)
     from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
     # the candidates (unread where the row select serves)
     offs = tl.arange(0, CAP)
     valid = offs < tl.where(from_candidates, count, 0)
     key = tl.load(ck + offs, mask=valid, other=0)
-    pos = tl.load(ck + CAP + offs, mask=valid, other=0)
+    pos = tl.load(ck + BUF + offs, mask=valid, other=0)
     if PROF:
         _stamp(prof_row, 0, t0)
     how = tl.where(from_candidates, _SEARCH, _ROW_SELECT)
@@ -336,7 +345,7 @@ def finish_rows_kernel(
             _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
                             tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
                             bin_counts, count, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
-    tl.store(hows + i, how + refilled * _REFILLED)
+    tl.store(hows + i, how + trimmed * _TRIMMED)
     if how != _BINS:
         if how == _SEARCH:
             _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
@@ -352,4 +361,4 @@ def finish_rows_kernel(
                      out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
     if PROF:
         _stamp(prof_row, 3, t0)
-        tl.store(prof_row + 4, (how + refilled * _REFILLED).to(tl.int64))
+        tl.store(prof_row + 4, (how + trimmed * _TRIMMED).to(tl.int64))
