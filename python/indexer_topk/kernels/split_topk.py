@@ -39,11 +39,11 @@ its gate the 27th largest sampled key, while the row's best ``TOPK`` and ``CAP``
 about 10.7 and 42.7 of the sample: too few keys reach the gate when 27 sampled keys lie among
 the best ``TOPK`` (about one row in 50,000 of random scores, a binomial tail), more than ``CAP`` when
 at most 26 lie among the best ``CAP`` (about one row in 260). Were those rows left to the
-one-program row select (about 0.2 ms over a 196,608-key row, several times the rest of the step),
-a decode batch of 32 rows would pay it about one step in eight; with the trim, only rows past
-``BUF`` do (at most 26 sampled among the best 8,192 keys, expected 85: about one row in 10^12).
-A trim reads the buffer again, not the row: the same trim by a second read of the row, by one
-program, took longer than the row select (0.26 ms at 196,608 keys).
+one-program row select (one program streaming the whole row, several times the rest of the
+step), a decode batch of 32 rows would pay it about one step in eight; with the trim, only rows
+past ``BUF`` do (at most 26 sampled among the best 8,192 keys, expected 85: about one row in
+10^12). A trim reads the buffer again, not the row: a second read of the row by one program
+costs as much as the row select.
 """
 
 import triton
