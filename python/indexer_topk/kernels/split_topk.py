@@ -42,8 +42,8 @@ at most 26 lie among the best ``CAP`` (about one row in 260). Were those rows le
 one-program row select (one program streaming the whole row, several times the rest of the
 step), a decode batch of 32 rows would pay it about one step in eight; with the trim, only rows
 past ``BUF`` do (at most 26 sampled among the best 8,192 keys, expected 85: about one row in
-10^12). A trim reads the buffer again, not the row: a second read of the row by one program
-costs as much as the row select.
+10^13). A trim reads the buffer again, not the row: a second read of the row by one program
+costs more than the row select.
 """
 
 import triton
