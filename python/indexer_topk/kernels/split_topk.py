@@ -308,7 +308,10 @@ def finish_rows_kernel(
     if BINS > 0:
         if (n > TILE) & (count > CAP) & (count <= BUF):
             # more candidates than the registers hold, every one in the buffer and in its bin:
-            # trimmed to the bins from the k-th key's up where those hold few enough
+            # trimmed to the bins from the k-th key's up where those hold few enough. The trim
+            # reads the histogram itself, and the finish below reads it again: one read shared by
+            # both keeps the bins live across the candidates' load, and the kernel, at its
+            # register cap, then spills three times as much (compile_report.py, sm_90)
             all_bins = tl.load(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS))
             bnd0, above0, bucket0 = radix_digit(all_bins, TOPK)
             kept = above0 + bucket0
