@@ -76,7 +76,10 @@ def workloads(a, device):
 
 def profile(a, device) -> int:
     """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
-    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_TRIMMED, HOW_SEARCH, PROF_FIELDS
+    from indexer_topk.kernels import split_topk
+    from indexer_topk.kernels.split_topk import HOW_BINS, HOW_SEARCH, PROF_FIELDS
+
+    HOW_TRIMMED = getattr(split_topk, "HOW_TRIMMED", 0)  # builds before the trim have none
 
     settings = Settings(a.configs)
     lines = []
@@ -95,16 +98,33 @@ def profile(a, device) -> int:
             took = hows == (HOW_BINS if n_bins >= n_search else HOW_SEARCH)
             cyc = prof[took].double().median(dim=0).values.tolist() if bool(took.any()) else [float("nan")] * 4
             phases = {"load": cyc[0], "search": cyc[1] - cyc[0], "append": cyc[2] - cyc[1],
-                      "sort+write": cyc[3] - cyc[2], "all": cyc[3]}
+                      "sort+write": cyc[3] - cyc[2], "all": cyc[3], "slowest": float(prof[:, 3].max())}
             lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':16s} rows {w.rows:4d} bins {n_bins:4d} "
                          f"search {n_search:4d} trimmed {n_trimmed:4d}  " + "  ".join(f"{k} {v:8.0f}" for k, v in phases.items()))
             print(lines[-1], flush=True)
         keys = w = None  # freed before the next shape's workload is built
     settings.apply()
     print("\nfinishing kernel, SM cycles per row (median over the rows finished the commoner way: by bins, the\n"
-          "phases are the histogram read and checked, the runs placed, the ranks written)")
+          "phases are the histogram read and checked, the runs placed, the ranks written; slowest: any row's all)")
     print("\n".join(lines))
     return 0
+
+
+def report_registers() -> None:
+    """Registers and spilled bytes per thread of each split-select kernel this process compiled
+    (what the device's own Triton and ptxas made of them)."""
+    from indexer_topk.kernels import split_topk
+
+    for name in ("gate_rows_kernel", "gather_rows_kernel", "finish_rows_kernel"):
+        fn = getattr(split_topk, name)
+        for caches in getattr(fn, "device_caches", {}).values():
+            for kernel in caches[0].values():
+                try:
+                    kernel._init_handles()
+                    print(f"{name}: regs {kernel.n_regs} spills {kernel.n_spills} shared {kernel.metadata.shared} "
+                          f"warps {kernel.metadata.num_warps}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - a report, not a check
+                    print(f"{name}: {type(exc).__name__}: {exc}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -120,10 +140,14 @@ def main(argv=None) -> int:
                    help="spare page-table columns past the longest row (the serving mix uses 0)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "split_decode.json"))
     p.add_argument("--profile", action="store_true", help="the finishing kernel's phase cycles (PROF build)")
+    p.add_argument("--registers", action="store_true", help="print the split kernels' registers and spills at the end")
     a = p.parse_args(argv)
     device = "cuda"
     if a.profile:
-        return profile(a, device)
+        rc = profile(a, device)
+        if a.registers:
+            report_registers()
+        return rc
     settings = Settings(a.configs)
     records = []
     for pattern, shape, per_request, w in workloads(a, device):
@@ -160,6 +184,8 @@ def main(argv=None) -> int:
         kt = " ".join(f"{k.replace('_kernel', '')[:14]}={v:.4f}" for k, v in r["kernels"].items() if isinstance(v, float))
         print(f"{r['pattern']:10s} {r['shape']:10s} {r['config'][:44]:44s} {r['graph_ms']:9.4f} "
               f"{'Y' if r['matches_shipped'] else 'N'}   {kt}")
+    if a.registers:
+        report_registers()
     return 0
 
 

@@ -165,7 +165,9 @@ def gather_rows_kernel(
                     tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
-@triton.jit
+# a function of its own in the machine code: inlined, its two tiles raised the finishing
+# program's register pressure on every row, and rows that trim nothing paid for it in time
+@triton.jit(noinline=True)
 def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexpr):
     """Keep the entries of the candidate buffer ``ck`` (``count <= BUF`` of them, ``BUF = 8 *
     TOPK`` keys then as many positions) whose keys lie in bin ``low_bin`` or above, moved to its
