@@ -221,6 +221,69 @@ def test_recorder_marks_host_work_and_stray_arguments():
     assert "lies in 0" in rec.why_not
 
 
+
+def test_a_replay_makes_its_scratch_in_one_allocation():
+    """The recorded call's scratch tensors (any dtypes, shapes, strides, empty ones too) are made
+    as one allocation at replay, each at its own aligned offset, none overlapping another, with the
+    recorded shape and strides, on the current call's roots."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from indexer_topk.replay import SCRATCH_ALIGN
+
+    seen = []
+
+    class Kernel:  # records what each launch is given
+        arg_names = ["a", "b", "c"]
+
+        def __getitem__(self, grid):
+            return lambda *a, **k: seen.append(a)
+
+    def call(root):
+        a = torch.empty(5, dtype=torch.int32)
+        b = torch.empty_strided((3, 4), (8, 1), dtype=torch.float64)
+        torch.empty(0, dtype=torch.uint8)  # allocated, never launched with (no address to follow)
+        d = torch.empty(7, dtype=torch.int64)
+        launch(Kernel(), (1,), a, b, d)
+        launch(Kernel(), (1,), root[4:], b, a)
+
+    root = torch.zeros(64, dtype=torch.uint8)
+    with Recorder([root]) as rec:
+        call(root)
+    replay = rec.replay()
+    assert replay is not None and len(seen) == 2
+    recorded = seen[:]
+    seen.clear()
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func in (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default) and out.numel():
+                Count.n += 1  # (the interpreter's views of it start as empty tensors: not counted)
+            return out
+
+    other = torch.zeros(64, dtype=torch.uint8)
+    with Count():
+        replay.run([other], [other.data_ptr()], 0)
+    assert Count.n == 1, "one allocation of memory for the call's four scratch tensors"
+    assert replay.scratch_bytes == 3 * SCRATCH_ALIGN, "20, 184 and 56 bytes, each at an aligned offset"
+    first, second = seen
+    for new, old in zip(first, recorded[0]):
+        assert (new.dtype, new.shape, new.stride()) == (old.dtype, old.shape, old.stride())
+    base = min(t.data_ptr() for t in first if t.numel())
+    spans = sorted((t.data_ptr(), t.data_ptr() + storage_bytes(t)) for t in first)
+    for (s0, e0), (s1, _) in zip(spans, spans[1:]):
+        assert e0 <= s1, "scratch tensors overlap"
+    assert all((t.data_ptr() - base) % SCRATCH_ALIGN == 0 for t in first)
+    assert second[0].data_ptr() == other.data_ptr() + 4, "the root's view follows the new root"
+    assert second[1].data_ptr() == first[1].data_ptr() and second[2].data_ptr() == first[0].data_ptr()
+
+
+def storage_bytes(t):
+    return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
+
+
 def gpu_batch(layout, seed, decode):
     if decode:
         return make_workload(layout, context_tokens=[131072] * 8, rows_per_request=[1] * 8, topk=1024, seed=seed,

@@ -13,7 +13,7 @@ So the first call of a signature runs the backend as written, under a :class:`Re
 
 - every launch made through :func:`launch` is kept with the compiled kernel Triton returned,
   each tensor argument (and each tensor descriptor's base) as ``(root, byte offset)``;
-- every scratch allocation is kept as a step that allocates again;
+- every scratch allocation is kept as a step that allocates again (a replay makes them as one);
 - every other torch operation on the host (``torch.topk``, ``zero_``, a read of a value)
   marks the call as not replayable: its host work depends on more than the signature;
 - every environment flag the backend reads is kept with its value
@@ -48,6 +48,7 @@ INTERPRETER_LOCK = threading.RLock()
 
 _LOCAL = threading.local()
 _ALLOCATIONS = (torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default)
+SCRATCH_ALIGN = 512  # bytes: the CUDA caching allocator's block alignment
 
 
 class NotReplayable(Exception):
@@ -225,19 +226,25 @@ class Recorder:
             self.fail(f"a launch of {kernel} returned {type(compiled).__name__}")
 
     def replay(self) -> Optional["Replay"]:
+        if len({s.device for s in self.steps if isinstance(s, _Alloc)}) > 1:
+            self.fail("its scratch lies on two devices")
         if self.why_not is not None:
             return None
         return Replay(tuple(self.steps), tuple(self.env.items()))
 
 
 class _Alloc:
-    __slots__ = ("shape", "stride", "dtype", "device")
+    __slots__ = ("shape", "stride", "dtype", "device", "offset")
 
     def __init__(self, shape, stride, dtype, device):
         self.shape, self.stride, self.dtype, self.device = shape, stride, dtype, device
+        self.offset = 0  # its byte offset in the replay's one scratch allocation (Replay)
 
-    def make(self) -> torch.Tensor:
-        return torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device=self.device)
+    @property
+    def nbytes(self) -> int:
+        if any(n == 0 for n in self.shape):
+            return 0
+        return (1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride))) * self.dtype.itemsize
 
 
 class _Launch:
@@ -298,12 +305,21 @@ class Replay:
     they still hold.
     """
 
-    __slots__ = ("steps", "env", "compiled")
+    __slots__ = ("steps", "env", "compiled", "scratch_bytes", "device")
 
     def __init__(self, steps, env):
         self.steps = steps
         self.env = env
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
+        # the call's scratch allocations, made as one at the start of a replay: one allocator
+        # call instead of one per tensor (each offset aligned as the allocator aligns its blocks)
+        allocs = [s for s in steps if isinstance(s, _Alloc)]
+        end = 0
+        for a in allocs:
+            a.offset = end
+            end += -(-a.nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        self.scratch_bytes = end
+        self.device = allocs[0].device if allocs else None
 
     def matches_env(self) -> bool:
         environ = os.environ
@@ -317,14 +333,16 @@ class Replay:
         ``ptrs`` their addresses) on ``stream`` (a raw CUDA stream; unused when interpreted)."""
         ptrs = list(ptrs)
         tensors = list(roots) if not self.compiled else None
-        keep = []  # scratch lives until its kernels are queued; the allocator orders reuse by stream
+        # scratch lives until its kernels are queued; the allocator orders reuse by stream
+        scratch = base = None
+        if self.device is not None:
+            scratch = torch.empty(self.scratch_bytes, dtype=torch.uint8, device=self.device)
+            base = scratch.data_ptr()
         for step in self.steps:
             if isinstance(step, _Alloc):
-                t = step.make()
-                keep.append(t)
-                ptrs.append(t.data_ptr())
+                ptrs.append(base + step.offset)
                 if tensors is not None:
-                    tensors.append(t)
+                    tensors.append(_view_at(scratch, step.offset, step.dtype, step.shape, step.stride))
             else:
                 step.run(ptrs, tensors, stream)
 
