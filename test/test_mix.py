@@ -72,15 +72,15 @@ def _reroute_module():
 
 
 def test_committed_mix_is_one_calls_run():
-    """The committed serving mix is the run of one device call at ac898f6 (every shape, with
+    """The committed serving mix is the run of one device call at cfb45cb (every shape, with
     ``--retune``), as its log's folder keeps it: the same records and summary."""
     from pathlib import Path
 
     results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
-    run = json.loads((results / "serving_mix" / "ac898f6" / "serving_mix_run1.json").read_text())
+    run = json.loads((results / "serving_mix" / "cfb45cb" / "serving_mix_run1.json").read_text())
     want = json.loads((results / "serving_mix_nvidia-h200.json").read_text())
     assert run["records"] == want["records"] and run["summary"] == want["summary"]
-    assert want["env"]["commit"] == "ac898f6"
+    assert want["env"]["commit"] == "cfb45cb"
     assert len(want["records"]) == 33 and all(r["matches_legacy"] for r in want["records"])
 
 
