@@ -21,6 +21,7 @@ last; the JSON goes to ``--out``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -110,6 +111,15 @@ def profile(a, device) -> int:
     return 0
 
 
+def output_digest(out) -> str:
+    """A short hash of the four outputs' bytes: equal across builds on the same workload (same
+    ``--seed``) where their bits are equal."""
+    h = hashlib.sha256()
+    for t in out:
+        h.update(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
 def report_registers() -> None:
     """Registers and spilled bytes per thread of each split-select kernel this process compiled
     (what the device's own Triton and ptxas made of them)."""
@@ -168,12 +178,13 @@ def main(argv=None) -> int:
                 same = True if ref is None else bitwise_equal(out, ref)
                 if ref is None:
                     ref = type(out)(*(t.clone() for t in out))
+                digest = output_digest(out)
             except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
-                ms, kt, same = float("nan"), {"error": f"{type(exc).__name__}: {exc}"[:300]}, None
+                ms, kt, same, digest = float("nan"), {"error": f"{type(exc).__name__}: {exc}"[:300]}, None, None
             rec = {"pattern": pattern, "shape": shape, "config": text or "shipped", "graph_ms": ms,
-                   "kernels": kt, "matches_shipped": same}
+                   "kernels": kt, "matches_shipped": same, "digest": digest}
             records.append(rec)
-            print(f"{pattern} {shape} {rec['config']}: {ms:.4f} ms eq={same} "
+            print(f"{pattern} {shape} {rec['config']}: {ms:.4f} ms eq={same} digest={digest} "
                   + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in kt.items()),
                   flush=True)
         w = ref = out = None  # freed before the next shape's workload is built
