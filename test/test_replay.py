@@ -267,7 +267,7 @@ def test_a_replay_makes_its_scratch_in_one_allocation():
     with Count():
         replay.run([other], [other.data_ptr()], 0)
     assert Count.n == 1, "one allocation of memory for the call's four scratch tensors"
-    assert replay.scratch_bytes == 3 * SCRATCH_ALIGN, "20, 184 and 56 bytes, each at an aligned offset"
+    assert replay.scratch_bytes == 3 * SCRATCH_ALIGN, "20, 160 and 56 bytes, each at an aligned offset"
     first, second = seen
     for new, old in zip(first, recorded[0]):
         assert (new.dtype, new.shape, new.stride()) == (old.dtype, old.shape, old.stride())
@@ -280,9 +280,56 @@ def test_a_replay_makes_its_scratch_in_one_allocation():
     assert second[1].data_ptr() == first[1].data_ptr() and second[2].data_ptr() == first[0].data_ptr()
 
 
+def test_a_compiled_replay_gives_each_scratch_tensor_its_own_bytes():
+    """Compiled launches get addresses, not tensors: each scratch tensor's at its offset in the one
+    allocation, past the whole of the tensor before it (strided ones too: a key matrix of padded
+    rows, a stride-0 broadcast), and every argument keeps its byte offset into its tensor."""
+    from indexer_topk.replay import SCRATCH_ALIGN
+
+    got = []
+
+    class Compiled:  # what the recorder reads of a compiled launch, and a launcher that records
+        function, packed_metadata = 0, None
+
+        def run(self, gx, gy, gz, stream, function, metadata, h1, h2, h3, *params):
+            got.append(params)
+
+    class Kernel:
+        arg_names = ["a", "b", "c"]
+
+        def __getitem__(self, grid):
+            def go(*args, **kwargs):
+                got.append(tuple(t.data_ptr() for t in args))
+                return Compiled()
+            return go
+
+    root = torch.zeros(64, dtype=torch.uint8)
+    with Recorder([root]) as rec:
+        keys = torch.empty_strided((3, 100), (256, 1), dtype=torch.float32)  # 2,448 bytes
+        flat = torch.empty(5000, dtype=torch.int32)  # 20,000 bytes
+        wide = torch.empty(4, dtype=torch.int64).expand(6, 4)  # stride 0: 32 bytes
+        launch(Kernel(), (1,), keys[1:], flat[100:], wide)
+        launch(Kernel(), (1,), root[16:], keys, flat)
+    replay = rec.replay()
+    assert replay is not None and replay.compiled
+    sizes = [keys.untyped_storage().nbytes(), flat.untyped_storage().nbytes(), wide.untyped_storage().nbytes()]
+    allocs = [s for s in replay.steps if not hasattr(s, "run")]
+    assert [a.nbytes for a in allocs] == sizes == [2448, 20000, 32]
+    assert replay.scratch_bytes == sum(-(-n // SCRATCH_ALIGN) * SCRATCH_ALIGN for n in sizes)
+    got.clear()
+    other = torch.zeros(64, dtype=torch.uint8)
+    replay.run([other], [other.data_ptr()], 0)
+    (k1, f1, w1), (r2, k2, f2) = got
+    assert r2 == other.data_ptr() + 16
+    assert (k1 - k2, f1 - f2) == (1024, 400), "each argument keeps its offset into its tensor"
+    starts = sorted([(k2, sizes[0]), (f2, sizes[1]), (w1, sizes[2])])
+    for (a, n), (b, _) in zip(starts, starts[1:]):
+        assert a + n <= b, "scratch tensors overlap"
+    assert all((a - starts[0][0]) % SCRATCH_ALIGN == 0 for a, _ in starts)
+
+
 def storage_bytes(t):
     return (1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))) * t.element_size()
-
 
 def gpu_batch(layout, seed, decode):
     if decode:

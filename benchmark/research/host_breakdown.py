@@ -79,12 +79,13 @@ def main():
         ptrs = [None if t is None else t.data_ptr() for t in tensors]
         stream = calls.raw_stream(torch.device("cuda"))
         t_rep = host_us(lambda: rep.run(tensors, ptrs, stream), 200, "cuda")
-        per, full, keep = [], list(ptrs), []
+        per, full = [], list(ptrs)
+        scratch = torch.empty(rep.scratch_bytes, dtype=torch.uint8, device="cuda")  # the replay's one allocation
+        if rep.scratch_bytes:
+            per.append(f"alloc {host_us(lambda: torch.empty(rep.scratch_bytes, dtype=torch.uint8, device='cuda'), 200, 'cuda'):.1f}")
         for step in rep.steps:
             if isinstance(step, replay._Alloc):
-                keep.append(step.make())
-                full.append(keep[-1].data_ptr())
-                per.append("alloc")
+                full.append(scratch.data_ptr() + step.offset)
             else:
                 us = host_us(lambda: step.run(full, None, stream), 200, "cuda")
                 per.append(f"{us:.1f}({len(step.template)}a,{len(step.descs)}d)")

@@ -19,11 +19,11 @@ So the first call of a signature runs the backend as written, under a :class:`Re
 - every environment flag the backend reads is kept with its value
   (:func:`note_env`, called by :mod:`indexer_topk.envs`).
 
-A later call of the signature calls :meth:`Replay.run`: the same allocations, then each
-kernel with the new addresses, on the current stream: through the CUDA driver with a parameter
-block built at recording (:mod:`indexer_topk.kernels.driver_launch`, where it reproduces the
-launch exactly and ``INDEXER_TOPK_DRIVER_LAUNCH`` is on), else through the kernel's Triton
-launcher directly. Under Triton's interpreter (no compiled kernels) a replay rebuilds each
+A later call of the signature calls :meth:`Replay.run`: the same allocations (as one), then
+each kernel with the new addresses, on the current stream: through the CUDA driver with a
+parameter block built at recording (:mod:`indexer_topk.kernels.driver_launch`, where it
+reproduces the launch exactly and ``INDEXER_TOPK_DRIVER_LAUNCH`` is on), else through the
+kernel's Triton launcher directly. Under Triton's interpreter (no compiled kernels) a replay rebuilds each
 tensor argument as a view of the new roots and launches through the interpreter, so the same
 mapping runs on a CPU.
 
