@@ -144,6 +144,25 @@ def test_argument_types_are_told_apart_from_equal_values():
         indexer_topk.indexer_topk(*w.args(), **kwargs, backend="fused", out=poisoned(w))
 
 
+
+@pytest.mark.parametrize("backend", ["reference", "legacy"])
+def test_a_negative_zero_weight_scale_is_told_apart_from_zero(backend):
+    """``-0.0 == 0.0`` (and they hash alike), but a zero scale's sign decides the ranking (``+0``
+    above ``-0``): a call with one after a call with the other, same shapes, gets its own bits."""
+    w = batch(seed=4)
+
+    def call(scale):
+        kwargs = {**w.kwargs(), "weight_scale": scale}
+        return indexer_topk.indexer_topk(*w.args(), **kwargs, backend=backend, check_values=False)
+
+    with envs.INDEXER_TOPK_REPLAY.override(False):
+        positive, negative = call(0.0), call(-0.0)  # (a dict keyed by the scales would hold one)
+    assert not torch.equal(positive.raw_indices, negative.raw_indices), "the sign must matter here"
+    for first, second, truth in ((0.0, -0.0, negative), (-0.0, 0.0, positive)):
+        api._KNOWN.clear()
+        call(first)
+        assert_bitwise(call(second), truth, f"{second} after {first}")
+
 def test_an_environment_flag_the_recorded_call_read_invalidates_its_replay(monkeypatch):
     """A flag the backend read while recorded, changed since: the call is recorded again."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "radix")

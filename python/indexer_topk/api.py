@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -187,8 +188,11 @@ def indexer_topk(
     ):
         raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
     outs = tuple(out) if isinstance(out, tuple) and len(out) == 4 else (None,) * 4
-    scalars = (type(topk), topk, type(layout), layout, type(weight_scale), weight_scale, backend, type(check_values),
-               check_values, rows_per_request, out is None, torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
+    # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
+    negative_zero = isinstance(weight_scale, float) and weight_scale == 0.0 and math.copysign(1.0, weight_scale) < 0
+    scalars = (type(topk), topk, type(layout), layout, type(weight_scale), weight_scale, negative_zero, backend,
+               type(check_values), check_values, rows_per_request, out is None,
+               torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
     key, ptrs = signature(tensors, scalars)
     known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None

@@ -540,7 +540,9 @@ def _fp32_weight_scale(weight_scale) -> float:
         value = float(weight_scale)
         rounded = struct.unpack("f", struct.pack("f", value))[0]  # no tensor: this runs on every call
     except OverflowError:
-        raise ValueError(f"weight_scale: {weight_scale!r} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
+        # (an int's digits past 4,300 cannot even be printed)
+        shown = f"an int of {weight_scale.bit_length()} bits" if isinstance(weight_scale, int) else repr(weight_scale)
+        raise ValueError(f"weight_scale: {shown} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
     if not math.isfinite(rounded):
         raise ValueError(f"weight_scale: {value!r} is not a finite fp32 number (at most {FP32_MAX:.7g} in magnitude)")
     if value != 0 and abs(rounded) < FP32_TINY:
