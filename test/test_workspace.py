@@ -92,6 +92,34 @@ def test_workspace_within_16_mib_on_a_132_sm_gpu(monkeypatch):
     fused._max_plan_bytes.cache_clear()
 
 
+
+@pytest.mark.parametrize("num_splits", [None, 4])
+def test_workspace_size_of_any_rows_is_the_largest_plan_up_to_them(num_splits, monkeypatch):
+    """``workspace_size`` is the largest plan of every call up to ``rows`` rows without forming
+    them all (a billion rows is a question an engine may ask): equal to that maximum on a small
+    GPU across the row counts where the plan still changes, and the same from there to 10**9."""
+    from indexer_topk.backends import fused
+
+    monkeypatch.setattr(fused, "device_sm_count", lambda device: 6)
+    fused._max_plan_bytes.cache_clear()
+    slots = fused.program_slots("cpu")
+    for one_wave, limit in ((False, slots), (True, 6)):
+        for group in (1, 2):
+            for rows in (0, 1, 2, 5, limit * group - 1, limit * group, limit * group + 1, 3 * limit * group):
+                brute = max(fused._plan(r, 1024, limit, num_splits, None, group, one_wave).nbytes
+                            for r in range(1, max(rows, 1) + 1))
+                assert fused._max_plan_bytes(rows, 1024, limit, num_splits, None, group, one_wave) == brute
+    if num_splits is None:  # beyond every slot's group the plan is constant
+        plans = []
+        real_plan = fused._plan
+        monkeypatch.setattr(fused, "_plan", lambda *a: plans.append(a) or real_plan(*a))
+        fused._max_plan_bytes.cache_clear()
+        size = fused_workspace_size(10**5, 1024, "sglang_fp8", "cpu")
+        assert len(plans) <= 3 * (2 * slots + 1), "plans formed for rows where nothing changes"
+        assert size == fused_workspace_size(10**9, 1024, "sglang_fp8", "cpu") == fused_workspace_size(
+            4 * slots, 1024, "sglang_fp8", "cpu")
+    fused._max_plan_bytes.cache_clear()
+
 def test_fused_workspace_too_small_or_misaligned(wl, monkeypatch):
     _refuse_kernels(monkeypatch)
     n = plan_fused(wl.rows, wl.topk, "cpu").nbytes  # this call's own need

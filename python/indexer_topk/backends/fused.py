@@ -215,8 +215,14 @@ def fused_workspace_size(
 
 @functools.lru_cache(maxsize=256)
 def _max_plan_bytes(rows, topk, slots, num_splits, pool, group, one_wave) -> int:
-    # A smaller call may split its rows and need more than a larger one: take the largest.
-    return max(_plan(r, topk, slots, num_splits, pool, group, one_wave).nbytes for r in range(1, max(rows, 1) + 1))
+    # A smaller call may split its rows and need more than a larger one: take the largest. From
+    # ``slots * group`` rows on, every slot holds a group and nothing is split, so the plan stops
+    # changing; with the splits fixed by the caller every area grows with the rows, so the
+    # largest call needs the most.
+    rows = max(rows, 1)
+    last = min(rows, slots * group)
+    sizes = (_plan(r, topk, slots, num_splits, pool, group, one_wave).nbytes for r in (*range(1, last + 1), rows))
+    return max(sizes)
 
 
 def _carve(workspace: torch.Tensor, plan: FusedPlan):
