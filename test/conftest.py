@@ -103,3 +103,13 @@ def leaves_no_fake_installed():
     import fake_aiter
 
     assert fake_aiter.leftovers() == []
+
+
+@pytest.fixture(autouse=True)
+def env_warnings_start_afresh():
+    """An unreadable environment value warns once per process; each test starts with none
+    warned about, so its own reads warn as in a fresh process."""
+    from indexer_topk import envs as envs_module
+
+    envs_module._WARNED.clear()
+    yield

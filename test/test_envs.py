@@ -40,10 +40,23 @@ def test_kill_switch_unreadable_value_fails_safe(raw, caplog):
     with caplog.at_level(logging.INFO, logger="indexer_topk"):
         p = PathPolicy(probe_environment(env), logger=logging.getLogger("indexer_topk.test"))
     assert p.probe.fused_enabled is False
-    assert [r.levelno for r in caplog.records] == [logging.WARNING, logging.INFO]  # one warning, one path line
+    # the path line only: the value was warned about above (once a process), and the line says why
+    assert [r.levelno for r in caplog.records] == [logging.INFO]
     assert p.route(layout="sglang_fp8", capturing=False) == "legacy"
     assert f"SGLANG_DSV4_FP4_FUSED_TOPK={raw!r} is not a recognised value" in p.reason
 
+
+
+def test_an_unreadable_value_warns_once_a_process(caplog):
+    """Flags read on every call (the replay's, the launches', the logits budget) would repeat
+    their warning per call: each variable and value warns once; another value warns again."""
+    with caplog.at_level(logging.WARNING, logger="indexer_topk"):
+        for _ in range(3):
+            assert envs.INDEXER_TOPK_REPLAY.get({"INDEXER_TOPK_REPLAY": "maybe"}) is False
+            assert envs.INDEXER_TOPK_LOGITS_BUDGET_MB.get({"INDEXER_TOPK_LOGITS_BUDGET_MB": "lots"}) > 0
+        assert len(caplog.records) == 2
+        envs.INDEXER_TOPK_REPLAY.get({"INDEXER_TOPK_REPLAY": "perhaps"})
+    assert len(caplog.records) == 3 and "'perhaps'" in caplog.records[-1].getMessage()
 
 @pytest.mark.parametrize("raw", ["", " \t"])
 def test_fail_safe_switch_set_but_empty_is_unreadable(raw, caplog):

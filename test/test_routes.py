@@ -6,6 +6,7 @@ import dataclasses
 import importlib.util
 import json
 import logging
+import os
 import subprocess
 from pathlib import Path
 
@@ -223,6 +224,19 @@ def test_unreadable_file_is_a_routes_error(tmp_path, content):
     with pytest.raises(RoutesError):
         routes.load_table("bad\x00name.json")
 
+
+
+def test_a_file_too_large_for_a_table_is_refused_unread(tmp_path, monkeypatch):
+    """An endless file (``/dev/zero`` where it exists) or one past the cap is refused after
+    reading at most the cap: it is not read until memory runs out."""
+    monkeypatch.setattr(routes, "MAX_TABLE_BYTES", 64)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps(doc(entry())))
+    with pytest.raises(RoutesError, match="more than 64 bytes"):
+        routes.load_table(big)
+    if os.path.exists("/dev/zero"):
+        with pytest.raises(RoutesError, match="more than 64 bytes"):
+            routes.load_table("/dev/zero")
 
 # ---------------------------------------------------------------------------------------------
 # INDEXER_TOPK_ROUTES: the policy uses the file, or warns once and falls back

@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no"})
+_WARNED: set = set()  # (variable, value) pairs already warned about
 
 
 class EnvField(Generic[T]):
@@ -95,12 +96,17 @@ class EnvField(Generic[T]):
         try:
             return self._parse_set(raw)
         except ValueError as exc:
+            # once per variable and value: flags read on every call would repeat it per call
+            first = (self.name, raw) not in _WARNED
+            _WARNED.add((self.name, raw))
             if self.invalid is not EnvField._UNSET:
-                logger.warning("%s=%r is not valid (%s); read as %r, the fail-safe value: %s",
-                               self.name, raw, exc, self.invalid, self.invalid_means)
+                if first:
+                    logger.warning("%s=%r is not valid (%s); read as %r, the fail-safe value: %s",
+                                   self.name, raw, exc, self.invalid, self.invalid_means)
                 return self.invalid
             default = self.default_value()
-            logger.warning("%s=%r is not valid (%s); using the default %r", self.name, raw, exc, default)
+            if first:
+                logger.warning("%s=%r is not valid (%s); using the default %r", self.name, raw, exc, default)
             return default
 
     def readable(self, environ: Optional[Mapping[str, str]] = None) -> bool:

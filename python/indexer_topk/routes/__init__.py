@@ -64,6 +64,9 @@ VENDORS = {"cuda": "nvidia", "hip": "amd"}
 # The engine's own path keeps a shape unless ours measured more than this fraction faster: the
 # engine's path is the one it was validated with, and its timings often come from another run.
 ENGINE_MARGIN = 0.05
+# A table is tens of kilobytes; a file past this is not one (and an endless one, such as a
+# device file, would otherwise be read until memory runs out, in every process that loads it).
+MAX_TABLE_BYTES = 16 << 20
 # Modes whose calls beyond the largest measured shape take the largest bucket (prefill work
 # only grows there); decode and capture beyond it take the proven rule.
 GROWS = frozenset({"prefill"})
@@ -288,9 +291,13 @@ def load_table(path, *, shipped: bool = False) -> Table:
     be read, is not JSON or is not a valid table."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            data = f.read(MAX_TABLE_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, ValueError) as exc:  # ValueError: undecodable bytes, a NUL in the path
         raise RoutesError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from None
+    if len(data) > MAX_TABLE_BYTES:
+        raise RoutesError(f"{path}: more than {MAX_TABLE_BYTES} bytes, not a routes table")
     try:
         doc = json.loads(text)
     except ValueError as exc:
