@@ -572,3 +572,17 @@ def test_order_keys_total_order():
     # NaN at position 0 stays below -inf at the last position
     nn = order_keys(torch.tensor([float("nan"), float("-inf")]), torch.tensor([0, 2**31 - 1]))
     assert nn[1] > nn[0]
+
+
+def test_outputs_that_require_grad_are_written_as_the_kernels_write_them():
+    """An output tensor that requires grad (a leaf) is written in place, not refused after the
+    work by autograd: the same bits as into plain outputs (the operator has no gradient)."""
+    from indexer_topk.contract import allocate_result
+
+    w = make_workload("sglang_fp8", context_tokens=[3000], rows_per_request=[2], topk=512, seed=3, device="cpu")
+    plain = indexer_topk(*w.args(), **w.kwargs(), backend="reference")
+    out = allocate_result(w.rows, w.topk, "cpu")
+    out = out._replace(values=out.values.requires_grad_())
+    got = indexer_topk(*w.args(), **w.kwargs(), backend="reference", out=out)
+    assert got.values is out.values and got.values.requires_grad
+    assert_bitwise(got, plain, "reference into an output that requires grad")

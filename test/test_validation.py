@@ -150,7 +150,11 @@ def test_wrong_shape(layout, no_kernel):
         expect(name, args, layout=layout, message="expected shape")
         args = small(layout)
         args[name] = args[name].unsqueeze(-1)
-        expect(name, args, layout=layout, message="expected shape")
+        expect(name, args, layout=layout, message=r"expected \d+ dimensions, got \d+ \(shape ")
+        if name == "k_cache":  # flattened: the message names the dimensions, not sizes taken from the wrong one
+            args = small(layout)
+            args[name] = args[name].view(-1)
+            expect(name, args, layout=layout, message=rf"expected {small(layout)[name].dim()} dimensions, got 1")
     # rows are taken from q: every other per-row tensor must agree
     for name in ("q_scale", "weights", "page_table", "seq_lens"):
         args = small(layout)

@@ -26,8 +26,9 @@ def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> Indexe
     res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale)
     if out is None:
         return res
-    for dst, src in zip(out, res):
-        dst.copy_(src)
+    with torch.no_grad():  # as the kernels write: an output that requires grad is written, not traced
+        for dst, src in zip(out, res):
+            dst.copy_(src)
     return out
 
 

@@ -260,6 +260,8 @@ def _expect_tensor(name, t, dtype, shape, device):
         raise ValueError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+    if t.dim() != len(shape):  # (the expected shape would take its sizes from the wrong dimensions)
+        raise ValueError(f"{name}: expected {len(shape)} dimensions, got {t.dim()} (shape {list(t.shape)})")
     if tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     if device is not None and t.device != device:
