@@ -14,10 +14,15 @@ def test_parse_tokens(text, tokens):
     assert options.parse_tokens(options.format_tokens(tokens)) == tokens
 
 
-@pytest.mark.parametrize("text", ["", "12X", "1.5M", "-4K", "0"])
+@pytest.mark.parametrize("text", ["", "12X", "1.5M", "-4K", "0", "8589934589", "8193M", "99999999999999M"])
 def test_parse_tokens_rejects(text):
+    """Not a count, not positive, or past what int32 C4 positions index (no allocation is tried)."""
     with pytest.raises(ValueError):
         options.parse_tokens(text)
+
+
+def test_parse_tokens_takes_the_largest_count_int32_positions_index():
+    assert options.parse_tokens(str(options.MAX_TOKENS)) == options.MAX_TOKENS == 4 * (2**31 - 1)
 
 
 def test_parse_list_names_the_option():

@@ -10,14 +10,15 @@ from typing import Callable, Sequence
 from .contract import Layout
 
 K = 1024
+MAX_TOKENS = 4 * 2**31 - 4  # raw tokens whose C4 positions all fit an int32 index
 LAYOUTS = tuple(x.value for x in Layout)
 
 
 def parse_tokens(text) -> int:
     """Token count from ``"65536"``, ``"64K"``, ``"768k"`` or ``"1M"`` (K = 1024, M = 1024**2).
 
-    An ``int`` is returned as it is; anything else that is not a positive count raises
-    ``ValueError``.
+    An ``int`` is returned as it is; anything else that is not a positive count of at most
+    :data:`MAX_TOKENS` raises ``ValueError``.
     """
     if isinstance(text, int):
         return text
@@ -27,6 +28,8 @@ def parse_tokens(text) -> int:
     n = int(m.group(1)) * {"": 1, "k": K, "m": K * K}[m.group(2).lower()]
     if n <= 0:
         raise ValueError(f"token count must be positive, got {text!r}")
+    if n > MAX_TOKENS:
+        raise ValueError(f"token count {text!r} is past {format_tokens(MAX_TOKENS)}: a C4 position (tokens // 4) is an int32")
     return n
 
 
