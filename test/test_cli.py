@@ -9,6 +9,7 @@ rule of :mod:`indexer_topk.compare`.
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import types
@@ -675,6 +676,12 @@ def test_tune_refuses_the_shipped_table_an_existing_file_and_bad_shapes(tune, tm
     status, mix = tune(["--out", str(tmp_path / "u.json"), "--shapes", "nothing_like_it"])
     assert status == 2 and "decode_64" in capsys.readouterr().err and not (tmp_path / "u.json").exists()
     assert tune(["--out", str(tmp_path)])[0] == 2  # a folder
+    if hasattr(os, "mkfifo"):  # a pipe (or a device): renamed over, it would become a plain file
+        fifo = tmp_path / "pipe.json"
+        os.mkfifo(fifo)
+        status, mix = tune(["--out", str(fifo), "--force"])
+        assert status == 2 and mix.calls == [] and "not a regular file" in capsys.readouterr().err
+        assert stat.S_ISFIFO(fifo.stat().st_mode)
 
 
 def test_tune_from_records(cli, tmp_path, capsys):

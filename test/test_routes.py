@@ -234,9 +234,31 @@ def test_a_file_too_large_for_a_table_is_refused_unread(tmp_path, monkeypatch):
     big.write_text(json.dumps(doc(entry())))
     with pytest.raises(RoutesError, match="more than 64 bytes"):
         routes.load_table(big)
-    if os.path.exists("/dev/zero"):
-        with pytest.raises(RoutesError, match="more than 64 bytes"):
+    if os.path.exists("/dev/zero"):  # endless: refused as no regular file, before a read
+        with pytest.raises(RoutesError, match="not a regular file"):
             routes.load_table("/dev/zero")
+    with pytest.raises(RoutesError, match="more than 64 bytes"):
+        routes.table_from_file(big)
+
+
+@pytest.mark.parametrize("axis", ["rows", "c4"])
+def test_entries_past_int64_are_refused_by_name(axis):
+    """A row count or context no tensor can hold is a field error, not an overflow in the
+    grid's cut points; a huge value is named by its size."""
+    for value, shown in ((2**63, "9223372036854775808"), (10**400, "an int of 1329 bits")):
+        with pytest.raises(RoutesError, match=rf"entries\[0\]\.{axis}: expected a positive int below 2\*\*63, got {shown}"):
+            routes.parse_table(doc(entry(**{axis: value})))
+    assert routes.parse_table(doc(entry(**{axis: 2**63 - 1})))
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_pipe_is_refused_without_blocking(tmp_path):
+    """A named pipe with no writer would block the reader (the policy's build, under its lock)."""
+    fifo = tmp_path / "table.json"
+    os.mkfifo(fifo)
+    with pytest.raises(RoutesError, match="not a regular file"):
+        routes.load_table(fifo)
+    with pytest.raises(RoutesError, match="not a regular file"):
+        routes.table_from_file(fifo)
 
 # ---------------------------------------------------------------------------------------------
 # INDEXER_TOPK_ROUTES: the policy uses the file, or warns once and falls back

@@ -593,6 +593,8 @@ def cmd_tune(a, device) -> int:
                        "write elsewhere and set INDEXER_TOPK_ROUTES to that file")
     if out.is_dir():
         raise CliError(f"--out: {out} is a folder; name a file")
+    if out.exists() and not out.is_file():  # a device, a pipe: renamed over, it would become a plain file
+        raise CliError(f"--out: {out} is not a regular file; name a file")
     if out.exists() and not a.force:
         raise CliError(f"--out: {out} exists; pass --force to replace it")
     sglang_timed = None

@@ -234,11 +234,17 @@ class Table:
 
 def _need(cond: bool, name: str, where: str, what: str, got: Any) -> None:
     if not cond:
-        raise RoutesError(f"{name}: {where}: expected {what}, got {got!r}")
+        if isinstance(got, int) and not isinstance(got, bool) and got.bit_length() > 64:
+            shown = f"an int of {got.bit_length()} bits"  # (past 4,300 digits Python cannot print it)
+        else:
+            shown = repr(got)
+            shown = shown if len(shown) <= 200 else shown[:200] + "..."
+        raise RoutesError(f"{name}: {where}: expected {what}, got {shown}")
 
 
 def _positive_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+    # below 2**63: a count a tensor can hold (and the grid's float cut points can take)
+    return isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**63
 
 
 def _validate(doc: Any, name: str):
@@ -267,7 +273,7 @@ def _validate(doc: Any, name: str):
         _need(e.get("mode") in MODES, name, f"{where}.mode", f"one of {MODES}", e.get("mode"))
         _need(e.get("topk") in SUPPORTED_TOPK, name, f"{where}.topk", f"one of {SUPPORTED_TOPK}", e.get("topk"))
         for axis in ("rows", "c4"):
-            _need(_positive_int(e.get(axis)), name, f"{where}.{axis}", "a positive int", e.get(axis))
+            _need(_positive_int(e.get(axis)), name, f"{where}.{axis}", "a positive int below 2**63", e.get(axis))
         _need(e.get("ours") in OURS, name, f"{where}.ours", f"one of {OURS}", e.get("ours"))
         _need(e.get("backend") in (ENGINE, e["ours"]), name, f"{where}.backend", f"'engine' or ours ({e['ours']!r})",
               e.get("backend"))
@@ -286,18 +292,29 @@ def parse_table(doc: Any, *, name: str = "records", path: Optional[str] = None, 
     return Table(doc, name=name, path=path, shipped=shipped)
 
 
-def load_table(path, *, shipped: bool = False) -> Table:
-    """Read and validate one table file; :class:`RoutesError` (a ``ValueError``) if it cannot
-    be read, is not JSON or is not a valid table."""
-    p = Path(path)
+def _read_capped(p: Path, path, what: str) -> str:
+    """The text of a regular file of at most :data:`MAX_TABLE_BYTES`; :class:`RoutesError` naming
+    ``path`` otherwise (a pipe would block the reader, a device file never end)."""
     try:
+        if not p.is_file():
+            raise RoutesError(f"{path}: not a regular file, not {what}")
         with p.open("rb") as f:
             data = f.read(MAX_TABLE_BYTES + 1)
         text = data.decode("utf-8")
     except (OSError, ValueError) as exc:  # ValueError: undecodable bytes, a NUL in the path
+        if isinstance(exc, RoutesError):
+            raise
         raise RoutesError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from None
     if len(data) > MAX_TABLE_BYTES:
-        raise RoutesError(f"{path}: more than {MAX_TABLE_BYTES} bytes, not a routes table")
+        raise RoutesError(f"{path}: more than {MAX_TABLE_BYTES} bytes, not {what}")
+    return text
+
+
+def load_table(path, *, shipped: bool = False) -> Table:
+    """Read and validate one table file; :class:`RoutesError` (a ``ValueError``) if it cannot
+    be read, is not JSON or is not a valid table."""
+    p = Path(path)
+    text = _read_capped(p, path, "a routes table")
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -383,7 +400,7 @@ def _check_record(r: Any, i: int, source: str) -> None:
     _need(r.get("topk") in SUPPORTED_TOPK, source, f"{where}.topk", f"one of {SUPPORTED_TOPK}", r.get("topk"))
     for k in ("rows", "context_tokens"):
         _need(_positive_int(r.get(k)) and (k != "context_tokens" or r[k] >= 4), source, f"{where}.{k}",
-              "a positive int (context: at least 4 tokens)", r.get(k))
+              "a positive int below 2**63 (context: at least 4 tokens)", r.get(k))
     cands = r.get("candidates")
     _need(isinstance(cands, dict) and all(k in OURS and isinstance(v, (int, float)) and v > 0 for k, v in cands.items()),
           source, f"{where}.candidates", f"{{backend: ms}} with backends from {OURS}", cands)
@@ -509,9 +526,10 @@ def device_from_env(env: Mapping) -> Tuple[DeviceClass, dict]:
 def table_from_file(path, *, source: Optional[str] = None) -> dict:
     """The routes table of one serving-mix records file ``{"env": {...}, "records": [...]}``."""
     p = Path(path)
+    text = _read_capped(p, path, "a records file")
     try:
-        doc = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        doc = json.loads(text)
+    except ValueError as exc:
         raise RoutesError(f"{path}: cannot be read as JSON ({type(exc).__name__}: {exc})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("env"), dict) or not isinstance(doc.get("records"), list):
         raise RoutesError(f"{path}: expected {{'env': {{...}}, 'records': [...]}}")
