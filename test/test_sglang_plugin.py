@@ -172,6 +172,31 @@ def test_plugins_allowlist_without_us_leaves_sglang_untouched(sg, load, monkeypa
     assert not hasattr(sg.indexer.C4IndexerBackendMixin.forward_c4_indexer, "__wrapped__")
 
 
+def test_a_registry_that_refuses_a_hook_is_left_with_neither(sg, load, monkeypatch, caplog):
+    """Both hooks or neither: when SGLang's registry raises on the second, the first is withdrawn
+    and load() warns and returns False (SGLang starts untouched); a later load() registers each
+    hook once."""
+    caplog.set_level(logging.INFO)
+    registry = sg.hook_registry.HookRegistry
+    real = registry.register.__func__
+    seen = []
+
+    def refuse_second(cls, target, hook, kind, *args, **kwargs):
+        seen.append(target)
+        if len(seen) == 2:
+            raise RuntimeError("registry closed")
+        return real(cls, target, hook, kind, *args, **kwargs)
+
+    monkeypatch.setattr(registry, "register", classmethod(refuse_second))
+    assert sglang_plugin.load() is False
+    assert "refused the DSv4 indexer hooks (RuntimeError: registry closed); leaving SGLang untouched" in caplog.text
+    ours = (sglang_plugin._freeze_after_backend_init, sglang_plugin._forward_c4_indexer_hook)
+    assert not [e for target in registry._hooks.values() for e in target if e[1] in ours]
+    monkeypatch.setattr(registry, "register", classmethod(real))
+    assert sglang_plugin.load() is True and sglang_plugin.load() is True
+    assert [e[1] for e in registry._hooks[sglang_plugin.INIT_TARGET]].count(ours[0]) == 1
+    assert [e[1] for e in registry._hooks[sglang_plugin.FORWARD_TARGET]].count(ours[1]) == 1
+
 def test_missing_hook_symbol_leaves_sglang_untouched(sg, load, monkeypatch, caplog):
     caplog.set_level(logging.INFO)
     monkeypatch.delattr(sg.indexer.C4IndexerBackendMixin, "_forward_prepare_multi_stream")

@@ -109,8 +109,15 @@ def load(*_args: Any, **_kwargs: Any) -> bool:
             else:
                 logger.info("indexer_topk: SGLang is not installed; the SGLang plugin does nothing")
             return False
+        except Exception as exc:  # noqa: BLE001 - a plugin must not take SGLang's start-up down
+            logger.warning("indexer_topk: SGLang's HookRegistry failed to import (%s: %s); leaving SGLang untouched",
+                           type(exc).__name__, exc)
+            return False
         version = _sglang_version()
-        problems = probe_sglang()
+        try:
+            problems = probe_sglang()
+        except Exception as exc:  # noqa: BLE001 - as above: a module that raises while probed
+            problems = [f"probing its modules raised {type(exc).__name__}: {exc}"]
         if problems:
             logger.warning(
                 "indexer_topk: SGLang %s does not match the DSv4 indexer hooks (built for %s): %s; "
@@ -118,14 +125,39 @@ def load(*_args: Any, **_kwargs: Any) -> bool:
                 version, TARGET_SGLANG_VERSION, "; ".join(problems),
             )
             return False
-        HookRegistry.register(INIT_TARGET, _freeze_after_backend_init, HookType.AFTER)
-        HookRegistry.register(FORWARD_TARGET, _forward_c4_indexer_hook, HookType.AROUND)
+        hooks = ((INIT_TARGET, _freeze_after_backend_init, HookType.AFTER),
+                 (FORWARD_TARGET, _forward_c4_indexer_hook, HookType.AROUND))
+        done = []
+        try:
+            for target, hook, kind in hooks:
+                HookRegistry.register(target, hook, kind)
+                done.append((target, hook))
+        except Exception as exc:  # noqa: BLE001 - both hooks or neither: a later load() starts clean
+            left = _withdraw(HookRegistry, done)
+            logger.warning("indexer_topk: SGLang's HookRegistry refused the DSv4 indexer hooks (%s: %s); %s",
+                           type(exc).__name__, exc, "leaving SGLang untouched" if not left
+                           else f"could not withdraw {', '.join(left)} (SGLang's registry has no _hooks)")
+            return False
         _STATE.registered = True
         logger.info(
             "indexer_topk: registered DSv4 C4 indexer hooks on SGLang %s: %s, %s",
             version, INIT_TARGET, FORWARD_TARGET,
         )
         return True
+
+
+def _withdraw(registry, done) -> list:
+    """Remove the hooks in ``done`` (``(target, hook)``) from SGLang's registry, which has no
+    public way to: through its ``_hooks`` lists. Returns the targets it could not clear."""
+    hooks = getattr(registry, "_hooks", None)
+    left = []
+    for target, hook in done:
+        entries = hooks.get(target) if isinstance(hooks, dict) else None
+        if not isinstance(entries, list):
+            left.append(target)
+            continue
+        entries[:] = [e for e in entries if not (isinstance(e, tuple) and len(e) > 1 and e[1] is hook)]
+    return left
 
 
 def _installed(name: str) -> bool:
