@@ -23,9 +23,9 @@ A later call of the signature calls :meth:`Replay.run`: the same allocations (as
 each kernel with the new addresses, on the current stream: through the CUDA driver with a
 parameter block built at recording (:mod:`indexer_topk.kernels.driver_launch`, where it
 reproduces the launch exactly and ``INDEXER_TOPK_DRIVER_LAUNCH`` is on), else through the
-kernel's Triton launcher directly. Under Triton's interpreter (no compiled kernels) a replay rebuilds each
-tensor argument as a view of the new roots and launches through the interpreter, so the same
-mapping runs on a CPU.
+kernel's Triton launcher directly. Under Triton's interpreter (no compiled kernels) a replay
+rebuilds each tensor argument as a view of the new roots and launches through the interpreter,
+so the same mapping runs on a CPU.
 
 What a replay skips is Triton's per-launch dispatch: launch hooks (profilers attach there) do
 not see replayed launches; a launch recorded while a hook is set keeps Triton's launcher.
@@ -141,6 +141,7 @@ class Recorder:
         self.steps: list = []
         self.env: Dict[str, Optional[str]] = {}
         self.why_not: Optional[str] = None
+        self.scratch_bytes = 0  # of the scratch allocations so far, each at an aligned offset
         self.in_launch = 0
         self._watch = _Watch(self)
 
@@ -171,7 +172,10 @@ class Recorder:
         return hits[0]
 
     def add_alloc(self, t: torch.Tensor) -> None:
-        self.steps.append(_Alloc(tuple(t.shape), tuple(t.stride()), t.dtype, t.device))
+        # laid out in the replay's one scratch allocation as the allocator aligns its blocks
+        nbytes = t.untyped_storage().nbytes()
+        self.steps.append(_Alloc(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, self.scratch_bytes, nbytes))
+        self.scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
         self.spans.append(storage_span(t) or (-1, -1))
 
     def add_launch(self, kernel, grid, args, kwargs, compiled) -> None:
@@ -230,21 +234,18 @@ class Recorder:
             self.fail("its scratch lies on two devices")
         if self.why_not is not None:
             return None
-        return Replay(tuple(self.steps), tuple(self.env.items()))
+        return Replay(tuple(self.steps), tuple(self.env.items()), self.scratch_bytes)
 
 
 class _Alloc:
-    __slots__ = ("shape", "stride", "dtype", "device", "offset")
+    """A scratch tensor of the recorded call: its view, and where its ``nbytes`` lie in the
+    replay's one allocation (``offset``)."""
 
-    def __init__(self, shape, stride, dtype, device):
+    __slots__ = ("shape", "stride", "dtype", "device", "offset", "nbytes")
+
+    def __init__(self, shape, stride, dtype, device, offset, nbytes):
         self.shape, self.stride, self.dtype, self.device = shape, stride, dtype, device
-        self.offset = 0  # its byte offset in the replay's one scratch allocation (Replay)
-
-    @property
-    def nbytes(self) -> int:
-        if any(n == 0 for n in self.shape):
-            return 0
-        return (1 + sum((n - 1) * st for n, st in zip(self.shape, self.stride))) * self.dtype.itemsize
+        self.offset, self.nbytes = offset, nbytes
 
 
 class _Launch:
@@ -307,19 +308,14 @@ class Replay:
 
     __slots__ = ("steps", "env", "compiled", "scratch_bytes", "device")
 
-    def __init__(self, steps, env):
+    def __init__(self, steps, env, scratch_bytes: int = 0):
         self.steps = steps
         self.env = env
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
-        # the call's scratch allocations, made as one at the start of a replay: one allocator
-        # call instead of one per tensor (each offset aligned as the allocator aligns its blocks)
-        allocs = [s for s in steps if isinstance(s, _Alloc)]
-        end = 0
-        for a in allocs:
-            a.offset = end
-            end += -(-a.nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        self.scratch_bytes = end
-        self.device = allocs[0].device if allocs else None
+        # the call's scratch tensors, made as one allocation at the start of a replay (one
+        # allocator call instead of one per tensor), at the offsets the recorder laid out
+        self.scratch_bytes = scratch_bytes
+        self.device = next((s.device for s in steps if isinstance(s, _Alloc)), None)
 
     def matches_env(self) -> bool:
         environ = os.environ
