@@ -37,7 +37,9 @@ from ..kernels.launch import (
 from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
-from ..kernels.split_topk import HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel
+from ..kernels.split_topk import (
+    BUF_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+)
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
 
@@ -222,9 +224,9 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
-    (gate, candidate count, histogram scale, how it was finished), a buffer of ``8 * topk`` keys and
-    ``8 * topk`` positions, and ``2 * SPLIT_BINS`` for its histogram."""
-    return rows * (HEADER_FIELDS + 16 * topk + 2 * SPLIT_BINS)
+    (gate, candidate count, histogram scale, how it was finished), a buffer of ``BUF_PER_TOPK *
+    topk`` keys and as many positions, and ``2 * SPLIT_BINS`` for its histogram."""
+    return rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
 @launches_kernels
@@ -259,8 +261,9 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
         return
     check_runnable(keys.device)
     gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
-    cand = scratch[HEADER_FIELDS * rows: rows * (HEADER_FIELDS + 16 * topk)]
-    hist = scratch[rows * (HEADER_FIELDS + 16 * topk): need] if SPLIT_BINS else cand  # unread without bins
+    cand_end = rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk)
+    cand = scratch[HEADER_FIELDS * rows: cand_end]
+    hist = scratch[cand_end: need] if SPLIT_BINS else cand  # unread without bins
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_WARPS,

@@ -57,6 +57,8 @@ GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * T
 PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
 _PROF_STRIDE = tl.constexpr(PROF_FIELDS)
 HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin scale (fp32 bits), how finished
+BUF_PER_TOPK = 8  # a row's candidate buffer: BUF_PER_TOPK * TOPK keys, then as many positions
+_BUF_PER_TOPK = tl.constexpr(BUF_PER_TOPK)
 # How the finishing kernel selected a row (the header's last field)
 HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
 HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
@@ -136,7 +138,7 @@ def gather_rows_kernel(
     keys then as many positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
     bins then the finishing kernel's copy of where their runs start)."""
     wait_for_producer(PDL)
-    BUF: tl.constexpr = 8 * TOPK
+    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     if n > TILE:
@@ -174,7 +176,7 @@ def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexp
     first slots in buffer order. Returns how many there are (none is stored past ``CAP = 4 *
     TOPK``)."""
     CAP: tl.constexpr = 4 * TOPK
-    BUF: tl.constexpr = 8 * TOPK
+    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     offs = tl.arange(0, CAP)
     got = tl.zeros([], dtype=tl.int32)
     # two halves of CAP entries, each a register tile of the finishing program's size (one of
@@ -232,7 +234,7 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     the slot from an atomic add on the bin's counter in ``hist_row``, starting at ``start_row``'s
     copy), then its rank in the run by the contract's order: the output slot. Run slots past
     ``TOPK`` (the boundary bin's losers) are not written."""
-    BUF: tl.constexpr = 8 * TOPK
+    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     bins = tl.arange(0, BINS)
     start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
     tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
@@ -293,7 +295,7 @@ def finish_rows_kernel(
     tl.static_assert(TILE >= TOPK, "rows of at most TOPK keys must fit the tile")
     tl.static_assert(MAXSEG <= TOPK, "a bin's run spills at most MAXSEG slots past TOPK")
     CAP: tl.constexpr = 4 * TOPK  # candidates held in registers
-    BUF: tl.constexpr = 8 * TOPK  # entries of the row's buffer
+    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK  # entries of the row's buffer
     i = tl.program_id(0)
     row = row_start + i
     n = row_length(seq_lens, row, stride_src)
