@@ -133,3 +133,10 @@ def _catch(fn):
     except Exception as exc:  # noqa: BLE001
         return exc
     raise AssertionError("no exception")
+
+
+def test_value_words_keep_an_error_message_short():
+    from indexer_topk.errors import value_words
+
+    assert value_words(2**64 - 1) == repr(2**64 - 1) and value_words(10**5000) == "an int of 16610 bits"
+    assert value_words("x" * 300) == repr("x" * 300)[:200] + "..." and value_words(True) == "True"

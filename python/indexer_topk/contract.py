@@ -40,6 +40,8 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
+from .errors import value_words
+
 HEADS = 64
 HEAD_DIM = 128
 PAGE_SIZE = 64  # C4 positions per page
@@ -542,9 +544,7 @@ def _fp32_weight_scale(weight_scale) -> float:
         value = float(weight_scale)
         rounded = struct.unpack("f", struct.pack("f", value))[0]  # no tensor: this runs on every call
     except OverflowError:
-        # (an int's digits past 4,300 cannot even be printed)
-        shown = f"an int of {weight_scale.bit_length()} bits" if isinstance(weight_scale, int) else repr(weight_scale)
-        raise ValueError(f"weight_scale: {shown} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
+        raise ValueError(f"weight_scale: {value_words(weight_scale)} is beyond fp32's range (at most {FP32_MAX:.7g})") from None
     if not math.isfinite(rounded):
         raise ValueError(f"weight_scale: {value!r} is not a finite fp32 number (at most {FP32_MAX:.7g} in magnitude)")
     if value != 0 and abs(rounded) < FP32_TINY:

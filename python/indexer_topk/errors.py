@@ -24,6 +24,15 @@ class BackendUnavailable(RuntimeError):
     """
 
 
+def value_words(value, limit: int = 200) -> str:
+    """``value`` for an error message: its repr, cut to ``limit`` characters; an int past 64 bits
+    by its size (past 4,300 digits Python refuses to print one at all)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an int of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether ``exc`` is torch's ``OutOfMemoryError`` or any error whose message says "out of memory"."""
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ..contract import SUPPORTED_TOPK, Layout
+from ..errors import value_words
 from ..files import write_atomically
 
 SCHEMA = 1
@@ -234,12 +235,7 @@ class Table:
 
 def _need(cond: bool, name: str, where: str, what: str, got: Any) -> None:
     if not cond:
-        if isinstance(got, int) and not isinstance(got, bool) and got.bit_length() > 64:
-            shown = f"an int of {got.bit_length()} bits"  # (past 4,300 digits Python cannot print it)
-        else:
-            shown = repr(got)
-            shown = shown if len(shown) <= 200 else shown[:200] + "..."
-        raise RoutesError(f"{name}: {where}: expected {what}, got {shown}")
+        raise RoutesError(f"{name}: {where}: expected {what}, got {value_words(got)}")
 
 
 def _positive_int(x) -> bool:
@@ -295,15 +291,13 @@ def parse_table(doc: Any, *, name: str = "records", path: Optional[str] = None, 
 def _read_capped(p: Path, path, what: str) -> str:
     """The text of a regular file of at most :data:`MAX_TABLE_BYTES`; :class:`RoutesError` naming
     ``path`` otherwise (a pipe would block the reader, a device file never end)."""
+    if not p.is_file():  # (False for a missing file and a path it cannot stat too)
+        raise RoutesError(f"{path}: not a regular file, not {what}")
     try:
-        if not p.is_file():
-            raise RoutesError(f"{path}: not a regular file, not {what}")
         with p.open("rb") as f:
             data = f.read(MAX_TABLE_BYTES + 1)
         text = data.decode("utf-8")
-    except (OSError, ValueError) as exc:  # ValueError: undecodable bytes, a NUL in the path
-        if isinstance(exc, RoutesError):
-            raise
+    except (OSError, ValueError) as exc:  # ValueError: undecodable bytes
         raise RoutesError(f"{path}: cannot be read ({type(exc).__name__}: {exc})") from None
     if len(data) > MAX_TABLE_BYTES:
         raise RoutesError(f"{path}: more than {MAX_TABLE_BYTES} bytes, not {what}")
