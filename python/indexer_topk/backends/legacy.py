@@ -92,6 +92,11 @@ SPLIT_GATHER_WARPS = 4
 # (split_decode.py, benchmark/results/NOTES.md).
 SPLIT_BINS = 4096
 SPLIT_MAXSEG = 16
+# By bins, a row's finish is shared by up to SPLIT_FINISH_PARTS programs (each ranks and writes
+# its share of the row's output slots) while the batch leaves SMs without a row: one program
+# an SM would otherwise rank and write a row's topk keys alone, which a step of a few rows
+# waits on (split_decode.py, benchmark/results/NOTES.md).
+SPLIT_FINISH_PARTS = 8
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
@@ -222,6 +227,17 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
     return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
 
 
+def split_finish_parts(rows: int, topk: int, sm_count: int) -> int:
+    """Finishing programs per row of the "split" select: the largest power of two up to
+    ``SPLIT_FINISH_PARTS`` that leaves no more programs than SMs, each a share of ``topk``
+    slots no smaller than a bin's longest run (``SPLIT_MAXSEG``); 1 without bins."""
+    parts = 1
+    while (SPLIT_BINS and parts * 2 <= SPLIT_FINISH_PARTS and rows * parts * 2 <= sm_count
+           and topk // (parts * 2) >= SPLIT_MAXSEG):
+        parts *= 2
+    return parts
+
+
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
     (gate, candidate count, histogram scale, how it was finished), a buffer of ``BUF_PER_TOPK *
@@ -264,17 +280,19 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     cand_end = rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk)
     cand = scratch[HEADER_FIELDS * rows: cand_end]
     hist = scratch[cand_end: need] if SPLIT_BINS else cand  # unread without bins
-    runs = split_runs(rows, width, device_sm_count(keys.device))
+    sm_count = device_sm_count(keys.device)
+    runs = split_runs(rows, width, sm_count)
+    parts = split_finish_parts(rows, topk, sm_count)
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_WARPS,
            **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
-    launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
+    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
-           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, PDL=pdl,
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
            num_warps=SPLIT_WARPS, **pdl_options(pdl))
 
 

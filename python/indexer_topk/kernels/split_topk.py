@@ -75,11 +75,11 @@ def _clock():
 
 
 @triton.jit
-def _stamp(prof_row, field: tl.constexpr, t0):
+def _stamp(prof_row, field: tl.constexpr, t0, lead):
     """The ``PROF`` build's phase boundary: every thread done with the phase, then the cycles
-    since ``t0`` stored as counter ``field`` of the row."""
+    since ``t0`` stored as counter ``field`` of the row (by its first part only, ``lead``)."""
     tl.debug_barrier()
-    tl.store(prof_row + field, _clock() - t0)
+    tl.store(prof_row + field, _clock() - t0, mask=lead)
 
 
 @triton.jit
@@ -199,7 +199,7 @@ def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexp
 
 
 @triton.jit
-def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0,
+def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0, lead,
                        PROF: tl.constexpr):
     """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates ``(key, pos)`` (a
     register tile, any order) to ``out``: every key above the k-th, then the keys equal to it at
@@ -219,48 +219,59 @@ def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.conste
                 eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0, whole2)
         take = above | eq
     if PROF:
-        _stamp(prof_row, 1, t0)
+        _stamp(prof_row, 1, t0, lead)
     append(out_key, out_pos, 0, key, pos, take)
 
 
 @triton.jit
-def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, scale, pt_row,
-                    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count,
-                    TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
-    """A row's output from its candidates ``(key, pos)`` (a register tile) by their bins: bin
-    ``bnd`` holds the k-th key (``above`` candidates lie in higher bins, ``bucket`` in it) and no
-    bin from ``bnd`` up holds more than ``MAXSEG``. Each candidate of those bins takes a slot in
-    its bin's run of the buffer ``ck`` (the run starts after the candidates of higher bins;
-    the slot from an atomic add on the bin's counter in ``hist_row``, starting at ``start_row``'s
-    copy), then its rank in the run by the contract's order: the output slot. Run slots past
-    ``TOPK`` (the boundary bin's losers) are not written."""
+def _finish_by_bins(key, pos, valid, ck, hist_row, ctr_row, bnd, gate, scale, pt_row, out_bits_row, out_raw_row,
+                    out_phys_row, out_cnt_ptr, bin_counts, count, part, TOPK: tl.constexpr, BINS: tl.constexpr,
+                    MAXSEG: tl.constexpr, PARTS: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
+    """Part ``part`` of ``PARTS`` of a row's output from its candidates ``(key, pos)`` (a
+    register tile) by their bins: bin ``bnd`` holds the k-th key and no bin from ``bnd`` up holds
+    more than ``MAXSEG`` (``bin_counts``, the histogram ``hist_row``, which this reads and never
+    writes). A bin's run of output slots starts after the candidates of higher bins; the part
+    owns the bins whose runs start in its ``TOPK / PARTS`` slots, so that the parts of a row share
+    no bin and need not wait for each other. Each candidate of an owned bin takes a slot in its
+    bin's run of the staging area (the buffer ``ck`` past its ``CAP`` candidates, which other
+    parts may still be reading), from an atomic add on the bin's counter (``ctr_row``, set to the
+    run's start by its owner), then its rank in the run by the contract's order: the output slot.
+    Run slots past ``TOPK`` (the boundary bin's losers) are not written."""
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
+    CAP: tl.constexpr = 4 * TOPK
+    SHARE: tl.constexpr = TOPK // PARTS
+    SLOTS: tl.constexpr = 2 * SHARE  # an owned run starts in the share and spills at most MAXSEG - 1 past it
+    tl.static_assert(MAXSEG <= SHARE, "a part's runs must fit its slot tile")
     bins = tl.arange(0, BINS)
     start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
-    tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
-    tl.store(start_row + bins, start)
-    tl.store(hist_row + bins, start)
-    tl.debug_barrier()
+    own = (bins >= bnd) & (start >= part * SHARE) & (start < (part + 1) * SHARE)
+    filled = own & (bin_counts > 0)
+    s_lo = tl.min(tl.where(filled, start, TOPK), axis=0)  # the part's slots of the staging area
+    s_hi = tl.max(tl.where(filled, start + bin_counts, 0), axis=0)
+    b_lo = tl.min(tl.where(own, bins, BINS), axis=0)  # its bins
+    b_hi = tl.max(tl.where(own, bins, -1), axis=0)
+    tl.store(ctr_row + bins, start, mask=own)
+    tl.debug_barrier()  # the counters set before any thread adds to them
     b = _bin_of(key, gate, scale, BINS)
-    staged = valid & (b >= bnd)
-    slot = tl.atomic_add(hist_row + b, 1, mask=staged, sem="relaxed")
+    staged = valid & (b >= b_lo) & (b <= b_hi)
+    slot = CAP + tl.atomic_add(ctr_row + b, 1, mask=staged, sem="relaxed")
     tl.store(ck + slot, key, mask=staged)
     tl.store(ck + BUF + slot, pos, mask=staged)
-    tl.debug_barrier()  # the runs are complete, and the counters hold each run's end
+    tl.debug_barrier()  # the part's runs are complete, and its counters hold each run's end
     if PROF:
-        _stamp(prof_row, 2, t0)
-    s = tl.arange(0, 2 * TOPK)  # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them
-    live = s < above + bucket
-    ks = tl.load(ck + s, mask=live, other=0)
-    ps = tl.load(ck + BUF + s, mask=live, other=0)
+        _stamp(prof_row, 2, t0, part == 0)
+    s = s_lo + tl.arange(0, SLOTS)
+    live = s < s_hi
+    ks = tl.load(ck + CAP + s, mask=live, other=0)
+    ps = tl.load(ck + BUF + CAP + s, mask=live, other=0)
     bs = _bin_of(ks, gate, scale, BINS)
-    lo = tl.load(start_row + bs, mask=live, other=0)
-    hi = tl.load(hist_row + bs, mask=live, other=0)
+    hi = tl.load(ctr_row + bs, mask=live, other=0)
+    lo = hi - tl.load(hist_row + bs, mask=live, other=0)
     cs = composite(ks, ps)
-    rank = tl.zeros([2 * TOPK], dtype=tl.int32)
+    rank = tl.zeros([SLOTS], dtype=tl.int32)
     for d in tl.static_range(MAXSEG):
-        j = lo + d
-        m = live & (j < hi)
+        j = CAP + lo + d
+        m = live & (j < CAP + hi)
         cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + BUF + j, mask=m, other=0))
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
@@ -269,26 +280,32 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
     tl.store(out_raw_row + f, ps, mask=w)
     tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
-    tl.store(out_cnt_ptr, TOPK)
+    tl.store(out_cnt_ptr, TOPK, mask=part == 0)
 
 
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     gates, counts, scales, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
-    BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False, PDL: tl.constexpr = False,
+    BINS: tl.constexpr, MAXSEG: tl.constexpr, PARTS: tl.constexpr = 1, PROF: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
-    candidates (by their bins, or by a search and a sort; first trimmed where they outnumber the
-    registers and the bins allow) or by the one-program row select (:func:`.row_topk.select_row`,
-    its pool in the row's candidate buffer), written to the four outputs; ``hows[i]``: which
-    (``HOW_*``, plus ``HOW_TRIMMED`` for a trimmed row).
+    """Programs ``(i, 0..PARTS-1)``: row ``i``'s top ``TOPK`` (the contract's row ``row_start +
+    i``), from its candidates (by their bins, or by a search and a sort; first trimmed where they
+    outnumber the registers and the bins allow) or by the one-program row select
+    (:func:`.row_topk.select_row`, its pool in the row's candidate buffer), written to the four
+    outputs; ``hows[i]``: which (``HOW_*``, plus ``HOW_TRIMMED`` for a trimmed row).
+
+    By bins, the row's ``PARTS`` programs share its output slots, each a ``TOPK / PARTS`` of
+    them (:func:`_finish_by_bins`): a few rows then finish on as many SMs as there are parts,
+    where one program an SM would rank and write a row's ``TOPK`` keys alone. A trimmed row and
+    every other way are the first part's alone; the others return.
 
     ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
-    otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
-    k-th found (by bins: the histogram read and checked), the selection appended (by bins: the
-    candidates placed in their runs), the row ordered and written; and the ``HOW_*`` taken (the
-    row select's cycles fall in the third phase)."""
+    otherwise) stores the row's SM cycles, in its first part, from the kernel's start to: the
+    candidates loaded, the k-th found (by bins: the histogram read and checked), the selection
+    appended (by bins: the part's candidates placed in their runs), the row ordered and written;
+    and the ``HOW_*`` taken (the row select's cycles fall in the third phase)."""
     wait_for_producer(PDL)
     # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
     # buffer's atomic order would not give: such rows must be one tile
@@ -297,6 +314,8 @@ def finish_rows_kernel(
     CAP: tl.constexpr = 4 * TOPK  # candidates held in registers
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK  # entries of the row's buffer
     i = tl.program_id(0)
+    part = tl.program_id(1)
+    lead = part == 0
     row = row_start + i
     n = row_length(seq_lens, row, stride_src)
     orow = row.to(tl.int64) * TOPK
@@ -310,7 +329,7 @@ def finish_rows_kernel(
         t0 = _clock()
     low_bin = tl.zeros([], dtype=tl.int32) - 1  # a trimmed row's k-th bin: none below holds a candidate
     if BINS > 0:
-        if (n > TILE) & (count > CAP) & (count <= BUF):
+        if lead & (n > TILE) & (count > CAP) & (count <= BUF):
             # more candidates than the registers hold, every one in the buffer and in its bin:
             # trimmed to the bins from the k-th key's up where those hold few enough. The trim
             # reads the histogram itself, and the finish below reads it again: one read shared by
@@ -327,6 +346,8 @@ def finish_rows_kernel(
                     count = kept
                     low_bin = bnd0
     trimmed = (low_bin >= 0).to(tl.int32)
+    # the first part alone sees a trimmed row's count: the others' is past CAP, so they take
+    # no candidates and return below
     from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
     # the candidates (unread where the row select serves)
     offs = tl.arange(0, CAP)
@@ -334,7 +355,7 @@ def finish_rows_kernel(
     key = tl.load(ck + offs, mask=valid, other=0)
     pos = tl.load(ck + BUF + offs, mask=valid, other=0)
     if PROF:
-        _stamp(prof_row, 0, t0)
+        _stamp(prof_row, 0, t0, lead)
     how = tl.where(from_candidates, _SEARCH, _ROW_SELECT)
     if BINS > 0:
         hist_row = hist + i.to(tl.int64) * (2 * BINS)
@@ -348,24 +369,38 @@ def finish_rows_kernel(
         how = tl.where(binned, _BINS, how)
         if binned:
             if PROF:
-                _stamp(prof_row, 1, t0)
-            _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
-                            tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
-                            bin_counts, count, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
-    tl.store(hows + i, how + trimmed * _TRIMMED)
-    if how != _BINS:
-        if how == _SEARCH:
-            _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
-        else:
+                _stamp(prof_row, 1, t0, lead)
+            gate = tl.load(gates + i)
+            scale = tl.load(scales + i).to(tl.float32, bitcast=True)
+            # a trimmed row is its first program's alone, as one part (a loop over the parts
+            # there kept the candidates live across it: the kernel spilled, on every row)
+            one_part = trimmed > 0
+            if PARTS == 1:
+                one_part = False
+            if one_part:
+                _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, gate, scale, pt_row,
+                                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, bin_counts, count, 0,
+                                TOPK, BINS, MAXSEG, 1, prof_row, t0, PROF)
+            else:
+                _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, gate, scale, pt_row,
+                                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, bin_counts, count,
+                                part, TOPK, BINS, MAXSEG, PARTS, prof_row, t0, PROF)
+    if lead:
+        tl.store(hows + i, how + trimmed * _TRIMMED)
+        if how != _BINS:
+            if how == _SEARCH:
+                _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, lead,
+                                   PROF)
+            else:
+                if PROF:
+                    _stamp(prof_row, 1, t0, lead)
+                select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
+                           TOPK, TILE, SAMPLE)
+            tl.debug_barrier()
             if PROF:
-                _stamp(prof_row, 1, t0)
-            select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
-                       TOPK, TILE, SAMPLE)
-        tl.debug_barrier()
+                _stamp(prof_row, 2, t0, lead)
+            finalize_row(out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
+                         out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
         if PROF:
-            _stamp(prof_row, 2, t0)
-        finalize_row(out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
-                     out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
-    if PROF:
-        _stamp(prof_row, 3, t0)
-        tl.store(prof_row + 4, (how + trimmed * _TRIMMED).to(tl.int64))
+            _stamp(prof_row, 3, t0, lead)
+            tl.store(prof_row + 4, (how + trimmed * _TRIMMED).to(tl.int64))
