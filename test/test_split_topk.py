@@ -20,7 +20,7 @@ from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits,
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
-    HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    CAND_PER_TOPK, HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 
 from kernel_cases import (
@@ -66,13 +66,13 @@ def finish_parts(request, monkeypatch):
 def hows_expected(hows, counts, lens, topk, bins) -> None:
     """Rows selected from their candidates were finished by their bins or by the search (by the
     search alone without bins); rows with more candidates than the registers hold but no more
-    than the buffer were trimmed first or took the row select (always without bins); the rest
-    took the row select."""
+    than the buffer by their bins, or trimmed first and searched, or by the row select (always
+    without bins); the rest took the row select."""
     took = set(took_candidates(counts, lens, topk))
     tile = legacy_backend.SPLIT_TILE
     for r, (how, c, n) in enumerate(zip(hows.tolist(), counts.tolist(), lens.tolist())):
         if r not in took and bins and n > tile and 4 * topk < c <= 8 * topk:
-            assert how in (HOW_ROW_SELECT, HOW_TRIMMED + HOW_SEARCH, HOW_TRIMMED + HOW_BINS), r
+            assert how in (HOW_ROW_SELECT, HOW_TRIMMED + HOW_SEARCH, HOW_BINS), r
         elif r not in took:
             assert how == HOW_ROW_SELECT, r
         elif bins == 0:
@@ -263,22 +263,31 @@ def dipped_scores(lens, width, device, seed=21, dip=4.0):
     return keys.to(device), lens_t.to(device)
 
 
-def test_split_trims_candidates_past_the_registers(split_bins, finish_parts, monkeypatch, device):
+def test_split_candidates_past_the_registers(split_bins, finish_parts, monkeypatch, device):
     """Scores half a standard deviation lower where the sample reads: the gate lets in more keys
     than the finishing program holds (``4 * topk``; the buffer holds twice that), while the bins
-    from the k-th key's up hold few. With 4,096 bins each row's candidates are trimmed to those
-    bins' and finished from them; without bins the row select serves. Same bits as the torch
-    way, every slot written."""
+    from the k-th key's up hold few: with 4,096 bins such rows are finished by them from the
+    whole buffer. Two rows also hold a plateau of ``SPLIT_MAXSEG + 4`` equal keys among their
+    best: its bin is too full, and those rows are trimmed to the bins from the k-th key's up and
+    searched. Without bins the row select serves. Same bits as the torch way, every slot
+    written."""
     width = 5120
     lens = [width, 5000, 4097, 3000]
     keys, lens_t = dipped_scores(lens, width, device)
+    sampled = set(((torch.arange(legacy_backend.SPLIT_SAMPLE) * width) // legacy_backend.SPLIT_SAMPLE).tolist())
+    gen = torch.Generator().manual_seed(5)
+    for row in (1, 3):  # a plateau at the row's 20th best key, off the sample
+        n = lens[row]
+        free = torch.tensor([p for p in range(n) if p not in sampled])
+        top = keys[row, :n].sort(descending=True).values[20]
+        keys[row, free[torch.randperm(len(free), generator=gen)[: legacy_backend.SPLIT_MAXSEG + 4]].to(device)] = top
     got, counts, hows = split(keys, lens_t, TOPK)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
-    assert all(4 * TOPK < c <= 8 * TOPK for c in counts.tolist()), counts  # else no row is trimmed
+    assert all(4 * TOPK < c <= 8 * TOPK for c in counts.tolist()), counts  # else no row is past the registers
     hows_expected(hows, counts, lens_t.cpu(), TOPK, split_bins)
     if split_bins == 4096:
-        assert all(h & HOW_TRIMMED for h in hows.tolist()), hows
+        assert hows.tolist() == [HOW_BINS, HOW_TRIMMED + HOW_SEARCH, HOW_BINS, HOW_TRIMMED + HOW_SEARCH], hows
     elif split_bins == 0:
         assert hows.tolist() == [HOW_ROW_SELECT] * len(lens)
 
@@ -366,7 +375,7 @@ def test_split_finish_ignores_buffer_order(parts, split_bins, monkeypatch, devic
     rows, bins = len(lens), split_bins
     scratch = torch.zeros(L.split_scratch_size(rows, topk), dtype=torch.int32, device=device)
     gates, counts, scales, hows = scratch[: 4 * rows].view(4, rows)
-    cand_end = rows * (4 + 16 * topk)
+    cand_end = rows * (4 + CAND_PER_TOPK * topk)
     cand = scratch[4 * rows: cand_end]
     hist = scratch[cand_end:] if bins else cand
     runs = L.split_runs(rows, width, device_sm_count(device))
@@ -376,7 +385,7 @@ def test_split_finish_ignores_buffer_order(parts, split_bins, monkeypatch, devic
                                      TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
     gen = torch.Generator().manual_seed(0)
-    buf = cand.view(rows, 2, 8 * topk)
+    buf = cand.view(rows, CAND_PER_TOPK * topk)[:, : 16 * topk].unflatten(1, (2, 8 * topk))
     for r in range(rows):
         c = int(counts[r])
         buf[r, :, :c] = buf[r, :, :c][:, torch.randperm(c, generator=gen).to(device)].clone()
@@ -538,9 +547,9 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_split_trims_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, device):
+def test_split_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, device):
     """Decode widths whose gate lets in more than the finishing program holds: each such row
-    trimmed and finished from its bins' keys, the torch way's bits."""
+    finished by its bins from the whole buffer, the torch way's bits."""
     width = 196608
     lens = [width, width - 1, 100000, 32768, 4097, 4096, topk + 1, 0]
     keys, lens_t = dipped_scores(lens, width, device, seed=topk, dip=3.0)
@@ -551,7 +560,7 @@ def test_split_trims_candidates_past_the_registers_gpu(topk, split_way, monkeypa
     over = [i for i, (c, n) in enumerate(zip(counts.tolist(), lens))
             if n > legacy_backend.SPLIT_TILE and 4 * topk < c <= 8 * topk]
     assert set(over) >= {0, 1}, counts  # the longest rows have more candidates than the registers hold
-    assert [bool(hows[i] & HOW_TRIMMED) for i in over] == [True] * len(over), hows
+    assert [hows[i] for i in over] == [HOW_BINS] * len(over), hows
 
 
 @pytest.mark.gpu

@@ -38,7 +38,7 @@ from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 from ..kernels.split_topk import (
-    BUF_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    CAND_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
@@ -240,9 +240,11 @@ def split_finish_parts(rows: int, topk: int, sm_count: int) -> int:
 
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
-    (gate, candidate count, histogram scale, how it was finished), a buffer of ``BUF_PER_TOPK *
-    topk`` keys and as many positions, and ``2 * SPLIT_BINS`` for its histogram."""
-    return rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk + 2 * SPLIT_BINS)
+    (gate, candidate count, histogram scale, how it was finished), its candidate region
+    (``CAND_PER_TOPK * topk``: a buffer of ``BUF_PER_TOPK * topk`` keys and as many positions,
+    then the finish's staging area), and ``2 * SPLIT_BINS`` for its histogram and the finish's
+    counters."""
+    return rows * (HEADER_FIELDS + CAND_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
 @launches_kernels
@@ -251,10 +253,11 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
-    that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
-    and the row is longer than ``SPLIT_TILE``, or from those of its bins from the k-th key's up
-    when more reached it), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
-    :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_TRIMMED`` for a trimmed row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    that reached its gate: the row was selected from them when that lies in ``[topk, 8 * topk]``
+    and the row is longer than ``SPLIT_TILE``: by their bins, or by a search, past ``4 * topk``
+    from those of its bins from the k-th key's up), histogram scale (fp32 bits) and how it was
+    finished (``HOW_*`` of :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_TRIMMED`` for a
+    trimmed row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
@@ -277,7 +280,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
         return
     check_runnable(keys.device)
     gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
-    cand_end = rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk)
+    cand_end = rows * (HEADER_FIELDS + CAND_PER_TOPK * topk)
     cand = scratch[HEADER_FIELDS * rows: cand_end]
     hist = scratch[cand_end: need] if SPLIT_BINS else cand  # unread without bins
     sm_count = device_sm_count(keys.device)
