@@ -615,7 +615,8 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.split_topk import finish_rows_kernel as f
-const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG, PROF=True)
+const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG,
+             PARTS=L.SPLIT_FINISH_PARTS, PROF=True)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 """

@@ -83,6 +83,7 @@ SPLIT_SAMPLE = 2048
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
+SPLIT_GATE_WARPS = 16
 SPLIT_GATHER_WARPS = 4
 # The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the
 # scores from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
@@ -287,7 +288,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     runs = split_runs(rows, width, sm_count)
     parts = split_finish_parts(rows, topk, sm_count)
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_WARPS,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_GATE_WARPS,
            **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
