@@ -139,9 +139,10 @@ def gather_rows_kernel(
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
-    gate, appended to its candidate buffer (``cand``: ``16 * TOPK`` int32 a row, ``BUF = 8 * TOPK``
-    keys then as many positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
-    bins then the finishing kernel's copy of where their runs start)."""
+    gate, appended to its candidate buffer (``cand``: ``CAND_PER_TOPK * TOPK`` int32 a row, the
+    buffer's ``BUF = 8 * TOPK`` keys then as many positions first) and counted in their bins
+    (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the bins then the finishing kernel's
+    counters of where their runs fill)."""
     wait_for_producer(PDL)
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     i = tl.program_id(0)
