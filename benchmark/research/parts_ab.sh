@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# One device call: the split select's finish shared by parts, against a build before it.
-# The build before (a directory holding python/ and the scripts split_decode.py imports, as in
-# finish_ab.sh) on the serving mix's decode bytes, then this checkout under several settings in
+# One device call: the split select's finish shared by parts (benchmark/results/split_parts/
+# finish_parts.diff, not in the package until measured), against the package without it.
+# In a checkout with the change applied (git apply <the diff>), BEFORE is a directory holding the
+# package without it (python/ and the scripts split_decode.py imports, as in finish_ab.sh). The
+# build before on the serving mix's decode bytes, then this checkout under several settings in
 # one process (split_decode.py --configs: parts a row, the gate's warps; bits compared with the
 # shipped settings' outputs), then the split select's GPU tests.
 #
-#   BEFORE=.carry/base56 bash benchmark/research/parts_ab.sh          (logs under $OUT)
+#   git archive HEAD python benchmark/research benchmark/decode_bench.py | tar -x -C .carry/before
+#   git apply benchmark/results/split_parts/finish_parts.diff
+#   BEFORE=.carry/before bash benchmark/research/parts_ab.sh          (logs under $OUT)
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 mkdir -p "$TRITON_CACHE_DIR"
 SHAPES=${SHAPES:-1x128K,1x768K,8x768K,32x768K,64x128K}
