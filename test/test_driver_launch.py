@@ -9,7 +9,6 @@ import types
 
 import pytest
 import torch
-import triton
 import triton.language as tl
 
 from indexer_topk.kernels.driver_launch import build_launch, ptx_params
@@ -21,22 +20,61 @@ def _probe_kernel(x, n, scale, big, y, BLOCK: tl.constexpr):
     tl.store(y + offs, v * scale + big.to(tl.float32), mask=offs < n)
 
 
+# Both kernels compiled for sm_90 in a process of their own, without the interpreter: an
+# interpreted launch patches triton.language while it runs, and a process that has run kernels
+# under the interpreter cannot be trusted to compile (one run of the suite found it patched).
+_BUILDS = {
+    "probe": ("_probe_kernel", {"x": "*fp32", "n": "i32", "scale": "fp32", "big": "i64", "y": "*fp32",
+                                "BLOCK": "constexpr"}, {"BLOCK": 128}),
+    "descriptor": ("_descriptor_kernel", {"n": "i32", "desc": "tensordesc<fp16[64, 64]>", "out": "*fp32",
+                                          "scale": "fp32", "BLOCK": "constexpr"}, {"BLOCK": 64}),
+}
+_COMPILE = """
+import pickle, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.jit import JITFunction
+sys.path.insert(0, sys.argv[1])
+import test_driver_launch as here
+out = {}
+for key, (name, sig, const) in here._BUILDS.items():
+    k = triton.compile(ASTSource(JITFunction(getattr(here, name)), sig, const), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": 4})
+    out[key] = (k.metadata._asdict(), {"ptx": k.asm["ptx"]}, list(k.src.fn.arg_names))
+sys.stdout.buffer.write(pickle.dumps(out))
+"""
+
+
 @pytest.fixture(scope="module")
-def compiled():
+def hopper_builds():
+    """``_BUILDS`` compiled for sm_90 (no GPU needed), each as a launch would have it: metadata,
+    the PTX, and the source's argument names and signature."""
+    import collections
+    import os
+    import pickle
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join([str(here.parent / "python"), env.get("PYTHONPATH", "")])
+    done = subprocess.run([sys.executable, "-c", _COMPILE, str(here)], env=env, capture_output=True, timeout=600)
+    if done.returncode:
+        pytest.fail(f"compiling for sm_90 without a GPU failed: {done.stderr.decode()[-2000:]}")
+    builds = {}
+    for key, (md, asm, names) in pickle.loads(done.stdout).items():
+        metadata = collections.namedtuple("KernelMetadata", md)(**md)
+        src = types.SimpleNamespace(fn=types.SimpleNamespace(arg_names=names), signature=_BUILDS[key][1])
+        builds[key] = types.SimpleNamespace(metadata=metadata, src=src, asm=asm)
+    return builds
+
+
+@pytest.fixture(scope="module")
+def compiled(hopper_builds):
     """``_probe_kernel`` compiled for sm_90 (no GPU needed), as a launch would have it."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    from triton.runtime.jit import JITFunction
-
-    sig = {"x": "*fp32", "n": "i32", "scale": "fp32", "big": "i64", "y": "*fp32", "BLOCK": "constexpr"}
-    try:
-        k = triton.compile(ASTSource(JITFunction(_probe_kernel), sig, {"BLOCK": 128}), target=GPUTarget("cuda", 90, 32),
-                           options={"num_warps": 4})
-    except Exception as e:  # noqa: BLE001
-        pytest.fail(f"compiling for sm_90 without a GPU failed: {e}")
-    # a JITFunction made here, not by the decorator: under the interpreter the decorator makes none
-    return types.SimpleNamespace(metadata=k.metadata, src=k.src, asm=k.asm, function=1234)
+    return types.SimpleNamespace(**vars(hopper_builds["probe"]), function=1234)
 
 
 PARAMS = [None, 1000, 0.5, 1 << 40, None, 128]
@@ -289,21 +327,16 @@ def _descriptor_kernel(n, desc, out, scale, BLOCK: tl.constexpr):
     tl.store(out + offs, x.to(tl.float32) * scale, mask=offs < n)
 
 
-def test_descriptor_block_from_a_real_compile(monkeypatch):
+def test_descriptor_block_from_a_real_compile(hopper_builds, monkeypatch):
     """A kernel taking a tensor descriptor, compiled for sm_90: its map, shape and strides take
     the PTX's slots, expanded by Triton's own function in either spelling (Triton 3.6 takes two
     arguments, 3.9 three); a descriptor Triton would pass decomposed is refused."""
     import triton.backends.nvidia.driver as nv
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
 
     from indexer_topk.kernels import driver_launch as dl_module
 
-    sig = {"n": "i32", "desc": "tensordesc<fp16[64, 64]>", "out": "*fp32", "scale": "fp32", "BLOCK": "constexpr"}
-    k = triton.compile(ASTSource(JITFunction(_descriptor_kernel), sig, {"BLOCK": 64}), target=GPUTarget("cuda", 90, 32),
-                       options={"num_warps": 4})
-    compiled = types.SimpleNamespace(metadata=k.metadata, src=k.src, asm=k.asm, function=1)
+    k = hopper_builds["descriptor"]
+    compiled = types.SimpleNamespace(**vars(k), function=1)
     metas = []
 
     def three(arg, metadata, _):
