@@ -96,6 +96,60 @@ def test_meta_tensors_get_the_output_shapes_without_running():
     assert (counts.shape, counts.dtype) == ((5,), torch.int32)
 
 
+@pytest.mark.parametrize("bad", ["topk", "layout", "backend", "weights_shape", "q_dtype", "rows_per_request",
+                                 "weight_scale", "out_shape"])
+def test_fake_implementations_refuse_what_the_call_refuses(bad):
+    """On meta tensors (the fake implementations) a call the operator would refuse when it runs
+    is refused at once, naming the argument: a traced graph must not hold a call that can only fail."""
+    w = small(rows=4)
+    meta = [None if t is None else t.to("meta") for t in w.args()]
+    topk, layout, kw = w.topk, w.layout.value, {}
+    if bad == "topk":
+        topk = 513
+    elif bad == "layout":
+        layout = "sglang_fp4"
+    elif bad == "backend":
+        kw["backend"] = "fast"
+    elif bad == "weights_shape":
+        meta[4] = meta[4][:, :-1]
+    elif bad == "q_dtype":
+        meta[0] = meta[0].to(torch.float16)
+    elif bad == "rows_per_request":
+        kw["rows_per_request"] = 0
+    elif bad == "weight_scale":
+        kw["weight_scale"] = 1e300  # past fp32's range
+    out = allocate_result(w.rows, w.topk, "meta")
+    if bad == "out_shape":
+        out = out._replace(raw_indices=out.raw_indices[:, :-1])
+    name = {"weights_shape": "weights", "q_dtype": "q", "out_shape": "raw_indices"}.get(bad, bad)
+    if bad != "out_shape":
+        with pytest.raises(ValueError, match=name):
+            OPS.indexer_topk(*meta, topk, layout, **kw)
+    with pytest.raises(ValueError, match=name):
+        OPS.indexer_topk_out(*meta, topk, layout, *out, **kw)
+    good = [None if t is None else t.to("meta") for t in w.args()]
+    OPS.indexer_topk_out(*good, w.topk, w.layout.value, *allocate_result(w.rows, w.topk, "meta"))  # the valid call
+
+
+def test_torch_compile_refuses_an_unsupported_topk_while_tracing(monkeypatch):
+    """``torch.compile`` runs the fake implementation: topk 513 fails there, before the
+    operator's implementation is ever called."""
+    from indexer_topk import ops
+
+    w = small(rows=2)
+    ran = []
+    monkeypatch.setattr(ops.api, "indexer_topk", lambda *a, **k: ran.append(1))
+
+    def step(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens):
+        return OPS.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, 513, w.layout.value,
+                                w.weight_scale, "reference")
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match="topk") as info:
+        compiled(*w.args())
+    assert "Did you forget" not in str(info.value) and ran == []
+
+
 def test_torch_compile_traces_both_operators_in_one_graph():
     """``fullgraph=True`` raises on any graph break: both operators, with work around them, must
     sit in one graph and give the eager bits."""

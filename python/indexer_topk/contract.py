@@ -342,6 +342,13 @@ def _check_out(out, inputs: IndexerInputs) -> Optional[IndexerTopKResult]:
         ("counts", torch.int32, (rows,)),
     ):
         _expect_tensor(f"out.{field}", getattr(out, field), dtype, shape, device)
+    return out
+
+
+def _check_out_aliasing(out: Optional[IndexerTopKResult], inputs: IndexerInputs) -> None:
+    """No output shares a byte with an input or with another output."""
+    if out is None:
+        return
     outs = list(out)
     given = [t for t in inputs.tensors if t is not None]
     for i, o in enumerate(outs):
@@ -351,7 +358,6 @@ def _check_out(out, inputs: IndexerInputs) -> Optional[IndexerTopKResult]:
         for j in range(i + 1, len(outs)):
             if _overlaps(o, outs[j]):
                 raise ValueError(f"out.{out._fields[i]}: aliases out.{out._fields[j]}")
-    return out
 
 
 def _check_values(inputs: IndexerInputs) -> None:
@@ -456,6 +462,38 @@ def check_score_range(inputs: IndexerInputs) -> None:
     )
 
 
+def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale=1.0,
+                   out=None) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
+    """The checks of :func:`validate_inputs` that read neither data nor addresses: scalar
+    arguments, each tensor's dtype, shape, device and contiguity, ``out``'s shapes. They hold for
+    fake and meta tensors too, so the operators' fake implementations refuse under
+    ``torch.compile`` what the call would refuse when it runs. Raises ``ValueError`` naming the
+    argument; returns what :func:`validate_inputs` does."""
+    layout = parse_layout(layout)
+    check_topk(topk)
+    scale = _fp32_weight_scale(weight_scale)
+    if not isinstance(q, torch.Tensor) or q.dim() < 1:
+        raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
+    device = q.device
+    rows = q.shape[0]
+    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
+        raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
+    spec = expected_shapes(layout, rows, k_cache.shape[0])
+    named = {"q": q, "q_scale": q_scale, "k_cache": k_cache, "k_scale": k_scale, "weights": weights}
+    for name, t in named.items():
+        if spec[name] is None:
+            _expect_none(name, t, layout)
+        else:
+            dtype, shape = spec[name]
+            _expect_tensor(name, t, dtype, shape, device)
+    if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
+        raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
+    _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
+    _expect_tensor("seq_lens", seq_lens, torch.int32, (rows,), device)
+    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale)
+    return inputs, _check_out(out, inputs)
+
+
 def validate_inputs(
     q,
     q_scale,
@@ -486,45 +524,21 @@ def validate_inputs(
     ``workspace`` tensor is checked here for everything but its size, which depends on the
     backend (:func:`check_workspace`).
     """
-    layout = parse_layout(layout)
-    check_topk(topk)
-    scale = _fp32_weight_scale(weight_scale)
     if not isinstance(check_values, bool):
         raise ValueError(f"check_values: expected True or False, got {check_values!r}")
-
-    if not isinstance(q, torch.Tensor) or q.dim() < 1:
-        raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
-    device = q.device
-    if device.type == "meta":
+    if isinstance(q, torch.Tensor) and q.device.type == "meta":
         # every other tensor is held to q's device, so this rejects them all
         raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
-    rows = q.shape[0]
-    if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
-        raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
-    num_pages = k_cache.shape[0]
-
-    spec = expected_shapes(layout, rows, num_pages)
-    named = {"q": q, "q_scale": q_scale, "k_cache": k_cache, "k_scale": k_scale, "weights": weights}
-    for name, t in named.items():
-        if spec[name] is None:
-            _expect_none(name, t, layout)
-        else:
-            dtype, shape = spec[name]
-            _expect_tensor(name, t, dtype, shape, device)
-    if layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
+    inputs, out = check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk,
+                                 layout=layout, weight_scale=weight_scale, out=out)
+    if inputs.layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
         raise ValueError(
             "k_cache: must start on a 4-byte boundary (the FP8 layout's per-key scales are read as "
             f"float32); it starts at byte offset {k_cache.storage_offset()} of its storage"
         )
-
-    if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
-        raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
-    _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
-    _expect_tensor("seq_lens", seq_lens, torch.int32, (rows,), device)
-
-    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale)
-    out = _check_out(out, inputs)
+    _check_out_aliasing(out, inputs)
     _check_workspace_aliasing(workspace, inputs, out)
+    rows = inputs.rows
     if check_values and rows > 0:
         _check_values(inputs)
     return inputs, out

@@ -27,7 +27,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import api
-from .contract import IndexerTopKResult
+from .contract import IndexerTopKResult, check_metadata
 
 NAMESPACE = "indexer_topk"
 
@@ -118,10 +118,25 @@ def _only_fake_or_meta(*tensors) -> None:
             )
 
 
+def _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
+                rows_per_request, out=None) -> None:
+    """What the call checks before it runs that needs no data: so that a traced or meta call
+    with an unsupported ``topk``, an unknown layout or backend, or a tensor of the wrong shape
+    fails where it is traced, not when the compiled graph first runs."""
+    if backend not in api.BACKENDS:
+        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {api.BACKENDS}")
+    if rows_per_request is not None and rows_per_request < 1:
+        raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
+    check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
+                   weight_scale=weight_scale, out=out)
+
+
 @torch.library.register_fake(f"{NAMESPACE}::indexer_topk")
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto",
       check_values=True, rows_per_request=None):
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
+    _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
+                rows_per_request)
     rows = q.shape[0]
     return (
         q.new_empty((rows, topk), dtype=torch.float32),
@@ -137,6 +152,8 @@ def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout,
       rows_per_request=None):
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, values, raw_indices,
                        physical_indices, counts, workspace)
+    _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
+                rows_per_request, IndexerTopKResult(values, raw_indices, physical_indices, counts))
     return None
 
 
