@@ -202,6 +202,11 @@ BAD = [
     (dict(entries=[entry(record=[])]), "entries[0].record"),
     (dict(entries=[entry(record=[{"file": "x", "commit": ""}])]), "entries[0].record"),
     (dict(entries=[entry(), entry()]), "entries[1]"),
+    # equal in Python to what the table means, not the same JSON value
+    (dict(schema=True), "schema"),
+    (dict(schema=1.0), "schema"),
+    (dict(conditions={"hopper_stream": 1}), "conditions.hopper_stream"),
+    (dict(entries=[entry(topk=512.0)]), "entries[0].topk"),
 ]
 
 
@@ -353,6 +358,8 @@ def test_records_at_one_point_merge_by_median():
     (record(candidates={"fused": -1.0}), "candidates"), (record(sglang_ms="fast"), "sglang_ms"), ("x", "records"),
     (record(sglang_ms=float("nan")), "sglang_ms"), (record(candidates={"fused": float("nan")}), "candidates"),
     (record(source="mix.json"), "source"), (record(source={"file": "mix.json"}), "source"),
+    (record(topk=1024.0), "topk"), (record(candidates={"fused": True}), "candidates"),
+    (record(candidates={"fused": float("inf")}), "candidates"), (record(sglang_ms=True), "sglang_ms"),
 ])
 def test_bad_record_names_the_field(bad, field):
     with pytest.raises(RoutesError, match=field):

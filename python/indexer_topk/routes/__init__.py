@@ -238,6 +238,16 @@ def _need(cond: bool, name: str, where: str, what: str, got: Any) -> None:
         raise RoutesError(f"{name}: {where}: expected {what}, got {value_words(got)}")
 
 
+def _one_of(x, choices) -> bool:
+    # by type as well as value: JSON's true equals 1 and 512.0 equals 512 in Python, and
+    # neither is what a table means by them
+    return any(type(x) is type(c) and x == c for c in choices)
+
+
+def _positive_ms(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
+
+
 def _positive_int(x) -> bool:
     # below 2**63: a count a tensor can hold (and the grid's float cut points can take)
     return isinstance(x, int) and not isinstance(x, bool) and 0 < x < 2**63
@@ -245,7 +255,7 @@ def _positive_int(x) -> bool:
 
 def _validate(doc: Any, name: str):
     _need(isinstance(doc, dict), name, "the document", "a JSON object", type(doc).__name__)
-    _need(doc.get("schema") == SCHEMA, name, "schema", SCHEMA, doc.get("schema"))
+    _need(_one_of(doc.get("schema"), (SCHEMA,)), name, "schema", SCHEMA, doc.get("schema"))
     dev = doc.get("device")
     _need(isinstance(dev, dict), name, "device", "an object", dev)
     _need(dev.get("vendor") in VENDORS.values(), name, "device.vendor", "nvidia or amd", dev.get("vendor"))
@@ -256,7 +266,7 @@ def _validate(doc: Any, name: str):
     _need(isinstance(cond, dict), name, "conditions", "an object", cond)
     _need(cond.get("triton") is None or _triton_minor(cond["triton"]) == cond["triton"], name, "conditions.triton",
           "a major.minor string like 3.6", cond.get("triton"))
-    _need(cond.get("hopper_stream") in (None, True, False), name, "conditions.hopper_stream", "true or false",
+    _need(_one_of(cond.get("hopper_stream"), (None, True, False)), name, "conditions.hopper_stream", "true or false",
           cond.get("hopper_stream"))
     _need(doc.get("context") == "c4", name, "context", "'c4'", doc.get("context"))
     entries = doc.get("entries")
@@ -267,7 +277,7 @@ def _validate(doc: Any, name: str):
         _need(isinstance(e, dict), name, where, "an object", e)
         _need(e.get("layout") in [x.value for x in Layout], name, f"{where}.layout", "a layout", e.get("layout"))
         _need(e.get("mode") in MODES, name, f"{where}.mode", f"one of {MODES}", e.get("mode"))
-        _need(e.get("topk") in SUPPORTED_TOPK, name, f"{where}.topk", f"one of {SUPPORTED_TOPK}", e.get("topk"))
+        _need(_one_of(e.get("topk"), SUPPORTED_TOPK), name, f"{where}.topk", f"one of {SUPPORTED_TOPK}", e.get("topk"))
         for axis in ("rows", "c4"):
             _need(_positive_int(e.get(axis)), name, f"{where}.{axis}", "a positive int below 2**63", e.get(axis))
         _need(e.get("ours") in OURS, name, f"{where}.ours", f"one of {OURS}", e.get("ours"))
@@ -391,15 +401,15 @@ def _check_record(r: Any, i: int, source: str) -> None:
     _need(isinstance(r, dict), source, where, "an object", r)
     _need(r.get("kind") in RECORD_KINDS, source, f"{where}.kind", "prefill or decode", r.get("kind"))
     _need(r.get("layout") in [x.value for x in Layout], source, f"{where}.layout", "a layout", r.get("layout"))
-    _need(r.get("topk") in SUPPORTED_TOPK, source, f"{where}.topk", f"one of {SUPPORTED_TOPK}", r.get("topk"))
+    _need(_one_of(r.get("topk"), SUPPORTED_TOPK), source, f"{where}.topk", f"one of {SUPPORTED_TOPK}", r.get("topk"))
     for k in ("rows", "context_tokens"):
         _need(_positive_int(r.get(k)) and (k != "context_tokens" or r[k] >= 4), source, f"{where}.{k}",
               "a positive int below 2**63 (context: at least 4 tokens)", r.get(k))
     cands = r.get("candidates")
-    _need(isinstance(cands, dict) and all(k in OURS and isinstance(v, (int, float)) and v > 0 for k, v in cands.items()),
+    _need(isinstance(cands, dict) and all(k in OURS and _positive_ms(v) for k, v in cands.items()),
           source, f"{where}.candidates", f"{{backend: ms}} with backends from {OURS}", cands)
     ms = r.get("sglang_ms")
-    _need(ms is None or (isinstance(ms, (int, float)) and ms > 0), source, f"{where}.sglang_ms", "ms or null", ms)
+    _need(ms is None or _positive_ms(ms), source, f"{where}.sglang_ms", "ms or null", ms)
     cite = r.get("source")
     _need(cite is None or (isinstance(cite, dict) and all(isinstance(cite.get(k), str) and cite[k] for k in ("file", "commit"))),
           source, f"{where}.source", "{file, commit}", cite)
