@@ -216,6 +216,22 @@ def test_policy_built_when_sglang_builds_the_backend(sg, load, monkeypatch):
     assert not policy.routes  # built (frozen) before any call was routed
 
 
+def test_a_backend_init_hook_that_fails_leaves_sglang_serving(sg, load, served, monkeypatch, caplog):
+    """SGLang's ``is_hip`` raising inside the backend-init hook (a broken or stubbed SGLang):
+    SGLang's start-up goes on, a warning says why, and every call stays on SGLang's path."""
+    caplog.set_level(logging.INFO)
+    load(H200_FUSED)  # a policy that would serve FP8 prefill with ours
+
+    def broken():
+        raise RuntimeError("no device query here")
+
+    monkeypatch.setattr(sg.indexer, "is_hip", broken)
+    scene = _scene(sg, layout="sglang_fp8")  # SGLang's backend __init__ runs the hook here
+    assert "the backend-init hook failed (RuntimeError: no device query here)" in caplog.text
+    sg.calls.clear()
+    _assert_sglang_served(sg, scene, served)  # the hook asks is_hip no more
+
+
 def test_decline_probe_times_a_call_handed_back(sg, load):
     """The GPU run's probe of what a handed-back call costs (``run_cuda.decline_host_us``): on
     an H200, FP8 prefill inside SGLang stays on SGLang's path, so the hook declines it, never

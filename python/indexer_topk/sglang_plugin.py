@@ -216,18 +216,25 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
     the policy here keeps its probes out of every capture, and compiling the kernels our routes
     will run here keeps compilation out of the first prefill."""
     policy = _policy_or_none()
-    if policy is not None:
+    if policy is None:
+        return None
+    try:
         layouts = _policy.engine_layouts(policy.probe)
-        _STATE.decode_ours = any(_engine_backends(policy, x, m, SUPPORTED_TOPK) for x in layouts
-                                 for m in ("decode", "capture"))
+        decode_ours = any(_engine_backends(policy, x, m, SUPPORTED_TOPK) for x in layouts
+                          for m in ("decode", "capture"))
         ix = _STATE.indexer_module  # the hook's own test for HIP, where SGLang is loaded
         hip = bool(ix.is_hip()) if ix is not None else policy.probe.device == "hip"
+        prefill_ours = {}
         for fp4 in (False, True):
             layout = _covered_layout(fp4, hip)
-            _STATE.prefill_ours[fp4] = layout is not None and any(
+            prefill_ours[fp4] = layout is not None and any(
                 _engine_backends(policy, layout, m, SUPPORTED_TOPK) for m in ("prefill", "capture"))
-        _STATE.frozen_policy = policy
-        _warm_up(policy)
+    except Exception as exc:  # SGLang's start-up must not fail in a hook of ours
+        _STATE.disabled = f"the backend-init hook failed ({type(exc).__name__}: {exc})"
+        logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
+        return None
+    _STATE.decode_ours, _STATE.prefill_ours, _STATE.frozen_policy = decode_ours, prefill_ours, policy
+    _warm_up(policy)
     return None
 
 
@@ -410,7 +417,7 @@ def _plan_call(a) -> Optional[_Call]:
     ix = _STATE.indexer_module
     backend_self, c4_indexer, forward_batch = a["self"], a["c4_indexer"], a["forward_batch"]
     mode = forward_batch.forward_mode
-    if ix is None or mode.is_idle():  # SGLang returns at once on an idle batch, however it is passed
+    if ix is None or _STATE.disabled is not None or mode.is_idle():  # SGLang returns at once on an idle batch, however it is passed
         return None
     if getattr(backend_self, "debug_use_external_c4_sparse_indices", False):
         return None
