@@ -209,3 +209,27 @@ def test_tolerance_overrides_replace_the_rule():
     assert "sglang_fp8 on a GPU" not in comparison_rule(1e-3, device="cuda") + comparison_rule(device="cpu")
 
 
+
+
+@pytest.mark.parametrize("bad, field", [
+    (dict(rtol=None), "rtol"), (dict(atol=None), "atol"),
+    (dict(atol=torch.full((3,), 1e-6)), "atol"),  # one per row of two rows
+    (dict(atol=torch.full((2, 1), 1e-6)), "atol"),
+])
+def test_tolerances_it_cannot_apply_are_refused_by_name(bad, field):
+    """``None`` (``mma_tolerance``'s "not given", not a tolerance) and per-row tolerances of
+    another length than the rows: a ``ValueError`` naming the argument, not a traceback from
+    the arithmetic."""
+    vals = torch.tensor([[3.0, 0.5], [1.0, 0.0]])
+    raw = torch.tensor([[5, 9], [5, 9]], dtype=torch.int32)
+    exp = IndexerTopKResult(vals, raw, raw, torch.tensor([2, 2], dtype=torch.int32))
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        compare.compare_to_reference(exp, exp, **bad)
+    assert compare.compare_to_reference(exp, exp, atol=torch.full((2,), 1e-6)).ok
+
+
+@pytest.mark.parametrize("topk", [0, -1, 2.5, True, "512"])
+def test_reference_refuses_a_topk_that_is_not_a_positive_int(topk):
+    w = make_workload("sglang_fp8", context_tokens=[300], rows_per_request=[1], topk=512, seed=3, device="cpu")
+    with pytest.raises(ValueError, match="^topk: "):
+        reference_indexer_topk(*w.args(), **{**w.kwargs(), "topk": topk})

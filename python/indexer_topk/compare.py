@@ -276,6 +276,9 @@ def compare_to_reference(
     Comparison
         ``.ok`` is the verdict; ``.summary()`` a one-line description.
     """
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is None:  # (check_tolerance takes None as "not given")
+            raise ValueError(f"{name}: expected a tolerance, got None; mma_tolerance() gives a kernel's")
     check_tolerance(rtol, atol)
     if inputs is not None:
         if not isinstance(inputs, IndexerInputs):
@@ -286,8 +289,11 @@ def compare_to_reference(
     dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
     a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
     e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
-    _check_atol_against_scores(torch.as_tensor(atol, dtype=torch.float64).detach().to(dev), e.values)
+    atol_t = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)
     rows = e.counts.shape[0]
+    if atol_t.dim() > 1 or (atol_t.dim() == 1 and atol_t.shape[0] != rows):
+        raise ValueError(f"atol: per-row tolerances must be a tensor [rows] = [{rows}], got shape {list(atol_t.shape)}")
+    _check_atol_against_scores(atol_t, e.values)
     cmp = Comparison(rows=rows)
 
     def note(msg: str):

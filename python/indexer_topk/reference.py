@@ -122,6 +122,10 @@ def reference_with_next_values(
     has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
     takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
+    # any positive topk has a reference answer (the tests use small ones); the kernels take
+    # SUPPORTED_TOPK alone
+    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+        raise ValueError(f"topk: expected a positive int, got {topk!r}")
     # the kernels' fp32 range: beyond it no kernel can be held to the fp64 scores
     check_score_range(IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk))
     dev = k_cache.device
