@@ -188,3 +188,25 @@ def test_operators_refuse_meta_tensors_mixed_with_real_ones(meta_arg):
     meta_out = allocate_result(w.rows, w.topk, "meta")  # real inputs, meta outputs
     with pytest.raises(ValueError, match="meta"):
         OPS.indexer_topk_out(*w.args(), w.topk, w.layout.value, *meta_out)
+
+
+def test_torch_compile_with_a_symbolic_topk_and_weight_scale():
+    """Where ``torch.compile`` keeps a Python int or float argument symbolic (on its own after a
+    recompile, or with int specialisation off), the fake implementation checks ``topk`` and
+    ``weight_scale`` at their traced values: each compiled call gives the eager bits."""
+    import torch._dynamo
+
+    def step(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, weight_scale):
+        return OPS.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, "sglang_fp8",
+                                weight_scale, "reference")
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(specialize_int=False, specialize_float=False):
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=True)
+        for topk, scale in ((512, 1.0), (1024, 0.5)):
+            w = small(rows=2, tokens=1500 + topk, topk=topk)
+            got = compiled(*w.args(), topk, scale)
+            want = indexer_topk.indexer_topk(*w.args(), topk=topk, layout="sglang_fp8", weight_scale=scale,
+                                             backend="reference")
+            assert_bitwise(indexer_topk.IndexerTopKResult(*got), want, f"compiled, topk {topk}")
+    torch._dynamo.reset()

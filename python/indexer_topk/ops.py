@@ -123,6 +123,10 @@ def _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, top
     """What the call checks before it runs that needs no data: so that a traced or meta call
     with an unsupported ``topk``, an unknown layout or backend, or a tensor of the wrong shape
     fails where it is traced, not when the compiled graph first runs."""
+    # a topk or weight_scale that torch.compile made symbolic is checked at its traced value
+    # (the guard this adds recompiles for another: there are three topk values)
+    topk = int(topk) if isinstance(topk, torch.SymInt) else topk
+    weight_scale = float(weight_scale) if isinstance(weight_scale, torch.SymFloat) else weight_scale
     if backend not in api.BACKENDS:
         raise ValueError(f"backend: unknown backend {backend!r}; expected one of {api.BACKENDS}")
     if rows_per_request is not None and rows_per_request < 1:
