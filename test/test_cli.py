@@ -311,6 +311,27 @@ def test_small_cpu_demo_is_neither_warned_nor_refused(cli, no_build, argv, capsy
     assert rc == "built" and "warning" not in captured.err and captured.err.strip() == "", captured.err
 
 
+def test_cpu_demo_counts_its_timed_calls(cli, no_build, capsys):
+    """The estimate counts every call a kernel backend makes (warm-up and timed iterations): a
+    small batch timed 100,000 times is refused, with the options that shrink it named."""
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--backends", "fused", "--iters", "100000"], capsys)
+    assert rc == 2 and "--iters" in captured.err and "100001 calls" in captured.err, captured.err
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--backends", "fused", "--iters", "1"], capsys)
+    assert rc == "built"
+
+
+@pytest.mark.parametrize("argv", [["--rows", "100000", "--layout", "sglang_fp8", "--patterns", "random"],
+                                  ["--context", "64M"]])
+def test_cpu_check_too_large_is_refused_before_building(cli, no_build, argv, capsys):
+    """``check`` builds a workload per layout and pattern and runs the reference over each: on a
+    CPU the same guard as demo's refuses one estimated past the limits, before building any."""
+    rc, captured = _demo_guard(cli, ["check", "--device", "cpu", *argv], capsys)
+    assert rc == 2, captured
+    assert "CPU check" in captured.err and "--force" in captured.err and "Traceback" not in captured.err
+    rc, captured = _demo_guard(cli, ["check", "--device", "cpu", *argv, "--force"], capsys)
+    assert rc == "built" and "warning" in captured.err
+
+
 # ============================================================================================
 # check
 # ============================================================================================

@@ -233,3 +233,13 @@ def test_reference_refuses_a_topk_that_is_not_a_positive_int(topk):
     w = make_workload("sglang_fp8", context_tokens=[300], rows_per_request=[1], topk=512, seed=3, device="cpu")
     with pytest.raises(ValueError, match="^topk: "):
         reference_indexer_topk(*w.args(), **{**w.kwargs(), "topk": topk})
+
+
+def test_a_page_table_without_columns_compares():
+    """A valid call whose page table has no columns (every row empty): its outputs compare equal
+    to themselves, where the physical-index check indexed a column that is not there."""
+    w = make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[2], topk=512, seed=5, device="cpu")
+    w = dataclasses.replace(w, page_table=torch.empty((2, 0), dtype=torch.int32),
+                            seq_lens=torch.zeros(2, dtype=torch.int32))
+    e = reference_indexer_topk(*w.args(), **w.kwargs())
+    assert compare.compare_to_reference(e, e, inputs=w).ok

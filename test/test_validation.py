@@ -683,3 +683,17 @@ def test_weight_scale_bool(weight_scale, no_kernel):
 def test_check_values_must_be_a_bool(check_values, no_kernel):
     expect("check_values", small("sglang_fp8"), layout="sglang_fp8", check_values=check_values,
            message="expected True or False")
+
+
+def test_weights_that_require_grad_are_checked_without_a_warning():
+    """The value checks read the weights as numbers: weights that require grad (a caller's
+    module parameters) raise no autograd warning from them."""
+    import warnings
+
+    w = make_workload("sglang_fp8", context_tokens=[1500], rows_per_request=[2], topk=512, seed=1, device="cpu")
+    args = list(w.args())
+    args[4] = args[4].clone().requires_grad_(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = indexer_topk(*args, **w.kwargs(), backend="reference", check_values=True)
+    assert got.counts.tolist() == [374, 375]

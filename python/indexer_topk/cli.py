@@ -220,30 +220,48 @@ def _demo_workload_args(a, device) -> dict:
     }
 
 
-def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool) -> None:
-    """Refuse (``CliError``, exit 2) a CPU demo estimated beyond :data:`CPU_DEMO_MAX_SECONDS` or
-    half the machine's memory unless ``force``; warn on stderr above the warning levels."""
+def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool, *, what: str = "demo", runs: int = 1,
+                    kernel_calls: int = 1, reference_max_pairs: int = REFERENCE_MAX_PAIRS,
+                    layouts: Optional[Sequence[str]] = None) -> None:
+    """Refuse (``CliError``, exit 2) a CPU run estimated beyond :data:`CPU_DEMO_MAX_SECONDS` or
+    half the machine's memory unless ``force``; warn on stderr above the warning levels.
+
+    The run is ``runs`` workloads of ``wargs`` per layout of ``layouts`` (``wargs``'s alone by
+    default), each run once by the reference and ``kernel_calls`` times by each kernel backend
+    (warm-up and timed iterations included)."""
     from .backends import triton_problem
-    from .bench.cost import demo_cost, format_bytes, format_seconds, physical_memory_bytes
+    from .bench.cost import DemoCost, demo_cost, format_bytes, format_seconds, physical_memory_bytes
 
     if triton_problem(wargs["device"]) is not None:  # our kernels will not run: they cost nothing
         backends = [b for b in backends if b not in ("legacy", "fused")]
-    cost = demo_cost(wargs["layout"], wargs["context_tokens"], wargs["rows_per_request"], wargs["topk"], backends,
-                     reference_max_pairs=REFERENCE_MAX_PAIRS)
+    rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
+    seconds, memory = 0.0, 0
+    for layout in layouts or (wargs["layout"],):
+        once = demo_cost(layout, contexts, rows, wargs["topk"], backends, reference_max_pairs=reference_max_pairs)
+        kernels = demo_cost(layout, contexts, rows, wargs["topk"], [b for b in backends if b != "reference"],
+                            reference_max_pairs=reference_max_pairs)
+        seconds += runs * (once.seconds + (kernel_calls - 1) * kernels.seconds)
+        memory = max(memory, once.memory_bytes)
+    cost = DemoCost(seconds, memory)
     physical = physical_memory_bytes()
     max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK
-    rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
     shape = f"{len(contexts)} request(s), {sum(rows):,} rows, up to {max(contexts):,} tokens"
+    if runs > 1 or (layouts and len(layouts) > 1):
+        shape += f", {runs * len(layouts or (1,))} workloads"
+    if kernel_calls > 1:
+        shape += f", {kernel_calls} calls a kernel backend"
     where = "half this machine's memory" if physical else "this system does not say how much memory it has"
-    limits = f"the CPU demo's limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} ({where})"
+    limits = f"the CPU limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} ({where})"
+    smaller = "smaller --rows/--context" + (", fewer --warmup/--iters" if kernel_calls > 1 else "")
     if cost.seconds > CPU_DEMO_MAX_SECONDS or cost.memory_bytes > max_memory:
         if not force:
-            raise CliError(f"--rows/--context: this CPU demo ({shape}) is estimated at {cost} under the Triton "
-                           f"interpreter; {limits}. Use smaller --rows/--context, a GPU, or --force to run it anyway")
+            options = "--rows/--context" + ("/--warmup/--iters" if kernel_calls > 1 else "")
+            raise CliError(f"{options}: this CPU {what} ({shape}) is estimated at {cost} under the Triton "
+                           f"interpreter; {limits}. Use {smaller}, a GPU, or --force to run it anyway")
     elif cost.seconds <= CPU_DEMO_WARN_SECONDS and cost.memory_bytes <= CPU_DEMO_WARN_MEMORY:
         return
-    print(f"{PROG}: warning: this CPU demo ({shape}) is estimated at {cost} under the Triton interpreter "
-          "(a rough estimate); smaller --rows/--context run faster", file=sys.stderr)
+    print(f"{PROG}: warning: this CPU {what} ({shape}) is estimated at {cost} under the Triton interpreter "
+          f"(a rough estimate); {smaller} run faster", file=sys.stderr)
 
 
 def _memory_statement(runs: dict, w, device) -> dict:
@@ -312,7 +330,8 @@ def cmd_demo(a, device) -> int:
     wargs = _demo_workload_args(a, device)
     requested = _choice_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
     if not on_gpu:
-        _cpu_demo_guard(wargs, requested or ("reference",) + KERNEL_BACKENDS, a.force)
+        _cpu_demo_guard(wargs, requested or ("reference",) + KERNEL_BACKENDS, a.force,
+                        kernel_calls=1 + warmup + iters)
 
     runs: dict = {}
     with _progress(not a.json) as progress:
@@ -652,6 +671,11 @@ def cmd_check(a, device) -> int:
     shape = GPU_CHECK if device.type == "cuda" else CPU_CHECK
     contexts = _parse_contexts(a.context) if a.context else list(shape["context"])
     rows = [a.rows] * len(contexts) if a.rows is not None else list(shape["rows"])[: len(contexts)] + [2] * max(0, len(contexts) - len(shape["rows"]))
+    if device.type != "cuda":  # every pattern of every layout, each through the reference and the backends
+        wargs = {"layout": layouts[0], "context_tokens": contexts, "rows_per_request": rows, "topk": a.topk,
+                 "device": device}
+        _cpu_demo_guard(wargs, ("reference",) + tuple(backends), a.force, what="check", runs=len(patterns),
+                        reference_max_pairs=1 << 62, layouts=layouts)
 
     results = []
     with _progress(not a.json) as progress:
@@ -782,6 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--atol", type=_tolerance("atol"), default=1e-6,
                    help="absolute score tolerance, at most 1%% of the largest score (default 1e-6)")
     c.add_argument("--json", action="store_true", help="print machine-readable JSON only")
+    c.add_argument("--force", action="store_true",
+                   help="on a CPU, run a check estimated beyond the size guard's limits (as demo's --force)")
     c.set_defaults(func=cmd_check)
     return p
 

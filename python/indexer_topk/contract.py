@@ -360,6 +360,7 @@ def _check_out_aliasing(out: Optional[IndexerTopKResult], inputs: IndexerInputs)
                 raise ValueError(f"out.{out._fields[i]}: aliases out.{out._fields[j]}")
 
 
+@torch.no_grad()  # reads values only: weights that require grad are read as numbers
 def _check_values(inputs: IndexerInputs) -> None:
     """The checks that read tensor contents (they synchronise with the device)."""
     seq_lens, page_table = inputs.seq_lens, inputs.page_table
@@ -444,6 +445,7 @@ def score_bounds(inputs: IndexerInputs):
     return bound, how
 
 
+@torch.no_grad()  # reads values only: weights that require grad are read as numbers
 def check_score_range(inputs: IndexerInputs) -> None:
     """``ValueError`` where a row's inputs are beyond the contract's fp32 range (module
     docstring): the kernels could give ``inf`` where the exact score is finite."""
