@@ -697,3 +697,16 @@ def test_weights_that_require_grad_are_checked_without_a_warning():
         warnings.simplefilter("error")
         got = indexer_topk(*args, **w.kwargs(), backend="reference", check_values=True)
     assert got.counts.tolist() == [374, 375]
+
+
+@pytest.mark.parametrize("backend", ["reference", "legacy"])
+def test_outputs_made_under_inference_mode_are_written_by_every_backend(backend):
+    """Outputs allocated under ``torch.inference_mode()`` (as an engine's warm-up may make them)
+    and a call outside it: the kernels write them through pointers, and the reference writes
+    them too, where torch refused its in-place copy after the scores were computed."""
+    w = make_workload("sglang_fp8", context_tokens=[1500], rows_per_request=[2], topk=512, seed=2, device="cpu")
+    with torch.inference_mode():
+        out = allocate_result(w.rows, w.topk, "cpu")
+    got = indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out)
+    assert got is out or all(a is b for a, b in zip(got, out))
+    assert_bitwise(out, indexer_topk(*w.args(), **w.kwargs(), backend=backend), f"{backend} into inference outputs")

@@ -26,7 +26,10 @@ def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> Indexe
     res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale)
     if out is None:
         return res
-    with torch.no_grad():  # as the kernels write: an output that requires grad is written, not traced
+    # as the kernels write: an output that requires grad is written, not traced, and one made
+    # under inference mode is written (outside it torch refuses in-place updates to it)
+    inference = any(t.is_inference() for t in out)
+    with torch.inference_mode() if inference else torch.no_grad():
         for dst, src in zip(out, res):
             dst.copy_(src)
     return out
