@@ -723,3 +723,30 @@ def test_tune_without_a_gpu_says_so(tmp_path):
     p = run_cli("tune", "--out", str(tmp_path / "t.json"), env_extra=no_gpu_env())
     assert_one_line_error(p, 1, "--from-records")
     assert not (tmp_path / "t.json").exists()
+
+
+class _Unwritable:
+    """A stdout whose writes fail as a full device's or a closed pipe's do."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+    def write(self, text):
+        raise self.exc
+
+    def flush(self):
+        raise self.exc
+
+
+@pytest.mark.parametrize("argv", [["info"], ["info", "--json"]])
+def test_output_that_cannot_be_written_is_one_line_and_status_1(cli, argv, monkeypatch, capsys):
+    import errno
+    import sys
+
+    monkeypatch.setattr(sys, "stdout", _Unwritable(OSError(errno.ENOSPC, "No space left on device")))
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == "indexer-topk: error: cannot write the output: No space left on device", err
+    monkeypatch.setattr(sys, "stdout", _Unwritable(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == ""  # a reader that closed the pipe wants nothing more

@@ -160,7 +160,7 @@ def assert_describe_matches_routes(p: PathPolicy) -> None:
         (dict(MI355X, aiter_error="RuntimeError('hip init')"), "RuntimeError('hip init')"),
         (MI300X, "needs gfx950, this GPU is gfx942"),
         (dict(MI300X, triton_rocm=True), "INDEXER_TOPK_TRITON_ROCM=1"),
-        (CPU, "no GPU and the Triton interpreter is off"),
+        (CPU, "no GPU and the Triton interpreter is off (TRITON_INTERPRET is not 1)"),
         (dict(CPU, triton_interpret=True), "interpreter"),
     ],
 )

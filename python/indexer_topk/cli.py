@@ -813,7 +813,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``indexer-topk``; returns the exit status (0 ok, 1 mismatch/failure, 2 usage)."""
+    """Entry point of ``indexer-topk``; returns the exit status (0 ok, 1 mismatch/failure, 2 usage).
+
+    Output that cannot be written (a full device, a reader that closed the pipe, as ``| head``
+    does) is an error of one line and status 1, not a traceback or a silent 0."""
+    try:
+        try:
+            status = _main(argv)
+        except SystemExit:  # --help and --version print, then exit: their output must reach its reader too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        _stdout_to_devnull()  # the reader is gone: nothing to say, and nothing left to flush at exit
+        return 1
+    except OSError as exc:
+        _stdout_to_devnull()
+        print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        sys.stdout = open(os.devnull, "w")
+    except OSError:
+        pass
+
+
+def _main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv = ["demo"] + argv

@@ -170,7 +170,7 @@ def _decide(p: Probe) -> Tuple[str, str]:
     if p.device == "cpu":
         why_cpu = "no GPU" + (f" (torch raised {p.torch_error})" if p.torch_error else "")
         if not p.triton_interpret:
-            return "reference", f"{why_cpu} and the Triton interpreter is off (TRITON_INTERPRET unset)"
+            return "reference", f"{why_cpu} and the Triton interpreter is off (TRITON_INTERPRET is not 1)"
         if p.triton_version is None:
             return "reference", f"{why_cpu} and Triton cannot be imported ({p.triton_error})"
         if not p.fused_enabled:

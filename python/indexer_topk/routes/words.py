@@ -104,7 +104,7 @@ def hardware_words(p) -> str:
     elif p.device == "hip":
         hw = f"{p.device_name} {p.gfx_arch or 'gfx?'}, aiter fused top-k {'found' if p.aiter_symbol else 'absent'}"
     else:
-        hw = "no GPU" + (", TRITON_INTERPRET=1" if p.triton_interpret else ", TRITON_INTERPRET unset")
+        hw = "no GPU" + (", TRITON_INTERPRET=1" if p.triton_interpret else ", TRITON_INTERPRET not 1")
     return f"{hw}, {'triton ' + p.triton_version if p.triton_version else 'no triton'}"
 
 
