@@ -710,3 +710,24 @@ def test_outputs_made_under_inference_mode_are_written_by_every_backend(backend)
     got = indexer_topk(*w.args(), **w.kwargs(), backend=backend, out=out)
     assert got is out or all(a is b for a, b in zip(got, out))
     assert_bitwise(out, indexer_topk(*w.args(), **w.kwargs(), backend=backend), f"{backend} into inference outputs")
+
+
+@pytest.mark.parametrize("call, field", [
+    (lambda: allocate_result(-1, 512, "cpu"), "rows"),
+    (lambda: allocate_result(2, 2.5, "cpu"), "topk"),
+    (lambda: make_workload("sglang_fp8", context_tokens=[], rows_per_request=[]), "context_tokens"),
+    (lambda: make_workload("sglang_fp8", context_tokens=[-100], rows_per_request=[1]), "context_tokens"),
+    (lambda: make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[-1]), "rows_per_request"),
+    (lambda: make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[1], seed=2**64), "seed"),
+    (lambda: make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[1], seed=-1), "seed"),
+])
+def test_public_helpers_name_a_bad_argument(call, field):
+    """The helpers a user builds a call with refuse what they cannot build by name, where torch
+    raised from inside them (or a negative context became an empty one)."""
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        call()
+
+
+def test_workspace_size_names_a_bad_device():
+    with pytest.raises(ValueError, match="^device: "):
+        api.workspace_size(4, 512, "sglang_fp8", device="bogus")

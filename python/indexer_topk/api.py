@@ -303,6 +303,11 @@ def workspace_size(rows: int, topk: int, layout: str, device=None) -> int:
         raise ValueError(f"rows: expected a non-negative int, got {rows!r}")
     check_topk(topk)
     layout = parse_layout(layout)
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device: expected a torch device such as 'cuda:0' or 'cpu', got {device!r}") from None
     require_runnable("fused")
     from .backends.fused import fused_workspace_size
 

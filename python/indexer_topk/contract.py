@@ -129,7 +129,12 @@ class IndexerTopKResult(NamedTuple):
 
 
 def allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
-    """Empty output tensors of the right shapes and dtypes (contents undefined)."""
+    """Empty output tensors of the right shapes and dtypes (contents undefined): ``values``
+    float32 ``[rows, topk]``, ``raw_indices`` and ``physical_indices`` int32 ``[rows, topk]``,
+    ``counts`` int32 ``[rows]``."""
+    for name, n in (("rows", rows), ("topk", topk)):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"{name}: expected a non-negative int, got {n!r}")
     return IndexerTopKResult(
         torch.empty((rows, topk), dtype=torch.float32, device=device),
         torch.empty((rows, topk), dtype=torch.int32, device=device),
