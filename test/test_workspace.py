@@ -239,3 +239,18 @@ def test_legacy_workspace_smaller_than_its_chunk_is_left_alone(wl):
     got = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", workspace=whole)
     assert not bool((whole == 0xA5).all())
     assert_bitwise(got, it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy"))
+
+
+def test_auto_refuses_a_workspace_the_fused_path_could_not_use():
+    """``auto`` may send a call of these shapes to the fused path: a workspace smaller than
+    ``workspace_size`` is refused on the first call whichever backend the policy picks, not only
+    once a call reaches the fused path; legacy and the reference, asked by name, still accept it
+    (legacy allocates its own score matrix)."""
+    w = it.make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[2], topk=512, seed=4, device="cpu")
+    small = torch.empty(16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="^workspace: 16 bytes, less than workspace_size"):
+        it.indexer_topk(*w.args(), **w.kwargs(), backend="auto", workspace=small)
+    for backend in ("legacy", "reference"):
+        it.indexer_topk(*w.args(), **w.kwargs(), backend=backend, workspace=small)
+    full = torch.empty(it.workspace_size(w.rows, w.topk, w.layout.value), dtype=torch.uint8)
+    it.indexer_topk(*w.args(), **w.kwargs(), backend="auto", workspace=full)

@@ -13,6 +13,7 @@ from .contract import (
     PAGE_SIZE, IndexerInputs, IndexerTopKResult, _check_values, allocate_result, validate_inputs,
 )
 from .envs import envs
+from .errors import BackendUnavailable
 from .replay import Recorder
 from .routes.modes import is_capturing
 
@@ -138,7 +139,8 @@ def indexer_topk(
     workspace : torch.Tensor, optional
         Caller-owned uint8 scratch (contiguous, 16-byte aligned, sharing no byte with an input
         or an output) of at least :func:`indexer_topk.workspace_size` bytes, so the fused call
-        allocates nothing. Every backend accepts it: legacy uses it as its score matrix only
+        allocates nothing (``backend="auto"`` refuses a smaller one on every route, as the
+        fused path would). Every backend accepts it: legacy uses it as its score matrix only
         when it holds the rows its logits budget allows at once, the reference never touches
         it. The aiter backend also takes AITER's own workspace tuple, which the other backends
         ignore.
@@ -259,6 +261,8 @@ def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table,
                       inputs.device, lengths)
     if out is None:
         out = allocate_result(inputs.rows, inputs.topk, inputs.device)
+    if backend == "auto" and isinstance(workspace, torch.Tensor):
+        _check_auto_workspace(workspace, inputs)
     remember = key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get()
     if remember:
         _KNOWN.add(key, known)
@@ -267,6 +271,23 @@ def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table,
         workspace = None  # AITER's own workspace, on a call the policy sent elsewhere: of no use there
     # nothing replays the launches of a call whose signature is not remembered: not recorded
     return _run(known, name, inputs, out, workspace, rows_per_request, record=remember)
+
+
+def _check_auto_workspace(workspace: torch.Tensor, inputs: IndexerInputs) -> None:
+    """``auto`` may send a call of these shapes to the fused path, which needs
+    :func:`workspace_size` bytes: a smaller workspace is refused whichever route this call
+    takes, so that it does not pass on the shapes the policy leaves to legacy and fail on the
+    first it sends to the fused path."""
+    try:
+        need = workspace_size(inputs.rows, inputs.topk, inputs.layout.value, inputs.device)
+    except BackendUnavailable:  # no fused path here for the policy to choose
+        return
+    have = workspace.numel()
+    if have < need:
+        raise ValueError(
+            f"workspace: {have} bytes, less than workspace_size({inputs.rows}, {inputs.topk}, "
+            f"{inputs.layout.value!r}) = {need}; backend 'auto' may send calls of this shape to the fused path"
+        )
 
 
 def _run(known: KnownCall, name: str, inputs: IndexerInputs, out: IndexerTopKResult, workspace,
