@@ -750,3 +750,22 @@ def test_output_that_cannot_be_written_is_one_line_and_status_1(cli, argv, monke
     monkeypatch.setattr(sys, "stdout", _Unwritable(BrokenPipeError(errno.EPIPE, "Broken pipe")))
     assert cli.main(argv) == 1
     assert capsys.readouterr().err == ""  # a reader that closed the pipe wants nothing more
+
+
+def test_a_file_error_names_its_file(cli, monkeypatch, capsys):
+    """Only a failed write to standard output reads "cannot write the output"; an error of a
+    file (here one that cannot be made) names it."""
+    def info(a, device):
+        raise FileExistsError(17, "File exists", "/some/where/mix.json")
+
+    monkeypatch.setattr(cli, "cmd_info", info)  # read when main builds its parser
+    assert cli.main(["info"]) == 1
+    err = capsys.readouterr().err
+    assert "/some/where/mix.json" in err and "cannot write the output" not in err, err
+
+
+def test_cpu_demo_warm_up_counts_only_when_it_times(cli, no_build, capsys):
+    """A CPU demo times nothing by default (--iters 0), so it makes no warm-up call either: a
+    large --warmup alone does not make it look long."""
+    rc, captured = _demo_guard(cli, ["demo", "--device", "cpu", "--backends", "fused", "--warmup", "100000"], capsys)
+    assert rc == "built", captured.err

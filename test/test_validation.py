@@ -731,3 +731,37 @@ def test_public_helpers_name_a_bad_argument(call, field):
 def test_workspace_size_names_a_bad_device():
     with pytest.raises(ValueError, match="^device: "):
         api.workspace_size(4, 512, "sglang_fp8", device="bogus")
+
+
+def test_numpy_ints_size_the_helpers():
+    import numpy as np
+
+    out = allocate_result(np.int64(3), np.int64(512), "cpu")
+    assert out.values.shape == (3, 512) and out.counts.shape == (3,)
+    w = make_workload("sglang_fp8", context_tokens=[300], rows_per_request=[1], topk=512, seed=3, device="cpu")
+    from indexer_topk.reference import reference_indexer_topk
+
+    got = reference_indexer_topk(*w.args(), **{**w.kwargs(), "topk": np.int64(512)})
+    assert got.values.shape == (1, 512)
+
+
+@pytest.mark.parametrize("case", ["layout_before_check_values", "topk_before_meta", "alignment_before_seq_lens"])
+def test_the_first_bad_argument_is_named_in_argument_order(case):
+    """With several arguments wrong, the error names the first in the order validation reads
+    them: the scalars, then check_values, then the tensors (q, the cache and its alignment, ...)."""
+    w = make_workload("sglang_fp8", context_tokens=[600], rows_per_request=[1], topk=512, seed=3, device="cpu")
+    args, kw = list(w.args()), dict(w.kwargs())
+    if case == "layout_before_check_values":
+        kw.update(layout="nope", check_values="yes")
+        want = "layout"
+    elif case == "topk_before_meta":
+        args[0] = args[0].to("meta")
+        kw.update(topk=513)
+        want = "topk"
+    else:
+        raw = torch.zeros(args[2].numel() + 2, dtype=torch.uint8)
+        args[2] = raw[2:].view(args[2].shape)  # two bytes past a 4-byte boundary
+        args[6] = args[6].long()
+        want = "k_cache: must start on a 4-byte boundary"
+    with pytest.raises(ValueError, match=f"^{want}"):
+        indexer_topk(*args, **kw)

@@ -254,3 +254,16 @@ def test_auto_refuses_a_workspace_the_fused_path_could_not_use():
         it.indexer_topk(*w.args(), **w.kwargs(), backend=backend, workspace=small)
     full = torch.empty(it.workspace_size(w.rows, w.topk, w.layout.value), dtype=torch.uint8)
     it.indexer_topk(*w.args(), **w.kwargs(), backend="auto", workspace=full)
+
+
+def test_auto_takes_any_workspace_where_its_fused_path_is_not_ours(monkeypatch):
+    """Where the policy's fused path is not ours (the kill switch: legacy; AITER's; the
+    reference alone), ``auto`` never needs ``workspace_size`` bytes: a small workspace passes."""
+    import types
+
+    from indexer_topk import api
+
+    w = it.make_workload("sglang_fp8", context_tokens=[2048], rows_per_request=[2], topk=512, seed=4, device="cpu")
+    stub = types.SimpleNamespace(fused_backend="legacy", route=lambda **kw: "legacy")
+    monkeypatch.setattr(api, "_default_policy", lambda: stub)
+    it.indexer_topk(*w.args(), **w.kwargs(), backend="auto", workspace=torch.empty(16, dtype=torch.uint8))

@@ -10,7 +10,7 @@ import torch
 from .backends import require_runnable
 from .calls import KnownCall, KnownCalls, disjoint, raw_stream, signature
 from .contract import (
-    PAGE_SIZE, IndexerInputs, IndexerTopKResult, _check_values, allocate_result, validate_inputs,
+    PAGE_SIZE, IndexerInputs, IndexerTopKResult, _allocate_result, _check_values, allocate_result, validate_inputs,
 )
 from .envs import envs
 from .errors import BackendUnavailable
@@ -213,7 +213,7 @@ def indexer_topk(
         _check_values(known.inputs(tensors, topk))
     fresh_out = None
     if out is None:
-        out = fresh_out = allocate_result(known.rows, topk, known.device)
+        out = fresh_out = _allocate_result(known.rows, topk, known.device)  # both checked by the signature's first call
     elif not isinstance(out, IndexerTopKResult):
         out = IndexerTopKResult(*out)
     name = _known_route(known, backend, topk)
@@ -278,7 +278,10 @@ def _check_auto_workspace(workspace: torch.Tensor, inputs: IndexerInputs) -> Non
     :func:`workspace_size` bytes: a smaller workspace is refused whichever route this call
     takes, so that it does not pass on the shapes the policy leaves to legacy and fail on the
     first it sends to the fused path."""
+    if _default_policy().fused_backend != "fused":  # the kill switch, AITER's path, or nothing of ours
+        return
     try:
+        require_runnable("fused", inputs.device)
         need = workspace_size(inputs.rows, inputs.topk, inputs.layout.value, inputs.device)
     except BackendUnavailable:  # no fused path here for the policy to choose
         return

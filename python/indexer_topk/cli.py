@@ -25,6 +25,7 @@ Without a GPU the Triton kernels run under the interpreter: ``TRITON_INTERPRET=1
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -331,7 +332,7 @@ def cmd_demo(a, device) -> int:
     requested = _choice_list(a.backends, ("reference",) + KERNEL_BACKENDS, "--backends") if a.backends else None
     if not on_gpu:
         _cpu_demo_guard(wargs, requested or ("reference",) + KERNEL_BACKENDS, a.force,
-                        kernel_calls=1 + warmup + iters)
+                        kernel_calls=1 + (warmup + iters if iters else 0))  # no timing: no warm-up
 
     runs: dict = {}
     with _progress(not a.json) as progress:
@@ -829,9 +830,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _stdout_to_devnull()  # the reader is gone: nothing to say, and nothing left to flush at exit
         return 1
     except OSError as exc:
+        if exc.filename is not None or exc.errno not in _OUTPUT_ERRNOS:  # a file's, named in the message
+            print(f"{PROG}: error: {exc}", file=sys.stderr)
+            return 1
         _stdout_to_devnull()
         print(f"{PROG}: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
         return 1
+
+
+# what a write to standard output fails with (a full device or quota, an I/O error, a closed descriptor)
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EBADF, errno.EPIPE})
 
 
 def _stdout_to_devnull() -> None:

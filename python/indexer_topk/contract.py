@@ -132,9 +132,15 @@ def allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
     """Empty output tensors of the right shapes and dtypes (contents undefined): ``values``
     float32 ``[rows, topk]``, ``raw_indices`` and ``physical_indices`` int32 ``[rows, topk]``,
     ``counts`` int32 ``[rows]``."""
-    for name, n in (("rows", rows), ("topk", topk)):
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"{name}: expected a non-negative int, got {n!r}")
+    if not torch.compiler.is_compiling():  # (a traced size is symbolic: torch.empty checks it)
+        for name, n in (("rows", rows), ("topk", topk)):
+            if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:  # numpy ints too
+                raise ValueError(f"{name}: expected a non-negative int, got {n!r}")
+    return _allocate_result(rows, topk, device)
+
+
+def _allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
+    """:func:`allocate_result` for sizes already checked (a known call's)."""
     return IndexerTopKResult(
         torch.empty((rows, topk), dtype=torch.float32, device=device),
         torch.empty((rows, topk), dtype=torch.int32, device=device),
@@ -470,12 +476,13 @@ def check_score_range(inputs: IndexerInputs) -> None:
 
 
 def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale=1.0,
-                   out=None) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
+                   out=None, addresses: bool = False) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
     """The checks of :func:`validate_inputs` that read neither data nor addresses: scalar
     arguments, each tensor's dtype, shape, device and contiguity, ``out``'s shapes. They hold for
     fake and meta tensors too, so the operators' fake implementations refuse under
     ``torch.compile`` what the call would refuse when it runs. Raises ``ValueError`` naming the
-    argument; returns what :func:`validate_inputs` does."""
+    argument; returns what :func:`validate_inputs` does. ``addresses``: also the FP8 cache's
+    alignment, which reads its address (not for fake or meta tensors)."""
     layout = parse_layout(layout)
     check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
@@ -493,6 +500,11 @@ def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, 
         else:
             dtype, shape = spec[name]
             _expect_tensor(name, t, dtype, shape, device)
+    if addresses and layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
+        raise ValueError(
+            "k_cache: must start on a 4-byte boundary (the FP8 layout's per-key scales are read as "
+            f"float32); it starts at byte offset {k_cache.storage_offset()} of its storage"
+        )
     if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2:
         raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
     _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
@@ -531,18 +543,16 @@ def validate_inputs(
     ``workspace`` tensor is checked here for everything but its size, which depends on the
     backend (:func:`check_workspace`).
     """
+    parse_layout(layout)  # the scalars first, in the order check_metadata reads them
+    check_topk(topk)
+    _fp32_weight_scale(weight_scale)
     if not isinstance(check_values, bool):
         raise ValueError(f"check_values: expected True or False, got {check_values!r}")
-    if isinstance(q, torch.Tensor) and q.device.type == "meta":
+    if isinstance(q, torch.Tensor) and q.dim() >= 1 and q.device.type == "meta":
         # every other tensor is held to q's device, so this rejects them all
         raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
     inputs, out = check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk,
-                                 layout=layout, weight_scale=weight_scale, out=out)
-    if inputs.layout is Layout.SGLANG_FP8 and (k_cache.storage_offset() % 4 or k_cache.data_ptr() % 4):
-        raise ValueError(
-            "k_cache: must start on a 4-byte boundary (the FP8 layout's per-key scales are read as "
-            f"float32); it starts at byte offset {k_cache.storage_offset()} of its storage"
-        )
+                                 layout=layout, weight_scale=weight_scale, out=out, addresses=True)
     _check_out_aliasing(out, inputs)
     _check_workspace_aliasing(workspace, inputs, out)
     rows = inputs.rows

@@ -124,8 +124,9 @@ def reference_with_next_values(
     layout = parse_layout(layout)
     # any positive topk has a reference answer (the tests use small ones); the kernels take
     # SUPPORTED_TOPK alone
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+    if isinstance(topk, bool) or not hasattr(topk, "__index__") or topk < 1:
         raise ValueError(f"topk: expected a positive int, got {topk!r}")
+    topk = int(topk)
     # the kernels' fp32 range: beyond it no kernel can be held to the fp64 scores
     check_score_range(IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk))
     dev = k_cache.device
