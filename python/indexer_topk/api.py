@@ -36,6 +36,21 @@ def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> Indexe
     return out
 
 
+def check_backend(name) -> str:
+    """``name`` if it is one of :data:`BACKENDS`; ``ValueError`` naming ``backend`` otherwise."""
+    if name not in BACKENDS:
+        raise ValueError(f"backend: unknown backend {name!r}; expected one of {BACKENDS}")
+    return name
+
+
+def check_rows_per_request(rows_per_request) -> None:
+    """``ValueError`` naming ``rows_per_request`` unless it is a positive int (or ``None``)."""
+    if rows_per_request is not None and (
+        isinstance(rows_per_request, bool) or not isinstance(rows_per_request, int) or rows_per_request < 1
+    ):
+        raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
+
+
 def _backend_fn(name: str):
     if name == "reference":
         return _run_reference
@@ -63,9 +78,7 @@ def resolve_backend(backend: str, *, layout=None, topk=None, is_decode: bool = F
     positions) in the measured routes table, or the proven rule where the table has no entry.
     """
     if backend != "auto":
-        if backend not in BACKENDS:
-            raise ValueError(f"backend: unknown backend {backend!r}; expected one of {BACKENDS}")
-        return backend
+        return check_backend(backend)
     return _default_policy().route(layout=layout, topk=topk, is_decode=is_decode, rows=rows, c4_len=c4_len)
 
 
@@ -189,10 +202,8 @@ def indexer_topk(
         AITER missing, on another GPU, or asked for a layout or ``topk`` it lacks), before
         anything runs.
     """
-    if rows_per_request is not None and (
-        isinstance(rows_per_request, bool) or not isinstance(rows_per_request, int) or rows_per_request < 1
-    ):
-        raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
+    if rows_per_request is not None:
+        check_rows_per_request(rows_per_request)
     outs = tuple(out) if isinstance(out, tuple) and len(out) == 4 else (None,) * 4
     # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
     negative_zero = isinstance(weight_scale, float) and weight_scale == 0.0 and math.copysign(1.0, weight_scale) < 0

@@ -476,19 +476,25 @@ def check_score_range(inputs: IndexerInputs) -> None:
 
 
 def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale=1.0,
-                   out=None, addresses: bool = False) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
-    """The checks of :func:`validate_inputs` that read neither data nor addresses: scalar
-    arguments, each tensor's dtype, shape, device and contiguity, ``out``'s shapes. They hold for
-    fake and meta tensors too, so the operators' fake implementations refuse under
+                   out=None, check_values: bool = False,
+                   addresses: bool = False) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
+    """The checks of :func:`validate_inputs` that read neither data nor addresses, in its order:
+    scalar arguments, each tensor's dtype, shape, device and contiguity, ``out``'s shapes. They
+    hold for fake and meta tensors too, so the operators' fake implementations refuse under
     ``torch.compile`` what the call would refuse when it runs. Raises ``ValueError`` naming the
-    argument; returns what :func:`validate_inputs` does. ``addresses``: also the FP8 cache's
-    alignment, which reads its address (not for fake or meta tensors)."""
+    argument; returns what :func:`validate_inputs` does. ``addresses``: tensors with data, as a
+    call runs them (a meta ``q`` is refused, the FP8 cache's alignment read from its address)."""
     layout = parse_layout(layout)
     check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
+    if not isinstance(check_values, bool):
+        raise ValueError(f"check_values: expected True or False, got {check_values!r}")
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
         raise ValueError("q: expected a torch.Tensor with a leading rows dimension")
     device = q.device
+    if addresses and device.type == "meta":
+        # every other tensor is held to q's device, so this rejects them all
+        raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
     rows = q.shape[0]
     if not isinstance(k_cache, torch.Tensor) or k_cache.dim() < 1:
         raise ValueError("k_cache: expected a torch.Tensor with a leading pages dimension")
@@ -543,20 +549,12 @@ def validate_inputs(
     ``workspace`` tensor is checked here for everything but its size, which depends on the
     backend (:func:`check_workspace`).
     """
-    parse_layout(layout)  # the scalars first, in the order check_metadata reads them
-    check_topk(topk)
-    _fp32_weight_scale(weight_scale)
-    if not isinstance(check_values, bool):
-        raise ValueError(f"check_values: expected True or False, got {check_values!r}")
-    if isinstance(q, torch.Tensor) and q.dim() >= 1 and q.device.type == "meta":
-        # every other tensor is held to q's device, so this rejects them all
-        raise ValueError("q: a meta tensor has no data to read; pass tensors on a GPU (or the CPU)")
     inputs, out = check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk,
-                                 layout=layout, weight_scale=weight_scale, out=out, addresses=True)
+                                 layout=layout, weight_scale=weight_scale, out=out, check_values=check_values,
+                                 addresses=True)
     _check_out_aliasing(out, inputs)
     _check_workspace_aliasing(workspace, inputs, out)
-    rows = inputs.rows
-    if check_values and rows > 0:
+    if check_values and inputs.rows > 0:
         _check_values(inputs)
     return inputs, out
 

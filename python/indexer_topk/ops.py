@@ -119,20 +119,18 @@ def _only_fake_or_meta(*tensors) -> None:
 
 
 def _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                rows_per_request, out=None) -> None:
+                check_values, rows_per_request, out=None) -> None:
     """What the call checks before it runs that needs no data: so that a traced or meta call
     with an unsupported ``topk``, an unknown layout or backend, or a tensor of the wrong shape
     fails where it is traced, not when the compiled graph first runs."""
-    # a topk or weight_scale that torch.compile made symbolic is checked at its traced value
-    # (the guard this adds recompiles for another: there are three topk values)
-    topk = int(topk) if isinstance(topk, torch.SymInt) else topk
+    # a value torch.compile made symbolic is checked at its traced value (the guard this adds
+    # recompiles for another: there are three topk values)
+    topk, rows_per_request = (int(x) if isinstance(x, torch.SymInt) else x for x in (topk, rows_per_request))
     weight_scale = float(weight_scale) if isinstance(weight_scale, torch.SymFloat) else weight_scale
-    if backend not in api.BACKENDS:
-        raise ValueError(f"backend: unknown backend {backend!r}; expected one of {api.BACKENDS}")
-    if rows_per_request is not None and rows_per_request < 1:
-        raise ValueError(f"rows_per_request: expected a positive int or None, got {rows_per_request!r}")
+    api.check_backend(backend)
+    api.check_rows_per_request(rows_per_request)
     check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-                   weight_scale=weight_scale, out=out)
+                   weight_scale=weight_scale, out=out, check_values=check_values)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::indexer_topk")
@@ -140,7 +138,7 @@ def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout,
       check_values=True, rows_per_request=None):
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
     _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                rows_per_request)
+                check_values, rows_per_request)
     rows = q.shape[0]
     return (
         q.new_empty((rows, topk), dtype=torch.float32),
@@ -157,7 +155,7 @@ def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout,
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, values, raw_indices,
                        physical_indices, counts, workspace)
     _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                rows_per_request, IndexerTopKResult(values, raw_indices, physical_indices, counts))
+                check_values, rows_per_request, IndexerTopKResult(values, raw_indices, physical_indices, counts))
     return None
 
 
