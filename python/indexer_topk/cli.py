@@ -239,24 +239,27 @@ def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool, *, what: 
     seconds, memory = 0.0, 0
     for layout in layouts or (wargs["layout"],):
         once = demo_cost(layout, contexts, rows, wargs["topk"], backends, reference_max_pairs=reference_max_pairs)
-        kernels = demo_cost(layout, contexts, rows, wargs["topk"], [b for b in backends if b != "reference"],
-                            reference_max_pairs=reference_max_pairs)
-        seconds += runs * (once.seconds + (kernel_calls - 1) * kernels.seconds)
+        seconds += runs * once.seconds
         memory = max(memory, once.memory_bytes)
+        if kernel_calls > 1:  # the kernel backends' further calls
+            again = demo_cost(layout, contexts, rows, wargs["topk"], [b for b in backends if b != "reference"],
+                              reference_max_pairs=reference_max_pairs)
+            seconds += runs * (kernel_calls - 1) * again.seconds
     cost = DemoCost(seconds, memory)
     physical = physical_memory_bytes()
     max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK
     shape = f"{len(contexts)} request(s), {sum(rows):,} rows, up to {max(contexts):,} tokens"
-    if runs > 1 or (layouts and len(layouts) > 1):
-        shape += f", {runs * len(layouts or (1,))} workloads"
+    workloads = runs * len(layouts or (1,))
+    if workloads > 1:
+        shape += f", {workloads} workloads"
     if kernel_calls > 1:
         shape += f", {kernel_calls} calls a kernel backend"
     where = "half this machine's memory" if physical else "this system does not say how much memory it has"
     limits = f"the CPU limits are {format_seconds(CPU_DEMO_MAX_SECONDS)} and {format_bytes(max_memory)} ({where})"
+    options = "--rows/--context" + ("/--warmup/--iters" if kernel_calls > 1 else "")
     smaller = "smaller --rows/--context" + (", fewer --warmup/--iters" if kernel_calls > 1 else "")
     if cost.seconds > CPU_DEMO_MAX_SECONDS or cost.memory_bytes > max_memory:
         if not force:
-            options = "--rows/--context" + ("/--warmup/--iters" if kernel_calls > 1 else "")
             raise CliError(f"{options}: this CPU {what} ({shape}) is estimated at {cost} under the Triton "
                            f"interpreter; {limits}. Use {smaller}, a GPU, or --force to run it anyway")
     elif cost.seconds <= CPU_DEMO_WARN_SECONDS and cost.memory_bytes <= CPU_DEMO_WARN_MEMORY:
