@@ -230,8 +230,7 @@ def _freeze_after_backend_init(_result, *_args, **_kwargs) -> None:
             prefill_ours[fp4] = layout is not None and any(
                 _engine_backends(policy, layout, m, SUPPORTED_TOPK) for m in ("prefill", "capture"))
     except Exception as exc:  # SGLang's start-up must not fail in a hook of ours
-        _STATE.disabled = f"the backend-init hook failed ({type(exc).__name__}: {exc})"
-        logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
+        _turn_off(f"the backend-init hook failed ({type(exc).__name__}: {exc})")
         return None
     _STATE.decode_ours, _STATE.prefill_ours, _STATE.frozen_policy = decode_ours, prefill_ours, policy
     _warm_up(policy)
@@ -288,6 +287,12 @@ def _warm_up(policy) -> None:
         logger.info(WARM_UP_LOG, backend, layout, seconds)
 
 
+def _turn_off(why: str) -> None:
+    """Our route off for the rest of this process, with a warning saying ``why``."""
+    _STATE.disabled = why
+    logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", why)
+
+
 def _policy_or_none():
     """The process's frozen path policy; ``None``, and our route off for good, if it cannot
     be built."""
@@ -296,8 +301,7 @@ def _policy_or_none():
     try:
         return _policy.default_policy()  # built once per process; logs its one decision line
     except Exception as exc:
-        _STATE.disabled = f"no path policy ({type(exc).__name__}: {exc})"
-        logger.warning("indexer_topk: %s; SGLang's DSv4 indexer stays on its own path", _STATE.disabled)
+        _turn_off(f"no path policy ({type(exc).__name__}: {exc})")
         return None
 
 
