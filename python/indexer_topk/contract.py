@@ -128,13 +128,18 @@ class IndexerTopKResult(NamedTuple):
     counts: torch.Tensor
 
 
+def is_count(n, minimum: int = 0) -> bool:
+    """Whether ``n`` is an integer (a numpy one too; not a bool) of at least ``minimum``."""
+    return not isinstance(n, bool) and hasattr(n, "__index__") and n >= minimum
+
+
 def allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
     """Empty output tensors of the right shapes and dtypes (contents undefined): ``values``
     float32 ``[rows, topk]``, ``raw_indices`` and ``physical_indices`` int32 ``[rows, topk]``,
     ``counts`` int32 ``[rows]``."""
     if not torch.compiler.is_compiling():  # (a traced size is symbolic: torch.empty checks it)
         for name, n in (("rows", rows), ("topk", topk)):
-            if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:  # numpy ints too
+            if not is_count(n):
                 raise ValueError(f"{name}: expected a non-negative int, got {n!r}")
     return _allocate_result(rows, topk, device)
 

@@ -21,6 +21,7 @@ from .contract import (
     IndexerTopKResult,
     Layout,
     check_score_range,
+    is_count,
     order_keys,
     parse_layout,
     scores_from_ordered_bits,
@@ -124,7 +125,7 @@ def reference_with_next_values(
     layout = parse_layout(layout)
     # any positive topk has a reference answer (the tests use small ones); the kernels take
     # SUPPORTED_TOPK alone
-    if isinstance(topk, bool) or not hasattr(topk, "__index__") or topk < 1:
+    if not is_count(topk, 1):
         raise ValueError(f"topk: expected a positive int, got {topk!r}")
     topk = int(topk)
     # the kernels' fp32 range: beyond it no kernel can be held to the fp64 scores

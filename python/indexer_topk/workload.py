@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerInputs, parse_layout
+from .contract import HEAD_DIM, HEADS, PAGE_SIZE, IndexerInputs, is_count, parse_layout
 from .errors import value_words
 from .formats import allocate_k_cache, quantize_query, write_k_cache
 
@@ -113,7 +113,7 @@ def make_workload(
     layout = parse_layout(layout)
     if pattern not in PATTERNS:
         raise ValueError(f"pattern: unknown workload pattern {pattern!r}; expected one of {PATTERNS}")
-    if isinstance(seed, bool) or not hasattr(seed, "__index__") or not 0 <= seed < 2**64:
+    if not is_count(seed) or seed >= 2**64:
         raise ValueError(f"seed: expected an int in [0, 2**64), got {value_words(seed)}")
     device = torch.device(device)
     gen = torch.Generator(device=device)
@@ -125,7 +125,7 @@ def make_workload(
         rows_per_request = [rows_per_request] * len(ctx)
     if len(rows_per_request) != len(ctx):
         raise ValueError("rows_per_request: one entry per request expected")
-    if any(isinstance(r, bool) or not hasattr(r, "__index__") or r < 0 for r in rows_per_request):
+    if not all(is_count(r) for r in rows_per_request):
         raise ValueError(f"rows_per_request: expected non-negative ints, got {value_words(list(rows_per_request))}")
     rot = hadamard(HEAD_DIM, device=device)
 
