@@ -268,7 +268,7 @@ def assert_matches_reference(result: IndexerTopKResult, wl: Workload, expected=N
     if expected is None:
         expected = reference_for(wl)
     exp, next_values = expected
-    tol = mma_tolerance(wl.layout, wl.q.device, exp) if rtol is None else {"rtol": rtol}
+    tol = mma_tolerance(wl.layout, wl.q.device, exp, inputs=wl) if rtol is None else {"rtol": rtol}
     cmp = compare_to_reference(
         result, exp, next_values=exact_tie_free_boundaries(exp, next_values), inputs=wl, seq_lens=wl.seq_lens,
         page_table=wl.page_table, **tol,

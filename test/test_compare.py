@@ -243,3 +243,89 @@ def test_a_page_table_without_columns_compares():
                             seq_lens=torch.zeros(2, dtype=torch.int32))
     e = reference_indexer_topk(*w.args(), **w.kwargs())
     assert compare.compare_to_reference(e, e, inputs=w).ok
+
+
+def _cancelling(layout, excess=1e-2, seed=1, mirror=False):
+    """A workload at weight_scale 1 whose heads 32-63 take the negated weights of heads 0-31
+    (times ``1 + excess``): each score is a small remainder of terms far larger than itself;
+    with ``mirror`` their queries too, so that the scores are ``excess`` of the first half's."""
+    w = make_workload(layout, context_tokens=[4096], rows_per_request=3, topk=512, seed=seed, weight_scale=1.0)
+    wt, q = w.weights.clone(), w.q.clone()
+    wt[:, 32:] = -wt[:, :32] * (1 + excess)
+    if mirror:
+        q[:, 32:] = q[:, :32]
+    return dataclasses.replace(w, weights=wt, q=q)
+
+
+def _fp32_at(w, exp):
+    """What an exact fp32 kernel lists: the reference's positions, each scored in fp32 arithmetic
+    (dequantised values, fp32 dots, an fp32 sum over heads) rather than in fp64."""
+    from indexer_topk.formats import dequantize_query, read_k_cache
+
+    raw = exp.raw_indices.long().clamp(min=0)
+    slots = torch.gather(w.page_table.long(), 1, raw // PAGE_SIZE) * PAGE_SIZE + raw % PAGE_SIZE
+    k, ks = read_k_cache(w.layout, w.k_cache, w.k_scale, slots)  # [rows, topk, 128]
+    q = dequantize_query(w.layout, w.q, w.q_scale)
+    s = (torch.relu(torch.einsum("rbd,rhd->rbh", k, q)) * w.weights.float()[:, None, :]).sum(-1) * ks
+    s = torch.where(exp.raw_indices >= 0, s * w.weight_scale, exp.values)
+    return IndexerTopKResult(s, exp.raw_indices, exp.physical_indices, exp.counts)
+
+
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_rows_whose_heads_cancel_are_judged_by_their_terms(layout):
+    """fp32 rounding scales with the terms summed, not with the score they leave: on rows whose
+    heads cancel an exact fp32 computation misses the default rtol, and the per-row tolerance
+    from the inputs accepts it; an error of many ulps of those terms is still a mismatch."""
+    w = _cancelling(layout)
+    exp, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    got = _fp32_at(w, exp)
+    assert not torch.equal(got.values, exp.values)
+    assert compare.compare_to_reference(got, exp, next_values=next_values, inputs=w).value_rows
+    tol = compare.mma_tolerance(layout, "cpu", exp, inputs=w)
+    assert tol["rtol"] == compare.DEFAULT_RTOL and tol["atol"].shape == (w.rows,)
+    cmp = compare.compare_to_reference(got, exp, next_values=next_values, inputs=w, **tol)
+    assert cmp.ok, cmp.summary()
+    magnitudes = compare.row_magnitudes(exp, w)
+    assert bool((magnitudes > 10 * exp.values[:, 0].double().abs()).all())  # they do cancel
+    off = IndexerTopKResult(got.values.clone(), *got[1:])
+    off.values[1, 7] += float(64 * compare.FP32_MAGNITUDE_ULPS * magnitudes[1] * 2.0**-23)
+    assert compare.compare_to_reference(off, exp, next_values=next_values, inputs=w, **tol).value_rows == [1]
+    assert "ulps" in compare.comparison_rule(magnitudes=True) and "ulps" not in compare.comparison_rule()
+
+
+def test_magnitudes_are_the_scores_of_absolute_values():
+    """reference_magnitudes equals the reference's score of the same call with every sign
+    cleared (FP8 keys, queries and weights), where relu changes nothing: to fp32 rounding."""
+    from indexer_topk.reference import reference_magnitudes
+
+    w = make_workload("sglang_fp8", context_tokens=[1024, 640], rows_per_request=2, seed=3, weight_scale=-0.5)
+    cache = w.k_cache.clone()
+    cache[:, : PAGE_SIZE * HEAD_DIM] &= 0x7F  # the fp8 key bytes; their fp32 scales stay
+    absolute = dataclasses.replace(w, q=(w.q.view(torch.uint8) & 0x7F).view(w.q.dtype), k_cache=cache,
+                                   weights=w.weights.abs(), weight_scale=0.5)
+    rows = torch.arange(w.rows)
+    positions = torch.stack([torch.arange(-2, 300), torch.arange(100, 402)] * 2)
+    m = reference_magnitudes(*w.args(), layout=w.layout, weight_scale=w.weight_scale, rows=rows, positions=positions)
+    scores = torch.stack([
+        reference_scores(*absolute.args(), layout=w.layout, weight_scale=0.5, rows=rows[r : r + 1], start=0, stop=402)[0]
+        for r in range(w.rows)
+    ])
+    want = torch.gather(torch.where(torch.isfinite(scores), scores, 0.0).double(), 1, positions.clamp(min=0))
+    want = torch.where((positions >= 0) & (positions < w.seq_lens[:, None].long()), want, 0.0)
+    assert bool((want > 0).any())
+    torch.testing.assert_close(m, want, rtol=1e-6, atol=0.0)
+
+
+def test_cancellation_beyond_the_widest_tolerance_is_judged_at_it():
+    """Heads that cancel to 1e-6 of their terms would need a tolerance wider than any selection
+    can be judged by: the row's tolerance stops at the widest one, with no error raised; NaN
+    rows add nothing."""
+    w = _cancelling("sglang_fp8", excess=1e-6, mirror=True)
+    exp = reference_indexer_topk(*w.args(), **w.kwargs())
+    tol = compare.mma_tolerance("sglang_fp8", "cpu", exp, inputs=w)
+    limit = compare.MAX_RELATIVE_TOLERANCE * float(exp.values[torch.isfinite(exp.values)].abs().max())
+    assert float(tol["atol"].max()) == pytest.approx(limit)
+    assert compare.compare_to_reference(exp, exp, inputs=w, **tol).ok
+    nan = make_workload("sglang_fp8", context_tokens=[1024], rows_per_request=2, pattern="nan_rows")
+    nan_exp = reference_indexer_topk(*nan.args(), **nan.kwargs())
+    assert bool(torch.isfinite(compare.mma_tolerance("sglang_fp8", "cpu", nan_exp, inputs=nan)["atol"]).all())

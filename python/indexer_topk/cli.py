@@ -373,7 +373,7 @@ def cmd_demo(a, device) -> int:
                 if b == "reference" or not run.ok:
                     continue
                 cmp = compare_to_reference(run.outputs, ref.outputs, next_values=next_values, inputs=w,
-                                           **mma_tolerance(w.layout, device, ref.outputs))
+                                           **mma_tolerance(w.layout, device, ref.outputs, inputs=w))
                 run.record["matches_reference"] = cmp.ok
                 run.record["reference_comparison"] = cmp.summary()
             ref.record["matches_legacy"] = runs["legacy"].record.get("matches_reference") if baseline is not None else None
@@ -381,7 +381,7 @@ def cmd_demo(a, device) -> int:
 
     pol = _policy_summary(w.layout.value, w.topk, w.rows, w.page_table.shape[1] * PAGE_SIZE)
     mem = _memory_statement(runs, w, device)
-    rule = comparison_rule(device=device)
+    rule = comparison_rule(device=device, magnitudes=True)
     failures = []
     for b, run in runs.items():
         r = run.record
@@ -690,7 +690,7 @@ def cmd_check(a, device) -> int:
                 w = make_workload(layout, context_tokens=contexts, rows_per_request=rows, topk=a.topk,
                                   seed=a.seed, device=device, pattern=pattern)
                 expected, next_values = reference_with_next_values(*w.args(), **w.kwargs())
-                tol = mma_tolerance(layout, device, expected, rtol=a.rtol, atol=a.atol)
+                tol = mma_tolerance(layout, device, expected, rtol=a.rtol, atol=a.atol, inputs=w)
                 for b in backends:
                     entry = {"layout": layout, "pattern": pattern, "backend": b, "rows": w.rows, "c4_len": w.c4_len, "topk": w.topk}
                     try:
@@ -708,7 +708,7 @@ def cmd_check(a, device) -> int:
     bad = [r for r in results if r["status"] in ("mismatch", "error")]
     checked = [r for r in results if r["status"] in ("ok", "mismatch")]
     unavailable = sorted({f"{r['backend']} ({r['detail']})" for r in results if r["status"] == "unavailable"})
-    rule = comparison_rule(a.rtol, a.atol, device)
+    rule = comparison_rule(a.rtol, a.atol, device, magnitudes=True)
     summary = f"{len(checked)} run(s) compared, {len(bad)} failed"
     if unavailable:
         summary += "; not checked (unavailable): " + "; ".join(unavailable)

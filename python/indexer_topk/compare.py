@@ -27,7 +27,9 @@ Two rules, used by the CLI (``demo``, ``check``), the benchmark and the tests:
   5. padding past ``counts``: ``-1`` indices and ``-inf`` values.
 
 The ``(k+1)``-th reference score of each row, its *next value*, comes from
-:func:`indexer_topk.reference.reference_with_next_values`.
+:func:`indexer_topk.reference.reference_with_next_values`. :func:`mma_tolerance` gives the
+tolerances that fit a kernel: per row for FP8 on a GPU, and, given the call's inputs, never
+below a few fp32 ulps of the terms a row's scores are summed from (heads that cancel).
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ FP8_MMA_RTOL = 2e-3
 # The widest tolerance a comparison takes, relative to the scores: wider, a rounding and a
 # wrong selection look alike (every boundary a near-tie). Five times the FP8 MMA rule.
 MAX_RELATIVE_TOLERANCE = 1e-2
+# fp32 units in the last place of a score's absolute-term sum (reference.reference_magnitudes_at)
+# that an exact fp32 kernel may be off by: rows whose heads cancel measured a quarter of one
+# (a score 2,000 times smaller than its magnitude, off by 3e-5 of itself under the interpreter);
+# 16 leaves room for other summation orders and stays far below the cap above.
+FP32_MAGNITUDE_ULPS = 16
 
 COMPARISON_RULE = (
     "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
@@ -54,13 +61,18 @@ COMPARISON_RULE = (
 )
 
 
-def comparison_rule(rtol: Optional[float] = None, atol: float = DEFAULT_ATOL, device="cpu") -> str:
+def comparison_rule(rtol: Optional[float] = None, atol: float = DEFAULT_ATOL, device="cpu",
+                    magnitudes: bool = False) -> str:
     """One-line statement of the kernel-vs-reference rule :func:`mma_tolerance` applies, for
-    reports. ``rtol=None`` is the default rule, which on a GPU widens for FP8."""
+    reports. ``rtol=None`` is the default rule, which on a GPU widens for FP8 and, with
+    ``magnitudes`` (``mma_tolerance`` given the inputs), for rows whose heads cancel."""
     rule = COMPARISON_RULE.format(rtol=DEFAULT_RTOL if rtol is None else rtol, atol=atol)
     if rtol is None and torch.device(device).type != "cpu":
         rule += (f"; sglang_fp8 on a GPU: rtol {FP8_MMA_RTOL:g} plus {FP8_MMA_RTOL:g} of the row's largest "
                  "score (Hopper's fp8 MMA accumulator)")
+    if rtol is None and magnitudes:
+        rule += (f"; atol at least {FP32_MAGNITUDE_ULPS} fp32 ulps of the row's largest sum of absolute "
+                 "terms (heads that cancel)")
     return rule
 
 
@@ -81,15 +93,21 @@ def _check_atol_against_scores(atol: torch.Tensor, values: torch.Tensor) -> None
     """The absolute tolerance must be small next to the call's scores: at most
     :data:`MAX_RELATIVE_TOLERANCE` of the largest finite reference score (or the default
     tolerance, where every score is 0)."""
-    finite = values.double()[torch.isfinite(values)]
-    largest = float(finite.abs().max()) if finite.numel() else 0.0
-    limit = max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest)
+    limit, largest = _atol_limit(values)
     widest = float(atol.max()) if atol.numel() else 0.0
     if widest > limit:
         raise ValueError(
             f"atol: {widest:g} is not small next to the scores (largest {largest:g}); at most {limit:g} here, "
             "or every selection boundary would pass as a near-tie"
         )
+
+
+def _atol_limit(values: torch.Tensor):
+    """``(limit, largest)``: the widest absolute tolerance next to these reference scores, and
+    their largest finite magnitude."""
+    finite = values.detach().double().cpu()[torch.isfinite(values.detach().cpu())]
+    largest = float(finite.abs().max()) if finite.numel() else 0.0
+    return max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest), largest
 
 
 def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
@@ -200,12 +218,13 @@ class Comparison:
 
 
 def mma_tolerance(
-    layout, device, expected: IndexerTopKResult, rtol: Optional[float] = None, atol: float = DEFAULT_ATOL
+    layout, device, expected: IndexerTopKResult, rtol: Optional[float] = None, atol: float = DEFAULT_ATOL,
+    inputs: Optional[IndexerInputs] = None,
 ) -> dict:
     """Keyword arguments for :func:`compare_to_reference` that fit a kernel's arithmetic.
 
     ``rtol`` / ``atol`` given by a caller replace the rule below (``atol`` stays the floor of
-    the FP8 per-row tolerance).
+    the per-row tolerance).
 
     Kernels on the MXFP4 layouts (bf16 MMA with fp32 accumulation) and every kernel under the
     Triton interpreter (fp32) agree with the fp64 reference to fp32 rounding: the defaults.
@@ -214,14 +233,59 @@ def mma_tolerance(
     score, so FP8 kernels on a GPU get ``rtol`` 2e-3 plus an absolute tolerance of 2e-3 times
     the row's largest finite reference score (measured on the H200: 6e-4 relative on large
     scores, 2e-4 absolute on scores near 0.02 in rows whose best score is a few units).
+
+    fp32 rounding too scales with the summed magnitudes, not with the score: where a row's 64
+    weighted heads cancel, a score far smaller than its terms is off by more than ``rtol`` of
+    itself in an exact kernel. With the call's ``inputs``, each row's absolute tolerance is at
+    least :data:`FP32_MAGNITUDE_ULPS` fp32 units in the last place of the largest absolute-term
+    sum among the reference's selected positions
+    (:func:`indexer_topk.reference.reference_magnitudes_at`). Without them a row that cancels
+    can read as a value mismatch.
     """
     if rtol is not None:
         return {"rtol": rtol, "atol": atol}
-    if Layout(layout) is not Layout.SGLANG_FP8 or torch.device(device).type == "cpu":
-        return {"rtol": DEFAULT_RTOL, "atol": atol}
-    v = expected.values.detach().double().cpu()
-    finite = torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
-    return {"rtol": FP8_MMA_RTOL, "atol": torch.clamp(FP8_MMA_RTOL * finite.amax(dim=1), min=atol)}
+    rows = expected.counts.shape[0]
+    floor = torch.full((rows,), float(atol), dtype=torch.float64)
+    rule = {"rtol": DEFAULT_RTOL, "atol": atol}
+    if Layout(layout) is Layout.SGLANG_FP8 and torch.device(device).type != "cpu":
+        v = expected.values.detach().double().cpu()
+        finite = torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
+        floor = torch.clamp(FP8_MMA_RTOL * finite.amax(dim=1), min=atol)
+        rule = {"rtol": FP8_MMA_RTOL, "atol": floor}
+    if inputs is None:
+        return rule
+    # a row that cancels beyond what the widest tolerance allows is judged at that limit (and
+    # may read as a mismatch): wider, any selection boundary would pass as a near-tie
+    widened = torch.clamp(FP32_MAGNITUDE_ULPS * _ulp_scale(row_magnitudes(expected, inputs)),
+                          max=_atol_limit(expected.values)[0])
+    return {**rule, "atol": torch.maximum(floor, widened)}
+
+
+def _ulp_scale(m: torch.Tensor) -> torch.Tensor:
+    """One fp32 unit in the last place relative to ``m`` (2**-23 of it), float64."""
+    return m * 2.0**-23
+
+
+def row_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_block: int = 16) -> torch.Tensor:
+    """float64 ``[rows]`` (on the CPU): each row's largest absolute-term sum
+    (:func:`indexer_topk.reference.reference_magnitudes`) over the positions the reference
+    selected, 0 for a row with none; ``row_block`` rows at a time."""
+    from .reference import reference_magnitudes
+
+    if not isinstance(inputs, IndexerInputs):
+        raise ValueError(f"inputs: expected IndexerInputs (or a Workload), got {type(inputs).__name__}")
+    counts = expected.counts.detach().long().cpu()
+    raw = expected.raw_indices.detach().long().cpu()
+    dev = inputs.k_cache.device
+    out = torch.zeros(counts.shape[0], dtype=torch.float64)
+    for r0 in range(0, counts.shape[0], row_block):
+        rows = torch.arange(r0, min(r0 + row_block, counts.shape[0]))
+        pos = torch.where(torch.arange(raw.shape[1])[None, :] < counts[rows, None], raw[rows], -1)
+        m = reference_magnitudes(*inputs.tensors, layout=inputs.layout, weight_scale=inputs.weight_scale,
+                                 rows=rows.to(dev), positions=pos.to(dev)).cpu()
+        # NaN weights (a NaN row) make NaN sums; such a row's values are NaN and need no widening
+        out[rows] = torch.nan_to_num(m, nan=0.0, posinf=0.0).amax(dim=1) if m.shape[1] else 0.0
+    return out
 
 
 def _as_result(x) -> IndexerTopKResult:
@@ -445,6 +509,7 @@ __all__ = [
     "compare_to_reference",
     "first_difference",
     "mma_tolerance",
+    "row_magnitudes",
     "comparison_rule",
     "values_close",
 ]

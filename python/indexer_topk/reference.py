@@ -76,16 +76,47 @@ def reference_scores_at(
                          scored_lengths(seq_lens[rows], page_table), weight_scale, positions).reshape(-1)
 
 
+def reference_magnitudes(
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0, rows, positions,
+):
+    """float64 ``[R, B]``: the score of row ``rows[i]`` at position ``positions[i, b]`` computed
+    on absolute values,
+
+        |weight_scale| * |k_scale[j]| * sum_h |weights[r, h]| * sum_d |q[r, h, d] * k[j, d]|
+
+    the magnitude an fp32 kernel's rounding errors scale with (each head's dot and the sum over
+    heads are accumulated in fp32, so their error is a few units in the last place of this sum,
+    however far the signed terms cancel). 0 for a position outside ``[0, scored length)``.
+    ``rows`` int ``[R]``, ``positions`` int ``[R, B]``;
+    :func:`indexer_topk.compare.mma_tolerance` sets its per-row tolerance from them."""
+    layout = parse_layout(layout)
+    dev = k_cache.device
+    rows = torch.as_tensor(rows, device=dev).long().reshape(-1)
+    positions = torch.as_tensor(positions, device=dev).long().reshape(len(rows), -1)
+    qf, w = _query_rows(layout, q, q_scale, weights, rows)
+    lens = scored_lengths(seq_lens[rows], page_table)
+    k, ks, valid = _gather_keys(layout, k_cache, k_scale, page_table[rows].long(), lens, positions)
+    dots = torch.einsum("rbd,rhd->rbh", k.double().abs(), qf.abs())
+    m = (dots * w.abs()[:, None, :]).sum(dim=-1) * ks.double().abs() * abs(_fp32(weight_scale))
+    return torch.where(valid, m, torch.zeros_like(m))
+
+
+def _fp32(x: float) -> float:
+    """``x`` rounded to the nearest fp32, as the kernels take ``weight_scale``."""
+    return float(torch.tensor(float(x), dtype=torch.float32))
+
+
 def _query_rows(layout, q, q_scale, weights, rows):
     """float64 dequantised queries ``[R, 64, 128]`` and head weights ``[R, 64]`` of ``rows``."""
     qf = dequantize_query(layout, q[rows], None if q_scale is None else q_scale[rows]).double()
     return qf, weights[rows].double()
 
 
-def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
-    """Scores of rows already gathered (page table rows ``pt`` int64, lengths ``lens``, queries
-    and weights from :func:`_query_rows`) at positions ``pos``: ``[B]`` shared by every row or
-    ``[R, B]`` per row; float32 ``[R, B]``, ``-inf`` outside ``[0, seq_len)``."""
+def _gather_keys(layout, k_cache, k_scale, pt, lens, pos):
+    """The dequantised keys of rows already gathered (page table rows ``pt`` int64, lengths
+    ``lens``) at positions ``pos`` (``[B]`` shared by every row or ``[R, B]`` per row):
+    ``(k float32 [R, B, 128], scale float32 [R, B], valid bool [R, B])``, ``valid`` false
+    outside ``[0, seq_len)``, whose keys are read from a page that exists and mean nothing."""
     pos = pos.expand(len(lens), pos.shape[-1])
     valid = (pos >= 0) & (pos < lens[:, None])
     if pt.shape[1] == 0:  # a zero-width page table: every row is empty
@@ -93,13 +124,21 @@ def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
     page_idx = (pos.clamp(min=0) // PAGE_SIZE).clamp(max=pt.shape[1] - 1)
     slots = torch.gather(pt, 1, page_idx) * PAGE_SIZE + pos.clamp(min=0) % PAGE_SIZE  # [R, B]
     slots = torch.where(valid, slots, torch.zeros_like(slots))  # never dereference garbage pages
-    k, ks = read_k_cache(layout, k_cache, k_scale, slots)  # [R, B, 128], [R, B]
+    k, ks = read_k_cache(layout, k_cache, k_scale, slots)
+    return k, ks, valid
+
+
+def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
+    """Scores of rows already gathered (page table rows ``pt`` int64, lengths ``lens``, queries
+    and weights from :func:`_query_rows`) at positions ``pos``: ``[B]`` shared by every row or
+    ``[R, B]`` per row; float32 ``[R, B]``, ``-inf`` outside ``[0, seq_len)``."""
+    k, ks, valid = _gather_keys(layout, k_cache, k_scale, pt, lens, pos)
     dots = torch.einsum("rbd,rhd->rbh", k.double(), qf)
     s = (torch.relu(dots) * w[:, None, :]).sum(dim=-1)
     if layout is Layout.SGLANG_FP8:
         s = s * ks.double()
     # weight_scale as the kernels take it: the nearest fp32 (exact in the fp64 product)
-    s = (s * float(torch.tensor(float(weight_scale), dtype=torch.float32))).to(torch.float32)
+    s = (s * _fp32(weight_scale)).to(torch.float32)
     return torch.where(valid, s, torch.full_like(s, float("-inf")))
 
 
