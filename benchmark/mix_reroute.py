@@ -29,7 +29,7 @@ from indexer_topk import routes  # noqa: E402
 from indexer_topk.bench.mix import MixShape, shape_c4, summarize  # noqa: E402
 from indexer_topk.routes import write_atomic  # noqa: E402
 
-HOST_FIELDS = ("host_us", "host_us_first", "host_us_checked")
+HOST_FIELDS = ("host_us", "host_us_api", "host_us_first", "host_us_checked")
 
 
 def merge(doc: dict, extra: list) -> list:

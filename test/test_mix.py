@@ -40,6 +40,7 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     assert rec["matches_legacy"] is True and rec["route"] in ("legacy", "fused", "reference")
     assert rec["candidates"].keys() == {"legacy"} and rec["ours_ms"] > 0 and rec["host_us"] > 0
     assert rec["host_us_run_median"] == pytest.approx(rec["host_us"])  # one call: one run
+    assert rec["host_us_api"] > 0
     assert "sglang_ms" not in rec and rec["timing"] == "eager"  # SGLang's path not timed: no key
     json.dumps(records)  # the record is what the JSON file holds
 

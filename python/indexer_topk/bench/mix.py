@@ -21,7 +21,8 @@ of single calls, host time included where the GPU waits for it; ``host_us`` the 
 time per call over back-to-back calls without a sync (the calls after a shape's first, which
 replay its launches), and ``host_us_run_median`` the median of its runs' means (a run of
 :data:`HOST_RUN` calls that the host's scheduler interrupts moves the mean, not this);
-``host_us_first`` the host time of a shape's first call with warm
+``host_us_api`` the same for the Python API called directly (what the SGLang plugin calls: the
+difference is the operator's dispatch); ``host_us_first`` the host time of a shape's first call with warm
 kernels (validation, planning and recording); ``host_us_checked`` the wall time per call with
 ``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
 """
@@ -208,6 +209,15 @@ class OurPath:
         torch.ops.indexer_topk.indexer_topk_out(*self.args, w.topk, w.layout.value, *self.out, self.workspace,
                                                 w.weight_scale, self.backend, check_values, self.rpr)
 
+    def direct(self) -> None:
+        """:meth:`step` through the Python API, without the operator's dispatch."""
+        from .. import api
+
+        w = self.w
+        api.indexer_topk(*self.args, topk=w.topk, layout=w.layout.value, weight_scale=w.weight_scale,
+                         backend=self.backend, out=self.out, workspace=self.workspace, check_values=False,
+                         rows_per_request=self.rpr)
+
 
 def route_of(w, shape: MixShape) -> str:
     """The backend ``auto`` takes for this shape on inputs ``w``: a decode step as captured in a
@@ -244,6 +254,7 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     runs: List[float] = []
     fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev, runs)}
     fields["host_us_run_median"] = statistics.median(runs)
+    fields["host_us_api"] = host_us(path.direct, host_calls, dev)
     synchronize(dev)
     t0 = time.perf_counter()
     checked = max(5, host_calls // 20)
