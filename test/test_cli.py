@@ -738,8 +738,10 @@ class _Unwritable:
         raise self.exc
 
 
-@pytest.mark.parametrize("argv", [["info"], ["info", "--json"]])
+@pytest.mark.parametrize("argv", [["info"], ["info", "--json"], ["--version"], ["--help"], ["check", "--help"],
+                                  ["bench", "--help"]])
 def test_output_that_cannot_be_written_is_one_line_and_status_1(cli, argv, monkeypatch, capsys):
+    """Also --help and --version, whose write errors argparse itself drops (exit 0)."""
     import errno
     import sys
 
