@@ -271,7 +271,7 @@ def _fp32_at(w, exp):
     return IndexerTopKResult(s, exp.raw_indices, exp.physical_indices, exp.counts)
 
 
-@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
 def test_rows_whose_heads_cancel_are_judged_by_their_terms(layout):
     """fp32 rounding scales with the terms summed, not with the score they leave: on rows whose
     heads cancel an exact fp32 computation misses the default rtol, and the per-row tolerance
