@@ -214,7 +214,8 @@ def test_tolerance_overrides_replace_the_rule():
 @pytest.mark.parametrize("bad, field", [
     (dict(rtol=None), "rtol"), (dict(atol=None), "atol"),
     (dict(atol=torch.full((3,), 1e-6)), "atol"),  # one per row of two rows
-    (dict(atol=torch.full((2, 1), 1e-6)), "atol"),
+    (dict(atol=torch.full((2, 1), 1e-6)), "atol"),  # neither per row nor per slot
+    (dict(atol=torch.full((2, 2, 1), 1e-6)), "atol"),
 ])
 def test_tolerances_it_cannot_apply_are_refused_by_name(bad, field):
     """``None`` (``mma_tolerance``'s "not given", not a tolerance) and per-row tolerances of
@@ -226,6 +227,7 @@ def test_tolerances_it_cannot_apply_are_refused_by_name(bad, field):
     with pytest.raises(ValueError, match=f"^{field}: "):
         compare.compare_to_reference(exp, exp, **bad)
     assert compare.compare_to_reference(exp, exp, atol=torch.full((2,), 1e-6)).ok
+    assert compare.compare_to_reference(exp, exp, atol=torch.full((2, 2), 1e-6)).ok  # one per slot
 
 
 @pytest.mark.parametrize("topk", [0, -1, 2.5, True, "512"])
@@ -274,58 +276,113 @@ def _fp32_at(w, exp):
 @pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4", "aiter_mxfp4"])
 def test_rows_whose_heads_cancel_are_judged_by_their_terms(layout):
     """fp32 rounding scales with the terms summed, not with the score they leave: on rows whose
-    heads cancel an exact fp32 computation misses the default rtol, and the per-row tolerance
-    from the inputs accepts it; an error of many ulps of those terms is still a mismatch."""
+    heads cancel an exact fp32 computation misses the default rtol, and the per-slot tolerance
+    from the inputs accepts it; twice that tolerance is still a mismatch."""
     w = _cancelling(layout)
     exp, next_values = reference_with_next_values(*w.args(), **w.kwargs())
     got = _fp32_at(w, exp)
     assert not torch.equal(got.values, exp.values)
     assert compare.compare_to_reference(got, exp, next_values=next_values, inputs=w).value_rows
     tol = compare.mma_tolerance(layout, "cpu", exp, inputs=w)
-    assert tol["rtol"] == compare.DEFAULT_RTOL and tol["atol"].shape == (w.rows,)
+    assert tol["rtol"] == compare.DEFAULT_RTOL and tol["atol"].shape == exp.values.shape
     cmp = compare.compare_to_reference(got, exp, next_values=next_values, inputs=w, **tol)
     assert cmp.ok, cmp.summary()
-    magnitudes = compare.row_magnitudes(exp, w)
-    assert bool((magnitudes > 10 * exp.values[:, 0].double().abs()).all())  # they do cancel
+    magnitudes = compare.slot_magnitudes(exp, w)
+    assert bool((magnitudes[:, 0] > 5 * exp.values[:, 0].double().abs()).all())  # they do cancel
     off = IndexerTopKResult(got.values.clone(), *got[1:])
-    off.values[1, 7] += float(64 * compare.FP32_MAGNITUDE_ULPS * magnitudes[1] * 2.0**-23)
+    off.values[1, 7] = float(exp.values[1, 7].double() + 2 * (tol["atol"][1, 7] + compare.DEFAULT_RTOL * exp.values[1, 7].abs()))
     assert compare.compare_to_reference(off, exp, next_values=next_values, inputs=w, **tol).value_rows == [1]
     assert "ulps" in compare.comparison_rule(magnitudes=True) and "ulps" not in compare.comparison_rule()
 
 
-def test_magnitudes_are_the_scores_of_absolute_values():
-    """reference_magnitudes equals the reference's score of the same call with every sign
-    cleared (FP8 keys, queries and weights), where relu changes nothing: to fp32 rounding."""
+def _sign_cleared(w):
+    """``w`` with every sign of its stored values cleared (queries, keys, weights, weight_scale):
+    every dot is then at least 0, so a score is its own absolute-term sum."""
+    from indexer_topk.contract import Layout
+
+    cache, q = w.k_cache.clone(), w.q.clone()
+    if w.layout is Layout.SGLANG_FP8:
+        cache[:, : PAGE_SIZE * HEAD_DIM] &= 0x7F  # the e4m3 key bytes; their fp32 scales are positive
+        q = (q.view(torch.uint8) & 0x7F).view(q.dtype)
+    else:  # sglang_mxfp4: the e2m1 nibbles' sign bits, in the keys' payload and the query
+        cache[:, : PAGE_SIZE * HEAD_DIM // 2] &= 0x77
+        q &= 0x77
+    return dataclasses.replace(w, q=q, k_cache=cache, weights=w.weights.abs(), weight_scale=abs(w.weight_scale))
+
+
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+def test_magnitudes_are_scores_of_absolute_values_over_the_heads_relu_keeps(layout):
+    """reference_magnitudes equals the reference's score of the call with every sign cleared
+    (then relu changes nothing), to fp32 rounding; heads whose dots are negative add nothing,
+    so with half the heads' queries negated the magnitudes are the other half's scores."""
     from indexer_topk.reference import reference_magnitudes
 
-    w = make_workload("sglang_fp8", context_tokens=[1024, 640], rows_per_request=2, seed=3, weight_scale=-0.5)
-    cache = w.k_cache.clone()
-    cache[:, : PAGE_SIZE * HEAD_DIM] &= 0x7F  # the fp8 key bytes; their fp32 scales stay
-    absolute = dataclasses.replace(w, q=(w.q.view(torch.uint8) & 0x7F).view(w.q.dtype), k_cache=cache,
-                                   weights=w.weights.abs(), weight_scale=0.5)
+    w = _sign_cleared(make_workload(layout, context_tokens=[1024, 640], rows_per_request=2, seed=3, weight_scale=-0.5))
     rows = torch.arange(w.rows)
     positions = torch.stack([torch.arange(-2, 300), torch.arange(100, 402)] * 2)
-    m = reference_magnitudes(*w.args(), layout=w.layout, weight_scale=w.weight_scale, rows=rows, positions=positions)
-    scores = torch.stack([
-        reference_scores(*absolute.args(), layout=w.layout, weight_scale=0.5, rows=rows[r : r + 1], start=0, stop=402)[0]
-        for r in range(w.rows)
-    ])
-    want = torch.gather(torch.where(torch.isfinite(scores), scores, 0.0).double(), 1, positions.clamp(min=0))
-    want = torch.where((positions >= 0) & (positions < w.seq_lens[:, None].long()), want, 0.0)
-    assert bool((want > 0).any())
-    torch.testing.assert_close(m, want, rtol=1e-6, atol=0.0)
+    inside = (positions >= 0) & (positions < w.seq_lens[:, None].long())
+
+    def scores(v):
+        s = torch.stack([reference_scores(*v.args(), layout=v.layout, weight_scale=v.weight_scale,
+                                          rows=rows[r : r + 1], start=0, stop=402)[0] for r in range(v.rows)])
+        s = torch.gather(torch.where(torch.isfinite(s), s, 0.0).double(), 1, positions.clamp(min=0))
+        return torch.where(inside, s, 0.0)
+
+    def magnitudes(v):
+        return reference_magnitudes(*v.args(), layout=v.layout, weight_scale=v.weight_scale, rows=rows,
+                                    positions=positions)
+
+    assert bool((scores(w) > 0).any())
+    torch.testing.assert_close(magnitudes(w), scores(w), rtol=1e-6, atol=0.0)
+    negated = w.q.clone()
+    if w.layout.value == "sglang_fp8":
+        negated[:, 32:] = (negated[:, 32:].view(torch.uint8) | 0x80).view(negated.dtype)
+    else:
+        negated[:, 32:] |= 0x88
+    half = w.weights.clone()
+    half[:, 32:] = 0
+    torch.testing.assert_close(magnitudes(dataclasses.replace(w, q=negated)),
+                               scores(dataclasses.replace(w, weights=half)), rtol=1e-6, atol=0.0)
 
 
-def test_cancellation_beyond_the_widest_tolerance_is_judged_at_it():
+def test_a_row_is_judged_at_its_own_widest_tolerance():
+    """Two rows, one with scores a thousand times the other's, whose heads cancel to 1e-5 of
+    their terms: its tolerance stops at its own widest (1e-2 of its own best score), not the
+    call's, so a selection from the bottom of that row is still a mismatch."""
+    w = _cancelling("sglang_fp8", excess=1e-5, mirror=True)
+    wt = w.weights.clone()
+    wt[0] = w.weights[0].abs() * 1000  # row 0: large scores, no cancellation
+    w = dataclasses.replace(w, weights=wt)
+    exp, next_values = reference_with_next_values(*w.args(), **w.kwargs())
+    tol = compare.mma_tolerance("sglang_fp8", "cpu", exp, inputs=w)
+    best = exp.values.double().abs().amax(dim=1)
+    assert bool((tol["atol"] <= compare.MAX_RELATIVE_TOLERANCE * best[:, None] + 1e-12).all())
+    assert float(tol["atol"][1].max()) == pytest.approx(compare.MAX_RELATIVE_TOLERANCE * float(best[1]))
+    n = w.topk
+    every = reference_indexer_topk(*w.args(), **{**w.kwargs(), "topk": int(w.seq_lens[1])})
+    bottom = IndexerTopKResult(*(t.clone() for t in exp))
+    for t, src in zip(bottom[:3], every[:3]):
+        t[1] = src[1, -n:]  # row 1's worst n positions, none of them the reference's
+    assert compare.compare_to_reference(bottom, exp, next_values=next_values, inputs=w, **tol).set_rows == [1]
+
+
+def test_cancellation_and_empty_calls_need_no_error():
     """Heads that cancel to 1e-6 of their terms would need a tolerance wider than any selection
-    can be judged by: the row's tolerance stops at the widest one, with no error raised; NaN
-    rows add nothing."""
+    can be judged by: a row's tolerance stops at its widest, with no error raised; NaN rows add
+    nothing; a call with no page reads none."""
     w = _cancelling("sglang_fp8", excess=1e-6, mirror=True)
     exp = reference_indexer_topk(*w.args(), **w.kwargs())
     tol = compare.mma_tolerance("sglang_fp8", "cpu", exp, inputs=w)
-    limit = compare.MAX_RELATIVE_TOLERANCE * float(exp.values[torch.isfinite(exp.values)].abs().max())
-    assert float(tol["atol"].max()) == pytest.approx(limit)
+    limit = compare.MAX_RELATIVE_TOLERANCE * exp.values.double().abs().amax(dim=1)
+    assert torch.allclose(tol["atol"].amax(dim=1), limit)
     assert compare.compare_to_reference(exp, exp, inputs=w, **tol).ok
     nan = make_workload("sglang_fp8", context_tokens=[1024], rows_per_request=2, pattern="nan_rows")
     nan_exp = reference_indexer_topk(*nan.args(), **nan.kwargs())
     assert bool(torch.isfinite(compare.mma_tolerance("sglang_fp8", "cpu", nan_exp, inputs=nan)["atol"]).all())
+    for layout in ("sglang_fp8", "aiter_mxfp4"):
+        empty = make_workload(layout, context_tokens=[0, 0], rows_per_request=1)
+        empty = dataclasses.replace(empty, k_cache=empty.k_cache[:0],
+                                    k_scale=None if empty.k_scale is None else empty.k_scale[:0],
+                                    page_table=empty.page_table[:, :0])
+        e = reference_indexer_topk(*empty.args(), **empty.kwargs())
+        assert float(compare.mma_tolerance(layout, "cpu", e, inputs=empty)["atol"].max()) == compare.DEFAULT_ATOL

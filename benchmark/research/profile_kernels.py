@@ -52,7 +52,7 @@ def check_correctness(layout, topk, device, log):
         fp = fused_indexer_topk(inputs, pool=64)
         ref, next_values = reference_with_next_values(*w.args(), **w.kwargs())
         cmp = compare_to_reference(leg, ref, next_values=next_values, inputs=w,
-                                   **mma_tolerance(layout, device, ref))
+                                   **mma_tolerance(layout, device, ref, inputs=w))
         rec = dict(layout=layout, topk=topk, pattern=pattern, fused_eq_legacy=same_bits(fu, leg),
                    fused_split4_eq_legacy=same_bits(fu4, leg), fused_pool64_eq_legacy=same_bits(fp, leg),
                    legacy_vs_reference=cmp.ok, detail=cmp.summary())

@@ -83,7 +83,8 @@ class _Parser(argparse.ArgumentParser):
 class _Version(argparse.Action):
     """``--version``: as argparse's, with a failed write an error (see :func:`main`), not exit 0."""
 
-    def __init__(self, option_strings, version: str, dest=argparse.SUPPRESS, help="show the version and exit"):
+    def __init__(self, option_strings, version: str, dest=argparse.SUPPRESS,
+                 help="show program's version number and exit"):
         super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
         self.version = version
 

@@ -47,11 +47,13 @@ FP8_MMA_RTOL = 2e-3
 # The widest tolerance a comparison takes, relative to the scores: wider, a rounding and a
 # wrong selection look alike (every boundary a near-tie). Five times the FP8 MMA rule.
 MAX_RELATIVE_TOLERANCE = 1e-2
-# fp32 units in the last place of a score's absolute-term sum (reference.reference_magnitudes_at)
-# that an exact fp32 kernel may be off by: rows whose heads cancel measured a quarter of one
-# (a score 2,000 times smaller than its magnitude, off by 3e-5 of itself under the interpreter);
-# 16 leaves room for other summation orders and stays far below the cap above.
-FP32_MAGNITUDE_ULPS = 16
+# fp32 units in the last place of a score's absolute-term sum (reference.reference_magnitudes)
+# that an exact fp32 kernel may be off by. Rows whose heads cancel measured at most 0.07 of one
+# under the interpreter (scores 30 to 2,000 times smaller than their terms), which rounds only
+# the sum over heads; an MMA also rounds as it accumulates each head's 128 products, a few units
+# more in the worst order. At the cut of random rows 4 units make the tolerance 2-7 times the
+# default; a boundary off by one position still fails there, as without the inputs.
+FP32_MAGNITUDE_ULPS = 4
 
 COMPARISON_RULE = (
     "counts equal; values within rtol {rtol:g} / atol {atol:g} (NaN == NaN); selected position "
@@ -71,8 +73,8 @@ def comparison_rule(rtol: Optional[float] = None, atol: float = DEFAULT_ATOL, de
         rule += (f"; sglang_fp8 on a GPU: rtol {FP8_MMA_RTOL:g} plus {FP8_MMA_RTOL:g} of the row's largest "
                  "score (Hopper's fp8 MMA accumulator)")
     if rtol is None and magnitudes:
-        rule += (f"; atol at least {FP32_MAGNITUDE_ULPS} fp32 ulps of the row's largest sum of absolute "
-                 "terms (heads that cancel)")
+        rule += (f"; atol per slot at least {FP32_MAGNITUDE_ULPS} fp32 ulps of the selected position's sum "
+                 "of absolute terms (heads that cancel)")
     return rule
 
 
@@ -93,21 +95,15 @@ def _check_atol_against_scores(atol: torch.Tensor, values: torch.Tensor) -> None
     """The absolute tolerance must be small next to the call's scores: at most
     :data:`MAX_RELATIVE_TOLERANCE` of the largest finite reference score (or the default
     tolerance, where every score is 0)."""
-    limit, largest = _atol_limit(values)
+    finite = values.double()[torch.isfinite(values)]
+    largest = float(finite.abs().max()) if finite.numel() else 0.0
+    limit = max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest)
     widest = float(atol.max()) if atol.numel() else 0.0
     if widest > limit:
         raise ValueError(
             f"atol: {widest:g} is not small next to the scores (largest {largest:g}); at most {limit:g} here, "
             "or every selection boundary would pass as a near-tie"
         )
-
-
-def _atol_limit(values: torch.Tensor):
-    """``(limit, largest)``: the widest absolute tolerance next to these reference scores, and
-    their largest finite magnitude."""
-    finite = values.detach().double().cpu()[torch.isfinite(values.detach().cpu())]
-    largest = float(finite.abs().max()) if finite.numel() else 0.0
-    return max(DEFAULT_ATOL, MAX_RELATIVE_TOLERANCE * largest), largest
 
 
 def bitwise_equal(a: IndexerTopKResult, b: IndexerTopKResult) -> bool:
@@ -156,10 +152,12 @@ def first_difference(a: IndexerTopKResult, b: IndexerTopKResult) -> str:
 
 def values_close(a: torch.Tensor, b: torch.Tensor, rtol: float = DEFAULT_RTOL, atol=DEFAULT_ATOL) -> torch.Tensor:
     """Elementwise ``|a - b| <= atol + rtol * |b|`` in float64, NaN matching NaN, equal infinities
-    matching. ``atol`` is a float or a tensor ``[rows]`` with one tolerance per row of ``a``."""
+    matching. ``atol`` is a float, a tensor ``[rows]`` with one tolerance per row of ``a``, or a
+    tensor of ``a``'s shape, one per element."""
     ad, bd = a.double(), b.double()
     tol = torch.as_tensor(atol, dtype=torch.float64, device=ad.device)
-    tol = tol.reshape(-1, *([1] * (ad.dim() - 1))) if tol.dim() else tol
+    if tol.dim() == 1:
+        tol = tol.reshape(-1, *([1] * (ad.dim() - 1)))
     return ((ad - bd).abs() <= tol + rtol * bd.abs()) | (torch.isnan(ad) & torch.isnan(bd)) | (ad == bd)
 
 
@@ -236,40 +234,38 @@ def mma_tolerance(
 
     fp32 rounding too scales with the summed magnitudes, not with the score: where a row's 64
     weighted heads cancel, a score far smaller than its terms is off by more than ``rtol`` of
-    itself in an exact kernel. With the call's ``inputs``, each row's absolute tolerance is at
-    least :data:`FP32_MAGNITUDE_ULPS` fp32 units in the last place of the largest absolute-term
-    sum among the reference's selected positions
-    (:func:`indexer_topk.reference.reference_magnitudes_at`). Without them a row that cancels
-    can read as a value mismatch.
+    itself in an exact kernel. With the call's ``inputs``, ``atol`` is given per slot
+    (``[rows, topk]``): at least :data:`FP32_MAGNITUDE_ULPS` fp32 units in the last place of the
+    absolute-term sum of the position the reference lists there
+    (:func:`indexer_topk.reference.reference_magnitudes`), and at most the widest tolerance of
+    its row, :data:`MAX_RELATIVE_TOLERANCE` of the row's largest score. A selection boundary is
+    judged at the tolerance of the reference's last selected slot. Without the inputs a row that
+    cancels can read as a value mismatch.
     """
     if rtol is not None:
         return {"rtol": rtol, "atol": atol}
     rows = expected.counts.shape[0]
     floor = torch.full((rows,), float(atol), dtype=torch.float64)
     rule = {"rtol": DEFAULT_RTOL, "atol": atol}
+    v = expected.values.detach().double().cpu()
+    finite = torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
+    largest = finite.amax(dim=1) if v.dim() == 2 and v.shape[1] else torch.zeros(rows, dtype=torch.float64)
     if Layout(layout) is Layout.SGLANG_FP8 and torch.device(device).type != "cpu":
-        v = expected.values.detach().double().cpu()
-        finite = torch.where(torch.isfinite(v), v.abs(), torch.zeros_like(v))
-        floor = torch.clamp(FP8_MMA_RTOL * finite.amax(dim=1), min=atol)
+        floor = torch.clamp(FP8_MMA_RTOL * largest, min=atol)
         rule = {"rtol": FP8_MMA_RTOL, "atol": floor}
     if inputs is None:
         return rule
-    # a row that cancels beyond what the widest tolerance allows is judged at that limit (and
-    # may read as a mismatch): wider, any selection boundary would pass as a near-tie
-    widened = torch.clamp(FP32_MAGNITUDE_ULPS * _ulp_scale(row_magnitudes(expected, inputs)),
-                          max=_atol_limit(expected.values)[0])
-    return {**rule, "atol": torch.maximum(floor, widened)}
+    # a slot whose terms cancel beyond what its row's widest tolerance allows is judged at that
+    # limit (and may read as a mismatch): wider, any selection boundary would pass as a near-tie
+    row_limit = torch.clamp(MAX_RELATIVE_TOLERANCE * largest, min=DEFAULT_ATOL)[:, None]
+    widened = torch.minimum(FP32_MAGNITUDE_ULPS * slot_magnitudes(expected, inputs) * 2.0**-23, row_limit)
+    return {**rule, "atol": torch.maximum(floor[:, None], widened)}
 
 
-def _ulp_scale(m: torch.Tensor) -> torch.Tensor:
-    """One fp32 unit in the last place relative to ``m`` (2**-23 of it), float64."""
-    return m * 2.0**-23
-
-
-def row_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_block: int = 16) -> torch.Tensor:
-    """float64 ``[rows]`` (on the CPU): each row's largest absolute-term sum
-    (:func:`indexer_topk.reference.reference_magnitudes`) over the positions the reference
-    selected, 0 for a row with none; ``row_block`` rows at a time."""
+def slot_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_block: int = 16) -> torch.Tensor:
+    """float64 ``[rows, topk]`` (on the CPU): the absolute-term sum
+    (:func:`indexer_topk.reference.reference_magnitudes`) of each position the reference
+    selected, 0 past a row's count; ``row_block`` rows at a time."""
     from .reference import reference_magnitudes
 
     if not isinstance(inputs, IndexerInputs):
@@ -277,14 +273,16 @@ def row_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_block
     counts = expected.counts.detach().long().cpu()
     raw = expected.raw_indices.detach().long().cpu()
     dev = inputs.k_cache.device
-    out = torch.zeros(counts.shape[0], dtype=torch.float64)
+    out = torch.zeros(raw.shape, dtype=torch.float64)
     for r0 in range(0, counts.shape[0], row_block):
         rows = torch.arange(r0, min(r0 + row_block, counts.shape[0]))
+        if not bool((counts[rows] > 0).any()):
+            continue  # nothing selected: no key to read (the cache may hold no page at all)
         pos = torch.where(torch.arange(raw.shape[1])[None, :] < counts[rows, None], raw[rows], -1)
         m = reference_magnitudes(*inputs.tensors, layout=inputs.layout, weight_scale=inputs.weight_scale,
                                  rows=rows.to(dev), positions=pos.to(dev)).cpu()
         # NaN weights (a NaN row) make NaN sums; such a row's values are NaN and need no widening
-        out[rows] = torch.nan_to_num(m, nan=0.0, posinf=0.0).amax(dim=1) if m.shape[1] else 0.0
+        out[rows] = torch.nan_to_num(m, nan=0.0, posinf=0.0)
     return out
 
 
@@ -355,8 +353,10 @@ def compare_to_reference(
     e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
     atol_t = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)
     rows = e.counts.shape[0]
-    if atol_t.dim() > 1 or (atol_t.dim() == 1 and atol_t.shape[0] != rows):
-        raise ValueError(f"atol: per-row tolerances must be a tensor [rows] = [{rows}], got shape {list(atol_t.shape)}")
+    if not (atol_t.dim() == 0 or (atol_t.dim() == 1 and atol_t.shape[0] == rows)
+            or (atol_t.dim() == 2 and atol_t.shape == e.values.shape)):
+        raise ValueError(f"atol: per-row tolerances must be a tensor [rows] = [{rows}], per-slot ones "
+                         f"[rows, topk] = {list(e.values.shape)}; got shape {list(atol_t.shape)}")
     _check_atol_against_scores(atol_t, e.values)
     cmp = Comparison(rows=rows)
 
@@ -390,7 +390,7 @@ def compare_to_reference(
             f"physical {int(a.physical_indices[r, j])}, value {float(a.values[r, j])!r}"
         )
 
-    atol = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)  # a float, or one per row
+    atol = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)  # a float, one per row or one per slot
     close = values_close(a.values, e.values, rtol, atol) | pad
     value_bad = ~close.all(1) & ~count_bad
     cmp.value_rows = value_bad.nonzero().flatten().tolist()
@@ -432,7 +432,7 @@ def compare_to_reference(
         boundary_tie = (
             next_values is not None
             and n == topk
-            and bool(values_close(e.values[r, n - 1 : n], next_values[r : r + 1], rtol, atol[r] if atol.dim() else atol))
+            and bool(values_close(e.values[r, n - 1 : n], next_values[r : r + 1], rtol, _at_cut(atol, r, n)))
         )
         if boundary_tie and in_range and distinct and inputs is not None:
             near_ties.append(r)
@@ -453,6 +453,11 @@ def compare_to_reference(
                 note(msg)
         cmp.set_rows.sort()
     return cmp
+
+
+def _at_cut(atol: torch.Tensor, r: int, n: int) -> torch.Tensor:
+    """Row ``r``'s tolerance at its cut, the reference's ``n``-th (last) selected slot."""
+    return atol if atol.dim() == 0 else atol[r] if atol.dim() == 1 else atol[r, n - 1]
 
 
 def _judge_near_ties(a: IndexerTopKResult, e: IndexerTopKResult, rows, inputs: IndexerInputs, rtol, atol):
@@ -477,7 +482,7 @@ def _judge_near_ties(a: IndexerTopKResult, e: IndexerTopKResult, rows, inputs: I
     verdicts = []
     for r in rows:
         n = int(e.counts[r])
-        tol = atol[r] if atol.dim() else atol
+        tol = _at_cut(atol, r, n)
         cut = e.values[r, n - 1 : n]
         mine = [(j, p, own[i : i + 1]) for i, (rr, j, p) in enumerate(extras) if rr == r]
         listed = set(a.raw_indices[r, :n].tolist())
@@ -509,7 +514,7 @@ __all__ = [
     "compare_to_reference",
     "first_difference",
     "mma_tolerance",
-    "row_magnitudes",
+    "slot_magnitudes",
     "comparison_rule",
     "values_close",
 ]

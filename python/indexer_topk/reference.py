@@ -80,13 +80,15 @@ def reference_magnitudes(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, layout, weight_scale=1.0, rows, positions,
 ):
     """float64 ``[R, B]``: the score of row ``rows[i]`` at position ``positions[i, b]`` computed
-    on absolute values,
+    on absolute values, over the heads ``relu`` keeps,
 
-        |weight_scale| * |k_scale[j]| * sum_h |weights[r, h]| * sum_d |q[r, h, d] * k[j, d]|
+        |weight_scale| * |k_scale[j]| * sum_{h: dot_h > -2**-10 * a_h} |weights[r, h]| * a_h
+        a_h = sum_d |q[r, h, d] * k[j, d]|,   dot_h = sum_d q[r, h, d] * k[j, d]
 
-    the magnitude an fp32 kernel's rounding errors scale with (each head's dot and the sum over
+    the magnitude an fp32 kernel's rounding errors scale with: each head's dot and the sum over
     heads are accumulated in fp32, so their error is a few units in the last place of this sum,
-    however far the signed terms cancel). 0 for a position outside ``[0, scored length)``.
+    however far the signed terms cancel. A head whose dot is negative by more than its own
+    rounding could move adds an exact zero. 0 for a position outside ``[0, scored length)``.
     ``rows`` int ``[R]``, ``positions`` int ``[R, B]``;
     :func:`indexer_topk.compare.mma_tolerance` sets its per-row tolerance from them."""
     layout = parse_layout(layout)
@@ -96,8 +98,10 @@ def reference_magnitudes(
     qf, w = _query_rows(layout, q, q_scale, weights, rows)
     lens = scored_lengths(seq_lens[rows], page_table)
     k, ks, valid = _gather_keys(layout, k_cache, k_scale, page_table[rows].long(), lens, positions)
-    dots = torch.einsum("rbd,rhd->rbh", k.double().abs(), qf.abs())
-    m = (dots * w.abs()[:, None, :]).sum(dim=-1) * ks.double().abs() * abs(_fp32(weight_scale))
+    k = k.double()
+    a = torch.einsum("rbd,rhd->rbh", k.abs(), qf.abs())
+    kept = torch.einsum("rbd,rhd->rbh", k, qf) > -(2.0**-10) * a
+    m = (torch.where(kept, a, 0.0) * w.abs()[:, None, :]).sum(dim=-1) * ks.double().abs() * abs(_fp32(weight_scale))
     return torch.where(valid, m, torch.zeros_like(m))
 
 
