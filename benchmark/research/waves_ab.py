@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""Legacy's score spans in whole waves (``SCORE_WHOLE_WAVES``) against the shipped spans, on the
+serving mix's shapes where the two rules differ, in one process on the same bytes.
+
+    PYTHONPATH=python python3 benchmark/research/waves_ab.py [--shapes "decode 64 x 768K,prefill 128 x 768K"]
+        [--rounds 3] [--out waves.json]
+
+Each shape is the mix's (:func:`indexer_topk.bench.mix.default_shapes`, chosen by label) through
+the out operator with ``backend="legacy"`` as the mix calls it: prefill as eager calls (median
+CUDA-event time, host included), decode replayed from a CUDA graph. Rounds alternate the two
+rules so that a drift of the machine falls on both; every output of the whole-wave rule is
+compared bit for bit with the shipped rule's. The table (median over rounds) is printed last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+
+from indexer_topk import api  # noqa: E402
+from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
+from indexer_topk.bench.mix import OurPath, default_shapes, graph_ms, make_inputs  # noqa: E402
+from indexer_topk.bench.timing import median_ms  # noqa: E402
+from indexer_topk.compare import bitwise_equal  # noqa: E402
+from indexer_topk.kernels.launch import device_sm_count  # noqa: E402
+
+# the two rules differ at 64 x 768K, the mixed batch and 128 x 768K; 32 x 768K and 256 x 128K
+# take the same programs either way (the spread between two runs of one plan)
+SHAPES = "decode 64 x 768K,decode 64 x 4K..768K,prefill 128 x 768K,decode 32 x 768K,decode 256 x 128K"
+
+
+def programs(w, hint) -> tuple:
+    """Score programs of the shipped rule and of whole waves, for this workload."""
+    from indexer_topk.kernels.launch import tile_config
+
+    group = 1 if hint == 1 else tile_config(w.layout).rows
+    groups, width, sms = -(-w.rows // group), w.page_table.shape[1] * 64, device_sm_count(w.q.device)
+    out = []
+    for whole in (False, True):
+        legacy_backend.SCORE_WHOLE_WAVES = whole
+        out.append(groups * -(-width // legacy_backend.score_span(groups, width, sms)))
+    legacy_backend.SCORE_WHOLE_WAVES = False
+    return tuple(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=SHAPES, help="mix labels, comma-separated")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args()
+    wanted = [x.strip() for x in a.shapes.split(",") if x.strip()]
+    shapes = [s for s in default_shapes() if s.label in wanted]
+    rows = []
+    for shape in shapes:
+        w = make_inputs(shape, "cuda")
+        hint = shape.rows_per_request if shape.kind == "decode" else None
+        path = OurPath(w, "legacy", None, "cuda", hint)
+        before, after = programs(w, hint)
+        times = {False: [], True: []}
+        outs = {}
+        for _ in range(a.rounds):
+            for whole in (False, True):
+                legacy_backend.SCORE_WHOLE_WAVES = whole
+                api._KNOWN.clear()  # the plan is made on a signature's first call
+                path.step()
+                torch.cuda.synchronize()
+                outs[whole] = [t.clone() for t in path.out]
+                times[whole].append(graph_ms(path.step, iters=a.iters, device="cuda") if shape.kind == "decode"
+                                    else median_ms(path.step, warmup=2, iters=a.iters, device="cuda"))
+        legacy_backend.SCORE_WHOLE_WAVES = False
+        same = bitwise_equal(outs[False], outs[True])
+        t0, t1 = statistics.median(times[False]), statistics.median(times[True])
+        rows.append({"shape": shape.label, "programs": [before, after], "shipped_ms": t0, "whole_waves_ms": t1,
+                     "rounds": {"shipped": times[False], "whole_waves": times[True]}, "bitwise_equal": same})
+        print(f"{shape.label}: programs {before} -> {after}, {t0:.4f} -> {t1:.4f} ms, equal {same}", flush=True)
+        del w, path, outs
+        torch.cuda.empty_cache()
+    if a.out:
+        Path(a.out).write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows}, indent=1) + "\n")
+    print("\n| shape | score programs (shipped -> whole waves) | shipped ms | whole waves ms | ratio | bitwise equal |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['shape']} | {r['programs'][0]} -> {r['programs'][1]} | {r['shipped_ms']:.4f} | "
+              f"{r['whole_waves_ms']:.4f} | {r['whole_waves_ms'] / r['shipped_ms']:.3f} | {r['bitwise_equal']} |")
+    return 0 if all(r["bitwise_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
