@@ -5,14 +5,15 @@
         --section WarpStateStats --section SourceCounters --import-source yes -o fused_src \\
         python3 benchmark/research/ncu_fused.py
     ncu -i fused_src.ncu-rep --page source --csv --print-source cuda,sass > src.csv
-    python3 benchmark/research/ncu_source_summary.py src.csv [--top 40]
+    python3 benchmark/research/ncu_source_summary.py src.csv [--top 40] [--regions KERNEL_MODULE.py]
 
 Nsight Compute's source page attributes warp-stall samples (all samples: a warp resident and
 sampled, issuing or not) to the Triton source lines the machine code came from. This sums them
 per file, per line and per region of ``kernels/fused.py`` (the scoring loop with the score
 tile, the flush and the cuts, the end of an item), so the share of time each part holds comes
 from one measurement. Library lines (``triton/language/standard.py``: sums, scans, sorts) serve
-several regions and are listed on their own.
+several regions and are listed on their own. ``--regions`` names another kernel module whose
+functions are the regions (``kernels/split_topk.py`` for the decode step's finishing kernel).
 """
 
 from __future__ import annotations
@@ -65,15 +66,15 @@ def read_samples(path):
 
 
 def fused_regions(source=FUSED_SOURCE):
-    """``[(label, first line, last line)]`` of the fused kernel module's functions, read from the
-    source the profile ran (run this from the same checkout)."""
+    """``[(label, first line, last line)]`` of a kernel module's functions (the fused kernel's by
+    default), read from the source the profile ran (run this from the same checkout)."""
     tree = ast.parse(Path(source).read_text())
     return [(FUSED_ROLES.get(f.name, f.name), f.lineno, f.end_lineno)
             for f in tree.body if isinstance(f, ast.FunctionDef)]
 
 
-def region(name, line, fused):
-    if name == "fused.py":
+def region(name, line, fused, module="fused.py"):
+    if name == module:
         for label, lo, hi in fused:
             if lo <= line <= hi:
                 return label
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("csv")
     p.add_argument("--top", type=int, default=40)
+    p.add_argument("--regions", default=str(FUSED_SOURCE), help="the kernel module whose functions are the regions")
     a = p.parse_args(argv)
     samples, text, reasons = read_samples(a.csv)
     total = sum(samples.values())
@@ -91,10 +93,11 @@ def main(argv=None) -> int:
         print("no warp-stall samples in", a.csv, file=sys.stderr)
         return 1
     print(f"warp-stall samples: {total}")
-    fused = fused_regions()
+    fused = fused_regions(a.regions)
+    module = Path(a.regions).name
     regions = collections.Counter()
     for (name, line), n in samples.items():
-        regions[region(name, line, fused)] += n
+        regions[region(name, line, fused, module)] += n
     print("\nby region")
     for label, n in regions.most_common():
         print(f"{100 * n / total:6.1f}%  {label}")

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call for what the sessions without a device prepared (benchmark/results/NOTES.md,
+# section "A tolerance from the terms a score is summed from", next step 6), each step under its
+# own time limit, logs under $OUT:
+#   1. the GPU test of rows whose heads cancel (the tolerance from a score's terms on the MMAs);
+#   2. research/waves_ab.py: legacy's score spans in whole waves against the shipped spans;
+#   3. research/ncu_decode.sh: Nsight Compute on legacy's decode step at 1 x 128K.
+#
+#   bash benchmark/research/device_round.sh        (about 7 minutes with a cold Triton cache)
+set -u
+export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+OUT=${OUT:-/tmp/device_round}
+export OUT
+mkdir -p "$OUT" "$TRITON_CACHE_DIR"
+stamp() { echo "[$(date +%T)] $*"; }
+stamp "1 cancelling rows"
+timeout "${TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider test/test_compare.py > "$OUT/gpu_tests_compare.log" 2>&1
+stamp "1 rc $? ($(tail -1 "$OUT/gpu_tests_compare.log"))"
+stamp "2 whole waves"
+timeout "${WAVES_S:-200}" python3 benchmark/research/waves_ab.py --out "$OUT/waves_ab.json" > "$OUT/waves_ab.log" 2>&1
+stamp "2 rc $?"
+stamp "3 ncu decode"
+SHAPES=${NCU_SHAPES:-1x128K} bash benchmark/research/ncu_decode.sh > "$OUT/ncu_decode.log" 2>&1
+stamp "3 rc $?"
+grep -E "passed|failed|Error" "$OUT/gpu_tests_compare.log" | tail -3
+grep -E "^\|" "$OUT/waves_ab.log"
+grep -E "^==|_kernel|Duration" "$OUT/ncu_decode.log" | head -24
