@@ -107,8 +107,7 @@ SCORE_PROGRAMS_PER_SM = 8
 # programs (a few long rows: 64 x 768K takes 24 programs a row, 1.45 waves), spread them over
 # the next whole number of waves (33 a row, two waves); where the page table runs a page past
 # the rows (256 x 128K: 513 pages), let a span pass SCORE_SPAN by that page rather than add a
-# fifth program a row (a partial wave). Off until measured
-# (benchmark/research/split_decode.py --configs "SCORE_WHOLE_WAVES=1").
+# fifth program a row (a partial wave). Off until measured (benchmark/research/waves_ab.py).
 SCORE_WHOLE_WAVES = False
 
 
