@@ -6,7 +6,7 @@
 #   2. research/waves_ab.py: legacy's score spans in whole waves against the shipped spans;
 #   3. research/ncu_decode.sh: Nsight Compute on legacy's decode step at 1 x 128K.
 #
-#   bash benchmark/research/device_round.sh        (about 7 minutes with a cold Triton cache)
+#   bash benchmark/research/device_round.sh        (at most 530 s: 150 + 200 + 180)
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/device_round}
@@ -14,13 +14,14 @@ export OUT
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 stamp() { echo "[$(date +%T)] $*"; }
 stamp "1 cancelling rows"
-timeout "${TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider test/test_compare.py > "$OUT/gpu_tests_compare.log" 2>&1
+timeout -k 10 "${TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider test/test_compare.py > "$OUT/gpu_tests_compare.log" 2>&1
 stamp "1 rc $? ($(tail -1 "$OUT/gpu_tests_compare.log"))"
 stamp "2 whole waves"
-timeout "${WAVES_S:-200}" python3 benchmark/research/waves_ab.py --out "$OUT/waves_ab.json" > "$OUT/waves_ab.log" 2>&1
+timeout -k 10 "${WAVES_S:-200}" python3 benchmark/research/waves_ab.py --out "$OUT/waves_ab.json" > "$OUT/waves_ab.log" 2>&1
 stamp "2 rc $?"
 stamp "3 ncu decode"
-SHAPES=${NCU_SHAPES:-1x128K} bash benchmark/research/ncu_decode.sh > "$OUT/ncu_decode.log" 2>&1
+SHAPES=${NCU_SHAPES:-1x128K} timeout -k 10 "${NCU_ALL_S:-180}" bash benchmark/research/ncu_decode.sh \
+  > "$OUT/ncu_decode.log" 2>&1
 stamp "3 rc $?"
 grep -E "passed|failed|Error" "$OUT/gpu_tests_compare.log" | tail -3
 grep -E "^\|" "$OUT/waves_ab.log"

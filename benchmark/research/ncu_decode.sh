@@ -12,14 +12,14 @@ mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 KERNELS='regex:logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel'
 for shape in ${SHAPES:-1x128K 8x768K}; do
   # the first step compiles (outside the profile: four launches skipped); the second is measured
-  timeout "${NCU_S:-150}" ncu --clock-control none -k "$KERNELS" --launch-skip 4 --launch-count 4 \
+  timeout -k 10 "${NCU_S:-80}" ncu --clock-control none -k "$KERNELS" --launch-skip 4 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     python3 benchmark/research/ncu_decode.py --shape "$shape" > "$OUT/ncu_decode_$shape.txt" 2>&1
   echo "== $shape rc $?"
   grep -E "^  [a-z_]+_kernel|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
     "$OUT/ncu_decode_$shape.txt" | head -40
-  timeout "${NCU_S:-150}" ncu --clock-control none -k regex:finish_rows_kernel --launch-skip 1 --launch-count 1 \
-    --section WarpStateStats --section SourceCounters --import-source yes -o "$OUT/finish_src_$shape" \
+  timeout -k 10 "${NCU_S:-80}" ncu --clock-control none -k regex:finish_rows_kernel --launch-skip 1 --launch-count 1 \
+    --section WarpStateStats --section SourceCounters --import-source yes -f -o "$OUT/finish_src_$shape" \
     python3 benchmark/research/ncu_decode.py --shape "$shape" > /dev/null 2>&1 \
     && ncu -i "$OUT/finish_src_$shape.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/finish_src.csv" \
     && python3 benchmark/research/ncu_source_summary.py "$OUT/finish_src.csv" \

@@ -59,6 +59,9 @@ def main() -> int:
     a = ap.parse_args()
     wanted = [x.strip() for x in a.shapes.split(",") if x.strip()]
     shapes = [s for s in default_shapes() if s.label in wanted]
+    missing = set(wanted) - {s.label for s in shapes}
+    if missing:
+        ap.error(f"--shapes: not mix labels: {sorted(missing)}")
     rows = []
     for shape in shapes:
         w = make_inputs(shape, "cuda")
@@ -73,7 +76,7 @@ def main() -> int:
                 api._KNOWN.clear()  # the plan is made on a signature's first call
                 path.step()
                 torch.cuda.synchronize()
-                outs[whole] = [t.clone() for t in path.out]
+                outs[whole] = type(path.out)(*(t.clone() for t in path.out))
                 times[whole].append(graph_ms(path.step, iters=a.iters, device="cuda") if shape.kind == "decode"
                                     else median_ms(path.step, warmup=2, iters=a.iters, device="cuda"))
         legacy_backend.SCORE_WHOLE_WAVES = False
