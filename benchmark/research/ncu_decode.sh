@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: Nsight Compute on legacy's decode step at few requests, where it is twice
-# SGLang's (benchmark/results/NOTES.md, next step 6): each kernel's duration, throughput,
+# SGLang's (benchmark/results/NOTES.md, next steps): each kernel's duration, throughput,
 # occupancy and warp states (score, gate, gathering, finish), then where the finishing kernel's
 # warps stall by source line (research/ncu_source_summary.py, regions: its module's functions).
 #
