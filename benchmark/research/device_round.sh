@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One device call for what the sessions without a device prepared (benchmark/results/NOTES.md,
-# section "A tolerance from the terms a score is summed from", and its next steps), each step under its
+# One device call for the changes not yet measured on a GPU (benchmark/results/NOTES.md, section
+# "A tolerance from the terms a score is summed from", and its next steps), each step under its
 # own time limit, logs under $OUT:
 #   1. the GPU test of rows whose heads cancel (the tolerance from a score's terms on the MMAs);
 #   2. research/waves_ab.py: legacy's score spans in whole waves against the shipped spans;
