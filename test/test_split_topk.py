@@ -463,6 +463,23 @@ def test_whole_waves_give_the_same_bits(monkeypatch, device):
     assert_bitwise(run_legacy(wl, rows_per_request=1), shipped, "whole waves vs the shipped spans")
 
 
+def test_waves_ab_runs(tmp_path):
+    """The device call that decides ``SCORE_WHOLE_WAVES`` (``benchmark/research/waves_ab.py``)
+    runs end to end on the mix's tiny shapes, both rules, bits compared."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
+    import waves_ab
+
+    out = tmp_path / "waves.json"
+    assert waves_ab.main(["--smoke", "--rounds", "1", "--iters", "1", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 2 and all(r["bitwise_equal"] and r["whole_waves_ms"] > 0 for r in rows)
+    assert legacy_backend.SCORE_WHOLE_WAVES is False  # left as shipped
+
+
 def test_select_way_by_rows_and_width():
     """The split select for few rows, and for rows longer than ``SPLIT_MIN_WIDTH`` up to
     ``SPLIT_ROWS_PER_SM`` an SM; the row select from ``ROWS_MIN_ROWS`` rows of shorter rows, and
