@@ -463,7 +463,7 @@ def test_whole_waves_give_the_same_bits(monkeypatch, device):
     assert_bitwise(run_legacy(wl, rows_per_request=1), shipped, "whole waves vs the shipped spans")
 
 
-def test_waves_ab_runs(tmp_path):
+def test_waves_ab_runs(tmp_path, monkeypatch):
     """The device call that decides ``SCORE_WHOLE_WAVES`` (``benchmark/research/waves_ab.py``)
     runs end to end on the mix's tiny shapes, both rules, bits compared."""
     import json
@@ -473,6 +473,7 @@ def test_waves_ab_runs(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
     import waves_ab
 
+    monkeypatch.setattr(legacy_backend, "SCORE_WHOLE_WAVES", False)  # restored whatever the script does
     out = tmp_path / "waves.json"
     assert waves_ab.main(["--smoke", "--rounds", "1", "--iters", "1", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
