@@ -467,10 +467,9 @@ def test_waves_ab_runs(tmp_path, monkeypatch):
     """The device call that decides ``SCORE_WHOLE_WAVES`` (``benchmark/research/waves_ab.py``)
     runs end to end on the mix's tiny shapes, both rules, bits compared."""
     import json
-    import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
     import waves_ab
 
     monkeypatch.setattr(legacy_backend, "SCORE_WHOLE_WAVES", False)  # restored whatever the script does
