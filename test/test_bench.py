@@ -470,6 +470,15 @@ def test_demo_cost_grows_with_rows_context_and_backends():
     # Within a small factor of what the interpreter took for 4 rows x 17,600 C4 positions
     # (15-19 s of CPU time per kernel backend): the estimate is rough, not made up.
     assert 5 < _demo_cost([70400], 4, backends=("legacy",)).seconds < 60
+    # further kernel calls (warm-up, timed iterations) repeat the kernels' time, not the reference's
+    from indexer_topk.bench import cost
+    from indexer_topk.cli import REFERENCE_MAX_PAIRS
+
+    thrice = cost.demo_cost("sglang_fp8", [4400], [4], 512, ALL, reference_max_pairs=REFERENCE_MAX_PAIRS,
+                            kernel_calls=3)
+    kernels = _demo_cost([4400], 4, backends=("legacy", "fused")).seconds
+    assert thrice.seconds == pytest.approx(base.seconds + 2 * kernels)
+    assert thrice.memory_bytes == base.memory_bytes
 
 
 def test_demo_cost_of_the_runs_that_hurt():

@@ -258,13 +258,10 @@ def _cpu_demo_guard(wargs: dict, backends: Sequence[str], force: bool, *, what: 
     rows, contexts = wargs["rows_per_request"], wargs["context_tokens"]
     seconds, memory = 0.0, 0
     for layout in layouts or (wargs["layout"],):
-        once = demo_cost(layout, contexts, rows, wargs["topk"], backends, reference_max_pairs=reference_max_pairs)
-        seconds += runs * once.seconds
-        memory = max(memory, once.memory_bytes)
-        if kernel_calls > 1:  # the kernel backends' further calls
-            again = demo_cost(layout, contexts, rows, wargs["topk"], [b for b in backends if b != "reference"],
-                              reference_max_pairs=reference_max_pairs)
-            seconds += runs * (kernel_calls - 1) * again.seconds
+        one = demo_cost(layout, contexts, rows, wargs["topk"], backends, reference_max_pairs=reference_max_pairs,
+                        kernel_calls=kernel_calls)
+        seconds += runs * one.seconds
+        memory = max(memory, one.memory_bytes)
     cost = DemoCost(seconds, memory)
     physical = physical_memory_bytes()
     max_memory = int(physical * CPU_DEMO_MAX_MEMORY_SHARE) if physical else CPU_DEMO_MAX_MEMORY_FALLBACK

@@ -268,8 +268,7 @@ def slot_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_bloc
     selected, 0 past a row's count; ``row_block`` rows at a time."""
     from .reference import reference_magnitudes
 
-    if not isinstance(inputs, IndexerInputs):
-        raise ValueError(f"inputs: expected IndexerInputs (or a Workload), got {type(inputs).__name__}")
+    _check_inputs(inputs)
     counts = expected.counts.detach().long().cpu()
     raw = expected.raw_indices.detach().long().cpu()
     dev = inputs.k_cache.device
@@ -284,6 +283,11 @@ def slot_magnitudes(expected: IndexerTopKResult, inputs: IndexerInputs, row_bloc
         # NaN weights (a NaN row) make NaN sums; such a row's values are NaN and need no widening
         out[rows] = torch.nan_to_num(m, nan=0.0, posinf=0.0)
     return out
+
+
+def _check_inputs(inputs) -> None:
+    if not isinstance(inputs, IndexerInputs):
+        raise ValueError(f"inputs: expected IndexerInputs (or a Workload), got {type(inputs).__name__}")
 
 
 def _as_result(x) -> IndexerTopKResult:
@@ -343,21 +347,20 @@ def compare_to_reference(
             raise ValueError(f"{name}: expected a tolerance, got None; mma_tolerance() gives a kernel's")
     check_tolerance(rtol, atol)
     if inputs is not None:
-        if not isinstance(inputs, IndexerInputs):
-            raise ValueError(f"inputs: expected IndexerInputs (or a Workload), got {type(inputs).__name__}")
+        _check_inputs(inputs)
         seq_lens = inputs.seq_lens if seq_lens is None else seq_lens
         page_table = inputs.page_table if page_table is None else page_table
     actual, expected = _as_result(actual), _as_result(expected)
     dev = torch.device("cpu")  # comparisons are tiny next to the call; keep the logic off-device
     a = IndexerTopKResult(*(t.detach().to(dev) for t in actual))
     e = IndexerTopKResult(*(t.detach().to(dev) for t in expected))
-    atol_t = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)
+    atol = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)  # a float, one per row or one per slot
     rows = e.counts.shape[0]
-    if not (atol_t.dim() == 0 or (atol_t.dim() == 1 and atol_t.shape[0] == rows)
-            or (atol_t.dim() == 2 and atol_t.shape == e.values.shape)):
+    if not (atol.dim() == 0 or (atol.dim() == 1 and atol.shape[0] == rows)
+            or (atol.dim() == 2 and atol.shape == e.values.shape)):
         raise ValueError(f"atol: per-row tolerances must be a tensor [rows] = [{rows}], per-slot ones "
-                         f"[rows, topk] = {list(e.values.shape)}; got shape {list(atol_t.shape)}")
-    _check_atol_against_scores(atol_t, e.values)
+                         f"[rows, topk] = {list(e.values.shape)}; got shape {list(atol.shape)}")
+    _check_atol_against_scores(atol, e.values)
     cmp = Comparison(rows=rows)
 
     def note(msg: str):
@@ -390,7 +393,6 @@ def compare_to_reference(
             f"physical {int(a.physical_indices[r, j])}, value {float(a.values[r, j])!r}"
         )
 
-    atol = torch.as_tensor(atol, dtype=torch.float64).detach().to(dev)  # a float, one per row or one per slot
     close = values_close(a.values, e.values, rtol, atol) | pad
     value_bad = ~close.all(1) & ~count_bad
     cmp.value_rows = value_bad.nonzero().flatten().tolist()

@@ -70,10 +70,11 @@ def format_bytes(nbytes: float) -> str:
 
 
 def demo_cost(layout, context_tokens: Sequence[int], rows_per_request: Sequence[int], topk: int,
-              backends: Sequence[str], *, reference_max_pairs: int) -> DemoCost:
+              backends: Sequence[str], *, reference_max_pairs: int, kernel_calls: int = 1) -> DemoCost:
     """Estimate a demo batch built as :func:`indexer_topk.workload.make_workload` builds it and
     run by ``backends`` on a CPU (``"aiter"`` never runs there; the reference runs only up to
-    ``reference_max_pairs`` row x position pairs, as the demo decides).
+    ``reference_max_pairs`` row x position pairs, as the demo decides), each kernel backend
+    ``kernel_calls`` times (warm-up and timed calls), the reference once.
 
     Every row is scored across the page table's width, as the legacy kernel scores it; the fused
     kernel stops at each row's length, so the estimate errs long for mixed lengths.
@@ -86,7 +87,7 @@ def demo_cost(layout, context_tokens: Sequence[int], rows_per_request: Sequence[
     kernels = [b for b in KERNEL_BACKENDS if b in backends]
     reference = "reference" in backends and rows * max(c4) <= reference_max_pairs
 
-    seconds = len(kernels) * INTERPRETER_S_PER_PAIR * pairs
+    seconds = kernel_calls * len(kernels) * INTERPRETER_S_PER_PAIR * pairs
     outputs = len(kernels)
     memory = PROCESS_BYTES + BUILD_KEY_BYTES[layout] + rows * BUILD_BYTES_PER_ROW[layout]
     if "legacy" in kernels:
