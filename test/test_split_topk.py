@@ -20,7 +20,7 @@ from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits,
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
-    HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    CAND_PER_TOPK, HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 
 from kernel_cases import (
@@ -55,16 +55,24 @@ def split_bins(request, split_way, monkeypatch):
     return request.param
 
 
+@pytest.fixture(params=[1, 8], ids=lambda p: f"parts{p}")
+def finish_parts(request, monkeypatch):
+    """Each row's finish by bins shared by this many programs, whatever the batch and the device
+    (the interpreter's handful of SMs would otherwise give most tests one part a row)."""
+    monkeypatch.setattr(legacy_backend, "split_finish_parts", lambda rows, topk, sm_count: request.param)
+    return request.param
+
+
 def hows_expected(hows, counts, lens, topk, bins) -> None:
     """Rows selected from their candidates were finished by their bins or by the search (by the
     search alone without bins); rows with more candidates than the registers hold but no more
-    than the buffer were trimmed first or took the row select (always without bins); the rest
-    took the row select."""
+    than the buffer by their bins, or trimmed first and searched, or by the row select (always
+    without bins); the rest took the row select."""
     took = set(took_candidates(counts, lens, topk))
     tile = legacy_backend.SPLIT_TILE
     for r, (how, c, n) in enumerate(zip(hows.tolist(), counts.tolist(), lens.tolist())):
         if r not in took and bins and n > tile and 4 * topk < c <= 8 * topk:
-            assert how in (HOW_ROW_SELECT, HOW_TRIMMED + HOW_SEARCH, HOW_TRIMMED + HOW_BINS), r
+            assert how in (HOW_ROW_SELECT, HOW_TRIMMED + HOW_SEARCH, HOW_BINS), r
         elif r not in took:
             assert how == HOW_ROW_SELECT, r
         elif bins == 0:
@@ -108,6 +116,45 @@ def tied_keys(lens, width, device, seed=0):
     return keys.to(device), lens_t.to(device)
 
 
+@pytest.mark.parametrize("parts", [2, 4, 8])
+@pytest.mark.parametrize("pattern", ["scores", "increasing"])
+def test_split_finish_parts_give_the_same_bits(pattern, parts, split_way, monkeypatch, device):
+    """A row's finish by bins shared by 2, 4 or 8 programs, each ranking and writing its share of
+    the output slots: every row by its bins, every slot written, the torch way's bits."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
+    monkeypatch.setattr(legacy_backend, "split_finish_parts", lambda rows, topk, sm_count: parts)
+    width = 5120
+    lens = [width, width - 1, 4500, 3000, 700]
+    keys, lens_t = key_matrix(pattern, lens, width, device, seed=parts)
+    got, counts, hows = split(keys, lens_t, TOPK)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    if pattern == "scores":  # scores spread over the bins: every long row by them
+        assert hows.tolist()[:4] == [HOW_BINS] * 4
+
+
+def test_split_finish_parts_by_rows():
+    """Parts a row: powers of two up to ``SPLIT_FINISH_PARTS`` while the programs fit the SMs and
+    each share of ``topk`` slots holds a bin's longest run; one without bins."""
+    parts = legacy_backend.split_finish_parts
+    most = legacy_backend.SPLIT_FINISH_PARTS
+    assert parts(1, 1024, 132) == most
+    assert parts(8, 1024, 132) == min(most, 16)
+    assert parts(32, 1024, 132) == 4
+    assert parts(64, 1024, 132) == 2
+    assert parts(67, 1024, 132) == 1 and parts(127, 1024, 132) == 1
+    assert parts(1, 32, 132) == 2  # 16-slot shares at most
+    assert parts(1, 16, 132) == 1
+    for rows in range(1, 300):
+        p = parts(rows, 512, 132)
+        assert p & (p - 1) == 0 and 1 <= p <= most and (p == 1 or rows * p <= 132)
+
+
+def test_split_finish_parts_without_bins(monkeypatch):
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 0)
+    assert legacy_backend.split_finish_parts(1, 1024, 132) == 1
+
+
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
 def test_split_equals_torch_way(pattern, split_bins, monkeypatch, device):
     """Rows of many blocks, just past the tile, one tile, exactly topk and fewer: the same four
@@ -132,7 +179,7 @@ def test_split_equals_torch_way(pattern, split_bins, monkeypatch, device):
 
 
 @pytest.mark.parametrize("topk", [TOPK, 512])
-def test_split_ties_at_the_kth_key(topk, split_bins, monkeypatch, device):
+def test_split_ties_at_the_kth_key(topk, split_bins, finish_parts, monkeypatch, device):
     """Keys equal to the k-th on both sides of the cut, in a buffer filled in no particular order:
     the lowest positions among them are taken, as by the torch way."""
     width = 6144
@@ -153,7 +200,7 @@ def test_split_ties_at_the_kth_key(topk, split_bins, monkeypatch, device):
     assert cut > 0
 
 
-def test_split_bins_at_their_edges(split_way, monkeypatch, device):
+def test_split_bins_at_their_edges(split_way, finish_parts, monkeypatch, device):
     """Keys far past the sample's range all land in the histogram's last bin: a few (distinct, or
     equal and ranked by position) are ordered inside its run; more than ``SPLIT_MAXSEG`` send the
     row back to the search. Same bits as the torch way either way."""
@@ -175,7 +222,7 @@ def test_split_bins_at_their_edges(split_way, monkeypatch, device):
 
 
 @pytest.mark.parametrize("kind", ["specials", "sprinkled", "tiny", "huge_range"])
-def test_split_bins_on_scores_no_range_resolves(kind, split_way, monkeypatch, device):
+def test_split_bins_on_scores_no_range_resolves(kind, split_way, finish_parts, monkeypatch, device):
     """Scores where the histogram's fp32 steps meet infinities, NaN, signed zeros and subnormals,
     or a range wider than fp32 can scale: whatever bins they get, the same bits as the torch way."""
     monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
@@ -216,22 +263,31 @@ def dipped_scores(lens, width, device, seed=21, dip=4.0):
     return keys.to(device), lens_t.to(device)
 
 
-def test_split_trims_candidates_past_the_registers(split_bins, monkeypatch, device):
+def test_split_candidates_past_the_registers(split_bins, finish_parts, monkeypatch, device):
     """Scores half a standard deviation lower where the sample reads: the gate lets in more keys
     than the finishing program holds (``4 * topk``; the buffer holds twice that), while the bins
-    from the k-th key's up hold few. With 4,096 bins each row's candidates are trimmed to those
-    bins' and finished from them; without bins the row select serves. Same bits as the torch
-    way, every slot written."""
+    from the k-th key's up hold few: with 4,096 bins such rows are finished by them from the
+    whole buffer. Two rows also hold a plateau of ``SPLIT_MAXSEG + 4`` equal keys among their
+    best: its bin is too full, and those rows are trimmed to the bins from the k-th key's up and
+    searched. Without bins the row select serves. Same bits as the torch way, every slot
+    written."""
     width = 5120
     lens = [width, 5000, 4097, 3000]
     keys, lens_t = dipped_scores(lens, width, device)
+    sampled = set(((torch.arange(legacy_backend.SPLIT_SAMPLE) * width) // legacy_backend.SPLIT_SAMPLE).tolist())
+    gen = torch.Generator().manual_seed(5)
+    for row in (1, 3):  # a plateau at the row's 20th best key, off the sample
+        n = lens[row]
+        free = torch.tensor([p for p in range(n) if p not in sampled])
+        top = keys[row, :n].sort(descending=True).values[20]
+        keys[row, free[torch.randperm(len(free), generator=gen)[: legacy_backend.SPLIT_MAXSEG + 4]].to(device)] = top
     got, counts, hows = split(keys, lens_t, TOPK)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
-    assert all(4 * TOPK < c <= 8 * TOPK for c in counts.tolist()), counts  # else no row is trimmed
+    assert all(4 * TOPK < c <= 8 * TOPK for c in counts.tolist()), counts  # else no row is past the registers
     hows_expected(hows, counts, lens_t.cpu(), TOPK, split_bins)
     if split_bins == 4096:
-        assert all(h & HOW_TRIMMED for h in hows.tolist()), hows
+        assert hows.tolist() == [HOW_BINS, HOW_TRIMMED + HOW_SEARCH, HOW_BINS, HOW_TRIMMED + HOW_SEARCH], hows
     elif split_bins == 0:
         assert hows.tolist() == [HOW_ROW_SELECT] * len(lens)
 
@@ -248,7 +304,7 @@ def test_split_lengths_past_the_matrix(split_bins, monkeypatch, device):
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
-def test_split_writes_only_its_outputs(topk, split_bins, device):
+def test_split_writes_only_its_outputs(topk, split_bins, finish_parts, device):
     """Output rows beside the selected ones (``row_start``), the key matrix and the scratch's
     guard band stay untouched, on rows that overflow their buffer and rows that do not."""
     width = 4 * 1024 + 1024
@@ -305,7 +361,8 @@ def bins_of(keys, gate, scale, bins):
     return d.clamp(0, bins - 1).to(torch.int64)
 
 
-def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
+@pytest.mark.parametrize("parts", [1, 4])
+def test_split_finish_ignores_buffer_order(parts, split_bins, monkeypatch, device):
     """The candidate buffer is filled in the atomics' order, which the interpreter (programs in
     grid order) never varies: after the gate and the gathering, shuffle each row's entries, then
     finish: the same bits (keys tied at the k-th across the cut are ranked by position, not by
@@ -318,7 +375,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
     rows, bins = len(lens), split_bins
     scratch = torch.zeros(L.split_scratch_size(rows, topk), dtype=torch.int32, device=device)
     gates, counts, scales, hows = scratch[: 4 * rows].view(4, rows)
-    cand_end = rows * (4 + 16 * topk)
+    cand_end = rows * (4 + CAND_PER_TOPK * topk)
     cand = scratch[4 * rows: cand_end]
     hist = scratch[cand_end:] if bins else cand
     runs = L.split_runs(rows, width, device_sm_count(device))
@@ -328,7 +385,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
                                      TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
     gen = torch.Generator().manual_seed(0)
-    buf = cand.view(rows, 2, 8 * topk)
+    buf = cand.view(rows, CAND_PER_TOPK * topk)[:, : 16 * topk].unflatten(1, (2, 8 * topk))
     for r in range(rows):
         c = int(counts[r])
         buf[r, :, :c] = buf[r, :, :c][:, torch.randperm(c, generator=gen).to(device)].clone()
@@ -337,10 +394,10 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
             assert torch.equal(hist.view(rows, 2, bins)[r, 0], torch.bincount(b, minlength=bins).to(torch.int32))
     out = poisoned_result(rows, topk, device)
     pt = page_table_for(rows, width, device)
-    finish_rows_kernel[(rows,)](
+    finish_rows_kernel[(rows, parts)](
         keys, width, lens_t, pt, pt.stride(0), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
         out.counts, 0, gates, counts, scales, hows, hist, cand, scratch, TOPK=topk, TILE=L.SPLIT_TILE,
-        SAMPLE=L.SPLIT_SAMPLE, BINS=bins, MAXSEG=L.SPLIT_MAXSEG, num_warps=L.SPLIT_WARPS,
+        SAMPLE=L.SPLIT_SAMPLE, BINS=bins, MAXSEG=L.SPLIT_MAXSEG, PARTS=parts, num_warps=L.SPLIT_WARPS,
     )
     hows_expected(hows.cpu(), counts.cpu(), lens_t.cpu(), topk, bins)
     if bins == 4096:  # equal keys share a bin: their run ranks them by position
@@ -349,7 +406,7 @@ def test_split_finish_ignores_buffer_order(split_bins, monkeypatch, device):
     assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))
 
 
-def test_split_entrants_at_the_buffer_bounds(split_bins, monkeypatch, device):
+def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypatch, device):
     """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1,
     8 * topk and 8 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate):
     the edges of the candidate path, the trim (its bins cannot trim keys tied at the gate: the
@@ -543,9 +600,9 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_split_trims_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, device):
+def test_split_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, device):
     """Decode widths whose gate lets in more than the finishing program holds: each such row
-    trimmed and finished from its bins' keys, the torch way's bits."""
+    finished by its bins from the whole buffer, the torch way's bits."""
     width = 196608
     lens = [width, width - 1, 100000, 32768, 4097, 4096, topk + 1, 0]
     keys, lens_t = dipped_scores(lens, width, device, seed=topk, dip=3.0)
@@ -556,7 +613,7 @@ def test_split_trims_candidates_past_the_registers_gpu(topk, split_way, monkeypa
     over = [i for i, (c, n) in enumerate(zip(counts.tolist(), lens))
             if n > legacy_backend.SPLIT_TILE and 4 * topk < c <= 8 * topk]
     assert set(over) >= {0, 1}, counts  # the longest rows have more candidates than the registers hold
-    assert [bool(hows[i] & HOW_TRIMMED) for i in over] == [True] * len(over), hows
+    assert [hows[i] for i in over] == [HOW_BINS] * len(over), hows
 
 
 @pytest.mark.gpu
@@ -611,7 +668,8 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.split_topk import finish_rows_kernel as f
-const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG, PROF=True)
+const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG,
+             PARTS=L.SPLIT_FINISH_PARTS, PROF=True)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
 """

@@ -38,7 +38,7 @@ from ..kernels.logits import logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
 from ..kernels.split_topk import (
-    BUF_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    CAND_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
@@ -93,6 +93,11 @@ SPLIT_GATHER_WARPS = 4
 # (split_decode.py, benchmark/results/NOTES.md).
 SPLIT_BINS = 4096
 SPLIT_MAXSEG = 16
+# By bins, a row's finish is shared by up to SPLIT_FINISH_PARTS programs (each ranks and writes
+# its share of the row's output slots) while the batch leaves SMs without a row: one program
+# an SM would otherwise rank and write a row's topk keys alone, which a step of a few rows
+# waits on (split_decode.py, benchmark/results/NOTES.md).
+SPLIT_FINISH_PARTS = 8
 
 # Positions per score program: long enough to amortise the query load, short enough to spread
 # a few rows over every SM (a batch of few rows takes shorter spans, down to SCORE_MIN_SPAN,
@@ -239,11 +244,24 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
     return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
 
 
+def split_finish_parts(rows: int, topk: int, sm_count: int) -> int:
+    """Finishing programs per row of the "split" select: the largest power of two up to
+    ``SPLIT_FINISH_PARTS`` that leaves no more programs than SMs, each a share of ``topk``
+    slots no smaller than a bin's longest run (``SPLIT_MAXSEG``); 1 without bins."""
+    parts = 1
+    while (SPLIT_BINS and parts * 2 <= SPLIT_FINISH_PARTS and rows * parts * 2 <= sm_count
+           and topk // (parts * 2) >= SPLIT_MAXSEG):
+        parts *= 2
+    return parts
+
+
 def split_scratch_size(rows: int, topk: int) -> int:
     """int32 entries of the "split" select's scratch for ``rows`` rows: per row its header
-    (gate, candidate count, histogram scale, how it was finished), a buffer of ``BUF_PER_TOPK *
-    topk`` keys and as many positions, and ``2 * SPLIT_BINS`` for its histogram."""
-    return rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk + 2 * SPLIT_BINS)
+    (gate, candidate count, histogram scale, how it was finished), its candidate region
+    (``CAND_PER_TOPK * topk``: a buffer of ``BUF_PER_TOPK * topk`` keys and as many positions,
+    then the finish's staging area), and ``2 * SPLIT_BINS`` for its histogram and the finish's
+    counters."""
+    return rows * (HEADER_FIELDS + CAND_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
 @launches_kernels
@@ -252,10 +270,11 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     """The "split" way of :func:`legacy_select` (its arguments), on ``scratch`` (int32, at least
     :func:`split_scratch_size` entries, contiguous; ``None``: allocated for the call). After the
     call, ``scratch[:4 * rows].view(4, rows)`` holds each row's gate, candidate count (the keys
-    that reached its gate: the row was selected from them when that lies in ``[topk, 4 * topk]``
-    and the row is longer than ``SPLIT_TILE``, or from those of its bins from the k-th key's up
-    when more reached it), histogram scale (fp32 bits) and how it was finished (``HOW_*`` of
-    :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_TRIMMED`` for a trimmed row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
+    that reached its gate: the row was selected from them when that lies in ``[topk, 8 * topk]``
+    and the row is longer than ``SPLIT_TILE``: by their bins, or by a search, past ``4 * topk``
+    from those of its bins from the k-th key's up), histogram scale (fp32 bits) and how it was
+    finished (``HOW_*`` of :mod:`indexer_topk.kernels.split_topk`, plus ``HOW_TRIMMED`` for a
+    trimmed row). ``prof`` (int64 ``[rows, PROF_FIELDS]``, a GPU measurement):
     the finishing kernel's ``PROF`` build fills it with each row's phase cycles
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
@@ -278,20 +297,22 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
         return
     check_runnable(keys.device)
     gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
-    cand_end = rows * (HEADER_FIELDS + 2 * BUF_PER_TOPK * topk)
+    cand_end = rows * (HEADER_FIELDS + CAND_PER_TOPK * topk)
     cand = scratch[HEADER_FIELDS * rows: cand_end]
     hist = scratch[cand_end: need] if SPLIT_BINS else cand  # unread without bins
-    runs = split_runs(rows, width, device_sm_count(keys.device))
+    sm_count = device_sm_count(keys.device)
+    runs = split_runs(rows, width, sm_count)
+    parts = split_finish_parts(rows, topk, sm_count)
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_GATE_WARPS,
            **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
-    launch(finish_rows_kernel, (rows,), keys, width, seq_lens, page_table, page_table.stride(0),
+    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
-           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PROF=prof is not None, PDL=pdl,
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
            num_warps=SPLIT_WARPS, **pdl_options(pdl))
 
 

@@ -15,24 +15,25 @@ one SM's pace, so a row is split three ways, one launch each:
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
    counts each in its bin. The count keeps counting past ``BUF`` (those entries are not
    stored), so an overflow is seen.
-3. :func:`finish_rows_kernel`, a program per row. When the row's count lies in
-   ``[TOPK, CAP]``, the buffer holds every key that reaches the gate and the row's best
+3. :func:`finish_rows_kernel`, ``PARTS`` programs per row. When the row's count lies in
+   ``[TOPK, BUF]``, the buffer holds every key that reaches the gate and the row's best
    ``TOPK`` are among them (a key below the gate loses to ``TOPK`` that reach it). The
    histogram then names the bin of the k-th key and where each bin's keys start in the output
    (the keys of higher bins first): when no bin from there up holds more than ``MAXSEG`` keys,
-   each candidate of those bins is placed in its bin's run with an atomic add, and ranked inside
-   the run by the contract's order (key, then lowest position) against the run's other keys,
-   at most ``MAXSEG`` comparisons: a counting sort by bin, no radix search, no sorting network.
-   Otherwise (a bin too full: ties, plateaus, a range the bins do not resolve; or ``BINS == 0``)
-   the k-th is searched in one register tile (:func:`.row_topk.tile_kth`), keys equal to it
-   ranked by position with a second search (the buffer is in the atomics' order), and the
-   selection sorted. The program holds ``CAP = 4 * TOPK`` candidates in registers: a row whose
-   count lies in ``(CAP, BUF]`` (the buffer holds every entrant) is first *trimmed* to the
-   entrants of its bins from the k-th key's up, where those number at most ``CAP``, and
-   finished as above. A row the gate misjudged otherwise (fewer than ``TOPK`` reached it, more
-   than ``BUF``, or more than ``CAP`` from the k-th key's bin up: ties, plateaus) and a row of at
-   most ``TILE`` keys are selected by the one-program row select instead, exact whatever the
-   data, and sorted (:func:`.select.finalize_row`).
+   each candidate of those bins is placed in its bin's run of a staging area with an atomic
+   add, and ranked inside the run by the contract's order (key, then lowest position) against
+   the run's other keys, at most ``MAXSEG`` comparisons: a counting sort by bin, no radix
+   search, no sorting network. The bins' runs are dealt to the row's programs by where they
+   start, so a few rows finish on many SMs. Otherwise (a bin too full: ties, plateaus, a range
+   the bins do not resolve; or ``BINS == 0``) the first program alone searches the k-th in one
+   register tile of ``CAP = 4 * TOPK`` candidates (:func:`.row_topk.tile_kth`), keys equal to
+   it ranked by position with a second search (the buffer is in the atomics' order), and sorts
+   the selection; a row of more than ``CAP`` candidates is first *trimmed* to the entrants of
+   its bins from the k-th key's up, where those number at most ``CAP``. A row the gate
+   misjudged otherwise (fewer than ``TOPK`` reached it, more than ``BUF``, or more than ``CAP``
+   from the k-th key's bin up and a bin too full) and a row of at most ``TILE`` keys are
+   selected by the one-program row select instead, exact whatever the data, and sorted
+   (:func:`.select.finalize_row`).
 
 With about ``2.5 * TOPK`` entrants expected, a sample of 2,048 keys at 196,608 keys takes as
 its gate the 27th largest sampled key, while the row's best ``TOPK`` and ``CAP`` keys hold
@@ -40,10 +41,10 @@ about 10.7 and 42.7 of the sample: too few keys reach the gate when 27 sampled k
 the best ``TOPK`` (about one row in 50,000 of random scores, a binomial tail), more than ``CAP`` when
 at most 26 lie among the best ``CAP`` (about one row in 260). Were those rows left to the
 one-program row select (one program streaming the whole row, several times the rest of the
-step), a decode batch of 32 rows would pay it about one step in eight; with the trim, only rows
-past ``BUF`` do (at most 26 sampled among the best 8,192 keys, expected 85: about one row in
-10^13). A trim reads the buffer again, not the row: a second read of the row by one program
-costs more than the row select.
+step), a decode batch of 32 rows would pay it about one step in eight; by bins read from the
+whole buffer, only rows past ``BUF`` do (at most 26 sampled among the best 8,192 keys, expected
+85: about one row in 10^13). The finish reads the buffer again, not the row: a second read of
+the row by one program costs more than the row select.
 """
 
 import triton
@@ -58,12 +59,16 @@ PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (
 _PROF_STRIDE = tl.constexpr(PROF_FIELDS)
 HEADER_FIELDS = 4  # int32 per row ahead of the buffers: gate, count, bin scale (fp32 bits), how finished
 BUF_PER_TOPK = 8  # a row's candidate buffer: BUF_PER_TOPK * TOPK keys, then as many positions
+# a row's candidate region: its buffer, then the finish's staging area (2 * TOPK keys, then as many
+# positions: the runs of the bins from the k-th key's up, at most TOPK + MAXSEG - 1 slots)
+CAND_PER_TOPK = 2 * BUF_PER_TOPK + 4
 _BUF_PER_TOPK = tl.constexpr(BUF_PER_TOPK)
+_CAND_PER_TOPK = tl.constexpr(CAND_PER_TOPK)
 # How the finishing kernel selected a row (the header's last field)
 HOW_ROW_SELECT = 0  # the one-program row select (short row, or the gate misjudged it)
 HOW_SEARCH = 1  # from its candidates, by a radix search and a sort
 HOW_BINS = 2  # from its candidates, by the histogram's bins
-HOW_TRIMMED = 4  # added to HOW_SEARCH or HOW_BINS: more than CAP candidates, trimmed first
+HOW_TRIMMED = 4  # added to HOW_SEARCH: more than CAP candidates, trimmed first
 _ROW_SELECT, _SEARCH, _BINS = tl.constexpr(HOW_ROW_SELECT), tl.constexpr(HOW_SEARCH), tl.constexpr(HOW_BINS)
 _TRIMMED = tl.constexpr(HOW_TRIMMED)
 
@@ -75,11 +80,11 @@ def _clock():
 
 
 @triton.jit
-def _stamp(prof_row, field: tl.constexpr, t0):
+def _stamp(prof_row, field: tl.constexpr, t0, lead):
     """The ``PROF`` build's phase boundary: every thread done with the phase, then the cycles
-    since ``t0`` stored as counter ``field`` of the row."""
+    since ``t0`` stored as counter ``field`` of the row (by its first part only, ``lead``)."""
     tl.debug_barrier()
-    tl.store(prof_row + field, _clock() - t0)
+    tl.store(prof_row + field, _clock() - t0, mask=lead)
 
 
 @triton.jit
@@ -134,9 +139,10 @@ def gather_rows_kernel(
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
-    gate, appended to its candidate buffer (``cand``: ``16 * TOPK`` int32 a row, ``BUF = 8 * TOPK``
-    keys then as many positions) and counted in their bins (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the
-    bins then the finishing kernel's copy of where their runs start)."""
+    gate, appended to its candidate buffer (``cand``: ``CAND_PER_TOPK * TOPK`` int32 a row, the
+    buffer's ``BUF = 8 * TOPK`` keys then as many positions first) and counted in their bins
+    (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the bins then the finishing kernel's
+    counters of where their runs fill)."""
     wait_for_producer(PDL)
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     i = tl.program_id(0)
@@ -150,7 +156,7 @@ def gather_rows_kernel(
         lo = tl.program_id(1) * run
         hi = tl.minimum(lo + run, n)
         row = src + i.to(tl.int64) * stride_src
-        ck = cand + i.to(tl.int64) * (2 * BUF)
+        ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
         offs = tl.arange(0, BLOCK)
         for c0 in range(lo, hi, BLOCK):
             pos = c0 + offs
@@ -199,7 +205,7 @@ def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexp
 
 
 @triton.jit
-def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0,
+def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.constexpr, prof_row, t0, lead,
                        PROF: tl.constexpr):
     """Write the best ``TOPK`` of the ``TOPK <= count <= CAP`` candidates ``(key, pos)`` (a
     register tile, any order) to ``out``: every key above the k-th, then the keys equal to it at
@@ -219,49 +225,73 @@ def _select_candidates(key, pos, valid, count, out_key, out_pos, TOPK: tl.conste
                 eq, _eq = take_mask(lowest, eq, t2, shift2, need2, 0, whole2)
         take = above | eq
     if PROF:
-        _stamp(prof_row, 1, t0)
+        _stamp(prof_row, 1, t0, lead)
     append(out_key, out_pos, 0, key, pos, take)
 
 
 @triton.jit
-def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket, gate, scale, pt_row,
-                    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count,
-                    TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
-    """A row's output from its candidates ``(key, pos)`` (a register tile) by their bins: bin
-    ``bnd`` holds the k-th key (``above`` candidates lie in higher bins, ``bucket`` in it) and no
-    bin from ``bnd`` up holds more than ``MAXSEG``. Each candidate of those bins takes a slot in
-    its bin's run of the buffer ``ck`` (the run starts after the candidates of higher bins;
-    the slot from an atomic add on the bin's counter in ``hist_row``, starting at ``start_row``'s
-    copy), then its rank in the run by the contract's order: the output slot. Run slots past
-    ``TOPK`` (the boundary bin's losers) are not written."""
+def _stage(key, pos, valid, stage, ctr_row, b_lo, b_hi, gate, scale, TOPK: tl.constexpr, BINS: tl.constexpr):
+    """Each candidate ``(key, pos)`` of bins ``b_lo..b_hi`` to the next slot of its bin's run in
+    the staging area (``stage``: ``2 * TOPK`` keys, then as many positions), from an atomic add
+    on the bin's counter in ``ctr_row``."""
+    b = _bin_of(key, gate, scale, BINS)
+    staged = valid & (b >= b_lo) & (b <= b_hi)
+    slot = tl.atomic_add(ctr_row + b, 1, mask=staged, sem="relaxed")
+    tl.store(stage + slot, key, mask=staged)
+    tl.store(stage + 2 * TOPK + slot, pos, mask=staged)
+
+
+@triton.jit
+def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, scale, pt_row, out_bits_row,
+                    out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count, part, TOPK: tl.constexpr,
+                    BINS: tl.constexpr, MAXSEG: tl.constexpr, PARTS: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
+    """Part ``part`` of ``PARTS`` of a row's output from its ``count <= BUF`` candidates (the
+    buffer ``ck``, of which ``(key, pos)`` is the first ``CAP`` in registers) by their bins: bin
+    ``bnd`` holds the k-th key and no bin from ``bnd`` up holds more than ``MAXSEG``
+    (``bin_counts``, the histogram ``hist_row``, which this reads and never writes). A bin's run
+    of output slots starts after the candidates of higher bins; the part owns the bins whose runs
+    start in its ``TOPK / PARTS`` slots, so that the parts of a row share no bin and need not
+    wait for each other. Each candidate of an owned bin takes a slot in its bin's run of the
+    staging area ``stage`` (:func:`_stage`; the counters ``ctr_row`` set to the runs' starts by
+    their owner), then its rank in the run by the contract's order: the output slot. Run slots
+    past ``TOPK`` (the boundary bin's losers) are not written."""
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
+    CAP: tl.constexpr = 4 * TOPK
+    SHARE: tl.constexpr = TOPK // PARTS
+    SLOTS: tl.constexpr = 2 * SHARE  # an owned run starts in the share and spills at most MAXSEG - 1 past it
+    tl.static_assert(MAXSEG <= SHARE, "a part's runs must fit its slot tile")
     bins = tl.arange(0, BINS)
     start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
-    tl.debug_barrier()  # every thread holds its candidates and bins before both are written over
-    tl.store(start_row + bins, start)
-    tl.store(hist_row + bins, start)
-    tl.debug_barrier()
-    b = _bin_of(key, gate, scale, BINS)
-    staged = valid & (b >= bnd)
-    slot = tl.atomic_add(hist_row + b, 1, mask=staged, sem="relaxed")
-    tl.store(ck + slot, key, mask=staged)
-    tl.store(ck + BUF + slot, pos, mask=staged)
-    tl.debug_barrier()  # the runs are complete, and the counters hold each run's end
+    own = (bins >= bnd) & (start >= part * SHARE) & (start < (part + 1) * SHARE)
+    filled = own & (bin_counts > 0)
+    s_lo = tl.min(tl.where(filled, start, TOPK), axis=0)  # the part's slots of the staging area
+    s_hi = tl.max(tl.where(filled, start + bin_counts, 0), axis=0)
+    b_lo = tl.min(tl.where(own, bins, BINS), axis=0)  # its bins
+    b_hi = tl.max(tl.where(own, bins, -1), axis=0)
+    tl.store(ctr_row + bins, start, mask=own)
+    tl.debug_barrier()  # the counters set before any thread adds to them
+    _stage(key, pos, valid, stage, ctr_row, b_lo, b_hi, gate, scale, TOPK, BINS)
+    if count > CAP:  # the rest of the buffer (BUF = 2 * CAP), a tile at a time
+        at = CAP + tl.arange(0, CAP)
+        more = at < count
+        _stage(tl.load(ck + at, mask=more, other=0), tl.load(ck + BUF + at, mask=more, other=0), more, stage,
+               ctr_row, b_lo, b_hi, gate, scale, TOPK, BINS)
+    tl.debug_barrier()  # the part's runs are complete, and its counters hold each run's end
     if PROF:
-        _stamp(prof_row, 2, t0)
-    s = tl.arange(0, 2 * TOPK)  # the staged slots: above + bucket <= TOPK - 1 + MAXSEG of them
-    live = s < above + bucket
-    ks = tl.load(ck + s, mask=live, other=0)
-    ps = tl.load(ck + BUF + s, mask=live, other=0)
+        _stamp(prof_row, 2, t0, part == 0)
+    s = s_lo + tl.arange(0, SLOTS)
+    live = s < s_hi
+    ks = tl.load(stage + s, mask=live, other=0)
+    ps = tl.load(stage + 2 * TOPK + s, mask=live, other=0)
     bs = _bin_of(ks, gate, scale, BINS)
-    lo = tl.load(start_row + bs, mask=live, other=0)
-    hi = tl.load(hist_row + bs, mask=live, other=0)
+    hi = tl.load(ctr_row + bs, mask=live, other=0)
+    lo = hi - tl.load(hist_row + bs, mask=live, other=0)
     cs = composite(ks, ps)
-    rank = tl.zeros([2 * TOPK], dtype=tl.int32)
+    rank = tl.zeros([SLOTS], dtype=tl.int32)
     for d in tl.static_range(MAXSEG):
         j = lo + d
         m = live & (j < hi)
-        cj = composite(tl.load(ck + j, mask=m, other=0), tl.load(ck + BUF + j, mask=m, other=0))
+        cj = composite(tl.load(stage + j, mask=m, other=0), tl.load(stage + 2 * TOPK + j, mask=m, other=0))
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
     w = live & (f < TOPK)
@@ -269,26 +299,32 @@ def _finish_by_bins(key, pos, valid, ck, hist_row, start_row, bnd, above, bucket
     tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
     tl.store(out_raw_row + f, ps, mask=w)
     tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
-    tl.store(out_cnt_ptr, TOPK)
+    tl.store(out_cnt_ptr, TOPK, mask=part == 0)
 
 
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
 def finish_rows_kernel(
     src, stride_src, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     gates, counts, scales, hows, hist, cand, prof, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
-    BINS: tl.constexpr, MAXSEG: tl.constexpr, PROF: tl.constexpr = False, PDL: tl.constexpr = False,
+    BINS: tl.constexpr, MAXSEG: tl.constexpr, PARTS: tl.constexpr = 1, PROF: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    """Program ``i``: row ``i``'s top ``TOPK`` (the contract's row ``row_start + i``), from its
-    candidates (by their bins, or by a search and a sort; first trimmed where they outnumber the
-    registers and the bins allow) or by the one-program row select (:func:`.row_topk.select_row`,
-    its pool in the row's candidate buffer), written to the four outputs; ``hows[i]``: which
-    (``HOW_*``, plus ``HOW_TRIMMED`` for a trimmed row).
+    """Programs ``(i, 0..PARTS-1)``: row ``i``'s top ``TOPK`` (the contract's row ``row_start +
+    i``), from its candidates (by their bins; or by a search and a sort, first trimmed where they
+    outnumber the registers and the bins allow) or by the one-program row select
+    (:func:`.row_topk.select_row`, its pool in the row's candidate buffer), written to the four
+    outputs; ``hows[i]``: which (``HOW_*``, plus ``HOW_TRIMMED`` for a trimmed row).
+
+    By bins, the row's ``PARTS`` programs share its output slots, each a ``TOPK / PARTS`` of
+    them (:func:`_finish_by_bins`): a few rows then finish on as many SMs as there are parts,
+    where one program an SM would rank and write a row's ``TOPK`` keys alone. Every other way is
+    the first part's alone; the others return.
 
     ``PROF`` (a GPU build for measurements; ``prof``: ``PROF_FIELDS`` int64 per row, unread
-    otherwise) stores the row's SM cycles from the kernel's start to: the candidates loaded, the
-    k-th found (by bins: the histogram read and checked), the selection appended (by bins: the
-    candidates placed in their runs), the row ordered and written; and the ``HOW_*`` taken (the
-    row select's cycles fall in the third phase)."""
+    otherwise) stores the row's SM cycles, in its first part, from the kernel's start to: the
+    candidates loaded, the k-th found (by bins: the histogram read and checked), the selection
+    appended (by bins: the part's candidates placed in their runs), the row ordered and written;
+    and the ``HOW_*`` taken (the row select's cycles fall in the third phase)."""
     wait_for_producer(PDL)
     # a row of at most TOPK keys keeps position order unsorted (finalize_row), which the
     # buffer's atomic order would not give: such rows must be one tile
@@ -297,10 +333,12 @@ def finish_rows_kernel(
     CAP: tl.constexpr = 4 * TOPK  # candidates held in registers
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK  # entries of the row's buffer
     i = tl.program_id(0)
+    part = tl.program_id(1)
+    lead = part == 0
     row = row_start + i
     n = row_length(seq_lens, row, stride_src)
     orow = row.to(tl.int64) * TOPK
-    ck = cand + i.to(tl.int64) * (2 * BUF)
+    ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
     count = tl.load(counts + i)
     prof_row = prof + i.to(tl.int64) * _PROF_STRIDE
     pt_row = page_table + row.to(tl.int64) * stride_pt
@@ -308,64 +346,74 @@ def finish_rows_kernel(
     if PROF:
         tl.debug_barrier()
         t0 = _clock()
-    low_bin = tl.zeros([], dtype=tl.int32) - 1  # a trimmed row's k-th bin: none below holds a candidate
-    if BINS > 0:
-        if (n > TILE) & (count > CAP) & (count <= BUF):
-            # more candidates than the registers hold, every one in the buffer and in its bin:
-            # trimmed to the bins from the k-th key's up where those hold few enough. The trim
-            # reads the histogram itself, and the finish below reads it again: one read shared by
-            # both keeps the bins live across the candidates' load, and the kernel, at its
-            # register cap, then spills three times as much (compile_report.py, sm_90)
-            all_bins = tl.load(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS))
-            bnd0, above0, bucket0 = radix_digit(all_bins, TOPK)
-            kept = above0 + bucket0
-            if (bnd0 >= 0) & (kept <= CAP) & (tl.sum(all_bins, axis=0) == count):
-                got = _trim(ck, count, tl.load(gates + i), tl.load(scales + i).to(tl.float32, bitcast=True), bnd0,
-                            TOPK, BINS)
-                tl.debug_barrier()  # the moved entries are seen by every thread
-                if got == kept:
-                    count = kept
-                    low_bin = bnd0
-    trimmed = (low_bin >= 0).to(tl.int32)
-    from_candidates = (n > TILE) & (count >= TOPK) & (count <= CAP)
-    # the candidates (unread where the row select serves)
+    # every key that reaches the gate is in the buffer, and the row's best TOPK among them
+    in_buffer = (n > TILE) & (count >= TOPK) & (count <= BUF)
+    # the candidates' first tile (unread where the row select serves)
     offs = tl.arange(0, CAP)
-    valid = offs < tl.where(from_candidates, count, 0)
+    valid = offs < tl.where(in_buffer, tl.minimum(count, CAP), 0)
     key = tl.load(ck + offs, mask=valid, other=0)
     pos = tl.load(ck + BUF + offs, mask=valid, other=0)
     if PROF:
-        _stamp(prof_row, 0, t0)
-    how = tl.where(from_candidates, _SEARCH, _ROW_SELECT)
+        _stamp(prof_row, 0, t0, lead)
+    binned = tl.zeros([], dtype=tl.int1)
     if BINS > 0:
         hist_row = hist + i.to(tl.int64) * (2 * BINS)
         bins = tl.arange(0, BINS)
-        bin_counts = tl.load(hist_row + bins, mask=(bins >= low_bin) & (bins < tl.where(from_candidates, BINS, 0)),
-                             other=0)
+        bin_counts = tl.load(hist_row + bins, mask=bins < tl.where(in_buffer, BINS, 0), other=0)
         bnd, above, bucket = radix_digit(bin_counts, TOPK)
-        run_max = tl.max(tl.where(tl.arange(0, BINS) >= bnd, bin_counts, 0), axis=0)
+        run_max = tl.max(tl.where(bins >= bnd, bin_counts, 0), axis=0)
         # every candidate is in a bin (else the runs' slots would not be the buffer's)
-        binned = from_candidates & (run_max <= MAXSEG) & (tl.sum(bin_counts, axis=0) == count)
-        how = tl.where(binned, _BINS, how)
-        if binned:
+        whole = tl.sum(bin_counts, axis=0) == count
+        binned = in_buffer & (run_max <= MAXSEG) & whole
+    # one branch or the other, not two in turn: the candidates' tile then dies where the bins
+    # have staged it, not at the kernel's end (the kernel, at its register cap, spilled)
+    if binned:
+        if PROF:
+            _stamp(prof_row, 1, t0, lead)
+        _finish_by_bins(key, pos, valid, ck, ck + 2 * BUF, hist_row, hist_row + BINS, bnd, tl.load(gates + i),
+                        tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow,
+                        out_phys + orow, out_cnt + row, bin_counts, count, part, TOPK, BINS, MAXSEG, PARTS, prof_row,
+                        t0, PROF)
+        if lead:
+            tl.store(hows + i, _BINS)
             if PROF:
-                _stamp(prof_row, 1, t0)
-            _finish_by_bins(key, pos, valid, ck, hist_row, hist_row + BINS, bnd, above, bucket, tl.load(gates + i),
-                            tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row,
-                            bin_counts, count, TOPK, BINS, MAXSEG, prof_row, t0, PROF)
-    tl.store(hows + i, how + trimmed * _TRIMMED)
-    if how != _BINS:
-        if how == _SEARCH:
-            _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, PROF)
+                _stamp(prof_row, 3, t0, lead)
+                tl.store(prof_row + 4, tl.zeros([], dtype=tl.int64) + _BINS)
+    elif lead:
+        trimmed = tl.zeros([], dtype=tl.int32)
+        if BINS > 0:
+            if in_buffer & (count > CAP):
+                # more candidates than the registers hold, and a bin from the k-th key's up
+                # holding more than MAXSEG (ties, plateaus): the search and the sort take the
+                # entrants of the bins from the k-th key's up, moved to the buffer's start,
+                # where those number at most CAP
+                kept = above + bucket
+                if (bnd >= 0) & (kept <= CAP) & whole:
+                    got = _trim(ck, count, tl.load(gates + i), tl.load(scales + i).to(tl.float32, bitcast=True),
+                                bnd, TOPK, BINS)
+                    tl.debug_barrier()  # the moved entries are seen by every thread
+                    if got == kept:
+                        count = kept
+                        trimmed += 1
+                        valid = offs < count
+                        key = tl.load(ck + offs, mask=valid, other=0)
+                        pos = tl.load(ck + BUF + offs, mask=valid, other=0)
+        from_candidates = in_buffer & (count <= CAP)
+        how = tl.where(from_candidates, _SEARCH, _ROW_SELECT) + trimmed * _TRIMMED
+        tl.store(hows + i, how)
+        if from_candidates:
+            _select_candidates(key, pos, valid, count, out_bits + orow, out_raw + orow, TOPK, prof_row, t0, lead,
+                               PROF)
         else:
             if PROF:
-                _stamp(prof_row, 1, t0)
+                _stamp(prof_row, 1, t0, lead)
             select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, ck, ck + 2 * TOPK,
                        TOPK, TILE, SAMPLE)
         tl.debug_barrier()
         if PROF:
-            _stamp(prof_row, 2, t0)
+            _stamp(prof_row, 2, t0, lead)
         finalize_row(out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
                      out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
-    if PROF:
-        _stamp(prof_row, 3, t0)
-        tl.store(prof_row + 4, (how + trimmed * _TRIMMED).to(tl.int64))
+        if PROF:
+            _stamp(prof_row, 3, t0, lead)
+            tl.store(prof_row + 4, how.to(tl.int64))
