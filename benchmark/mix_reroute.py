@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Finish a serving-mix run that its device time cut short, without timing anything again.
 
-    python benchmark/mix_reroute.py RECORDS.json [--add MORE.json ...] --out OUT.json
+    python benchmark/mix_reroute.py RECORDS.json [--add MORE.json ...] [--earlier OLD.json] --out OUT.json
 
 ``RECORDS.json``: a serving-mix file (``benchmark/serving_mix.py``); ``--add``: files of the same
 commit with shapes it lacks (a second invocation in the same device session, say), taken in
-order, a shape's first record kept. Then, as ``serving_mix.py --retune`` would, the routes table
+order, a shape's first record kept; ``--earlier``: a committed serving-mix file of an earlier
+commit, whose records of the shapes still missing are taken as they are, each citing that file and
+commit (``source``: the routes table cites them, :func:`indexer_topk.bench.mix.summarize` leaves
+them out of this run's ratios, the rendered table names their commit). Then, as ``serving_mix.py --retune`` would, the routes table
 of these records is built (``OUT`` with ``_routes.json`` for ``.json``) and every record whose
 shape that table routes otherwise takes the time of the routed candidate, measured in the same
 run on the same bytes and bitwise equal to legacy: ``route_before`` keeps the earlier route,
@@ -47,6 +50,26 @@ def merge(doc: dict, extra: list) -> list:
     return notes
 
 
+def take_earlier(doc: dict, path, earlier: dict) -> list:
+    """The records of ``earlier`` (an earlier commit's serving mix, at ``path``) whose shapes ``doc``
+    lacks, appended to ``doc`` with ``source`` citing that file and commit; returns a note."""
+    commit = earlier["env"].get("commit")
+    if not commit or commit == doc["env"].get("commit"):
+        raise SystemExit(f"{path}: commit {commit}: --earlier takes another commit's run (--add takes this one's)")
+    seen = {MixShape.from_record(r) for r in doc["records"]}
+    cite = {"file": _portable(path), "commit": commit}
+    taken = [dict(r, source=cite) for r in earlier["records"] if MixShape.from_record(r) not in seen]
+    doc["records"].extend(taken)
+    labels = ", ".join(MixShape.from_record(r).label for r in taken) or "none"
+    return [f"{len(taken)} records of shapes this run did not reach from {cite['file']} (commit {commit}): {labels}"]
+
+
+def _portable(path) -> str:
+    """``path`` relative to the repository where it lies inside it, else its name."""
+    p = Path(path).resolve()
+    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else p.name
+
+
 def routed(table, shape: MixShape):
     """The backend ``table`` gives ``shape`` (``None``: no entry), looked up as the policy of the
     GPU that ran it does (:func:`indexer_topk.bench.mix.shape_route`; a decode step as captured),
@@ -85,10 +108,14 @@ def main(argv=None) -> int:
     p.add_argument("records")
     p.add_argument("--add", action="append", default=[], metavar="JSON")
     p.add_argument("--out", required=True)
+    p.add_argument("--earlier", default=None, metavar="JSON",
+                   help="an earlier commit's serving-mix file: the shapes still missing, cited as its")
     p.add_argument("--cite", default=None, help="the records file the table cites (default: the output's name)")
     a = p.parse_args(argv)
     doc = json.loads(Path(a.records).read_text())
     notes = merge(doc, [(x, json.loads(Path(x).read_text())) for x in a.add])
+    if a.earlier:
+        notes += take_earlier(doc, a.earlier, json.loads(Path(a.earlier).read_text()))
     out = Path(a.out)
     write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out, force=True)
     table = routes.table_from_file(out, source=a.cite or out.name)

@@ -70,8 +70,9 @@ def render(doc: dict) -> str:
             f"{r['host_us']:.0f} / {r['host_us_first']:.0f} / {r['host_us_checked']:.0f}")
         floor = r.get("decode_floor_ms")
         pct = f"{100 * floor / r['ours_ms']:.0f}%" if floor and r.get("ours_ms") else "-"
+        route = r.get("route") if not r.get("source") else f"{r.get('route')} (commit {r['source'].get('commit')})"
         lines.append(
-            f"| {shape.label} | {r.get('route')} | {_f(r.get('ours_ms'))} | {_f(r.get('sglang_ms'))} | "
+            f"| {shape.label} | {route} | {_f(r.get('ours_ms'))} | {_f(r.get('sglang_ms'))} | "
             f"{_f(ratio, '{:.2f}x')} | {_f(r.get('legacy_ms'))} | {host} | {r.get('matches_legacy')} | "
             f"{_f(r.get('sglang_overlap'), '{:.4f}')} | {pct} |")
     s = doc.get("summary", {})
@@ -94,7 +95,7 @@ def plot(doc: dict, path: Path) -> bool:
     from indexer_topk.bench.mix import MixShape
 
     rows = [(MixShape.from_record(r).label, r["ours_ms"] / r["sglang_ms"]) for r in doc["records"]
-            if r.get("ours_ms") and r.get("sglang_ms")]
+            if r.get("ours_ms") and r.get("sglang_ms") and not r.get("source")]
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))

@@ -72,17 +72,43 @@ def _reroute_module():
     return module
 
 
-def test_committed_mix_is_one_calls_run():
-    """The committed serving mix is the run of one device call at cfb45cb (every shape, with
-    ``--retune``), as its log's folder keeps it: the same records and summary."""
+def test_committed_mix_is_its_sessions_run():
+    """The committed serving mix is fbfd3ff's session, as its folder keeps it: one device call
+    (``--retune``) that its time limit cut after 28 shapes, a second call for three more, and the
+    two shapes neither reached (MXFP4 decode at 32 and 64 x 768K: no SGLang path to time) taken
+    from cfb45cb's run, cited as such and left out of the ratios. ``mix_reroute.py`` assembles
+    them into the same records and summary (next test)."""
     from pathlib import Path
 
     results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
-    run = json.loads((results / "serving_mix" / "cfb45cb" / "serving_mix_run1.json").read_text())
+    run = json.loads((results / "serving_mix" / "fbfd3ff" / "serving_mix_run1.json").read_text())
     want = json.loads((results / "serving_mix_nvidia-h200.json").read_text())
     assert run["records"] == want["records"] and run["summary"] == want["summary"]
-    assert want["env"]["commit"] == "cfb45cb"
+    assert want["env"]["commit"] == "fbfd3ff"
     assert len(want["records"]) == 33 and all(r["matches_legacy"] for r in want["records"])
+    earlier = [r for r in want["records"] if r.get("source")]
+    assert [(r["layout"], r["rows"], r["source"]["commit"]) for r in earlier] == [
+        ("sglang_mxfp4", 32, "cfb45cb"), ("sglang_mxfp4", 64, "cfb45cb")]
+    assert all(r.get("sglang_ms") is None for r in earlier)  # the ratios are this commit's alone
+    assert want["summary"]["decode"]["shapes_with_sglang"] == 13
+    assert want["summary"]["prefill"]["shapes_with_sglang"] == 13
+
+
+def test_committed_mix_is_reassembled_from_its_parts(tmp_path):
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "benchmark" / "results"
+    part = results / "serving_mix" / "fbfd3ff"
+    out = tmp_path / "serving_mix_run1.json"
+    assert _reroute_module().main([str(part / "serving_mix_run1_part1.json"), "--add",
+                                   str(part / "serving_mix_run1_part2.json"), "--earlier",
+                                   str(results / "serving_mix" / "cfb45cb" / "serving_mix_run1.json"),
+                                   "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    want = json.loads((part / "serving_mix_run1.json").read_text())
+    assert got["records"] == want["records"] and got["summary"] == want["summary"]
+    table = json.loads((tmp_path / "serving_mix_run1_routes.json").read_text())
+    assert table["entries"] == json.loads((part / "serving_mix_run1_routes.json").read_text())["entries"]
 
 
 def test_mix_reroute_joins_two_calls_of_a_session(tmp_path):
@@ -136,3 +162,23 @@ def test_mix_reroute_refuses_another_commit_and_keeps_untimed_routes(tmp_path):
     notes = m.reroute(doc["records"], Table())
     assert all(r["route"] == "fused" and "route_before" not in r for r in doc["records"])
     assert all("not timed" in n for n in notes) and len(notes) == 2
+
+
+def test_mix_reroute_earlier_fills_only_missing_shapes_and_stays_out_of_the_ratios():
+    import pytest
+
+    from indexer_topk.bench.mix import summarize
+
+    m = _reroute_module()
+    rec = {"kind": "decode", "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": 1,
+           "context_tokens": 131072, "spread": False, "rows": 1, "route": "legacy", "ours_ms": 0.2,
+           "sglang_ms": 0.1, "candidates": {"legacy": 0.2}}
+    doc = {"env": {"commit": "b"}, "records": [dict(rec)]}
+    with pytest.raises(SystemExit, match="another commit"):
+        m.take_earlier(doc, "same.json", {"env": {"commit": "b"}, "records": [dict(rec, requests=8, rows=8)]})
+    old = {"env": {"commit": "a"}, "records": [dict(rec, ours_ms=9.0), dict(rec, requests=8, rows=8, ours_ms=0.4)]}
+    notes = m.take_earlier(doc, "old.json", old)
+    assert [r["requests"] for r in doc["records"]] == [1, 8] and doc["records"][0]["ours_ms"] == 0.2
+    assert doc["records"][1]["source"] == {"file": "old.json", "commit": "a"} and "decode 8 x 128K" in notes[0]
+    assert summarize(doc["records"])["decode"] == {"shapes_with_sglang": 1, "geomean_ours_over_sglang": 2.0,
+                                                   "worst": 2.0}

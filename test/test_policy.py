@@ -394,7 +394,7 @@ def test_shipped_table_routes_fp8_prefill_by_shape(rows, c4_len, want):
 
 @pytest.mark.parametrize("layout, rows, c4_len, want", [
     ("sglang_fp8", 8, 196608, "legacy"),  # legacy's split select, measured faster than the stream
-    ("sglang_fp8", 32, 196608, "legacy"),  # the trimmed split select, measured faster than the stream (cfb45cb)
+    ("sglang_fp8", 32, 196608, "legacy"),  # the trimmed split select, measured faster than the stream (fbfd3ff mix)
     ("sglang_fp8", 256, 32768, "fused"),  # the widest measured
     ("sglang_fp8", 256, 32767, "fused"),  # the nearest measured context
     ("sglang_fp8", 257, 196608, "legacy"),  # nor more requests

@@ -477,11 +477,13 @@ class SGLangPath:
 
 
 def summarize(records: Sequence[dict]) -> dict:
-    """Ratios of the mix: ours / SGLang per record that has both, their geometric means per kind."""
+    """Ratios of the mix: ours / SGLang per record that has both, their geometric means per kind.
+    A record citing another run (``source``, taken from an earlier commit's file where this run
+    did not reach its shape) is left out: the ratios are this run's."""
     out = {}
     for kind in ("prefill", "decode"):
         r = [x["ours_ms"] / x["sglang_ms"] for x in records if x.get("kind") == kind and x.get("ours_ms")
-             and x.get("sglang_ms")]
+             and x.get("sglang_ms") and not x.get("source")]
         out[kind] = {"shapes_with_sglang": len(r), "geomean_ours_over_sglang":
                      statistics.geometric_mean(r) if r else None, "worst": max(r) if r else None}
     return out
