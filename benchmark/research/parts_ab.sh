@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# One device call: the split select's finish shared by parts (benchmark/results/split_parts/
-# finish_parts.diff, not in the package until measured), against the package without it.
-# In a checkout with the change applied (git apply <the diff>), BEFORE is a directory holding the
-# package without it (python/ and the scripts split_decode.py imports, as in finish_ab.sh). The
+# One device call: the split select's finish shared by parts (in the package since fbfd3ff; the
+# change was measured from benchmark/results/split_parts/finish_parts.diff, removed at its
+# landing) against the package without it. BEFORE is a directory holding the package without it
+# (python/ and the scripts split_decode.py imports, as in finish_ab.sh: dfb760c's, say). The
 # build before on the serving mix's decode bytes, then this checkout under several settings in
 # one process (split_decode.py --configs: parts a row, the gate's warps; bits compared with the
 # shipped settings' outputs), then the split select's GPU tests.
 #
-#   git archive HEAD python benchmark/research benchmark/decode_bench.py | tar -x -C .carry/before
-#   git apply benchmark/results/split_parts/finish_parts.diff
+#   git archive dfb760c python benchmark/research benchmark/decode_bench.py | tar -x -C .carry/before
 #   BEFORE=.carry/before bash benchmark/research/parts_ab.sh          (logs under $OUT)
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 mkdir -p "$TRITON_CACHE_DIR"
