@@ -652,9 +652,12 @@ def test_prof_is_checked(device):
                                     prof=torch.zeros(2, dtype=torch.int64, device=device))
 
 
-def test_prof_build_compiles_for_hopper():
+def test_finish_builds_compile_for_hopper():
     """The finishing kernel's PROF build (inline clock reads, a GPU measurement that the
-    interpreter cannot run) compiles for sm_90 here, in a process without the interpreter."""
+    interpreter cannot run) and its build without bins compile for sm_90 here, in a process
+    without the interpreter: the interpreter runs only the branches a call takes, so a name left
+    undefined in a branch the build cannot take (the bins' finish without bins, as the parts
+    change first had it) fails only when compiled."""
     import os
     import subprocess
     import sys
@@ -672,14 +675,18 @@ const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BI
              PARTS=L.SPLIT_FINISH_PARTS, PROF=True)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("%clock64" in k.asm["ptx"], k.asm["ptx"].count("st.global.b64"))
+const = dict(const, BINS=0, PARTS=1, PROF=False)
+k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
+print("atom" in k.asm["ptx"])
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(repo / "python")
     done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    clock, stores = done.stdout.split()
+    clock, stores, no_bins = done.stdout.split()
     assert clock == "True" and int(stores) >= 4  # the clock read, and the row's counters stored
+    assert no_bins == "True"  # the build without bins, its row select's atomics in it
 
 
 @pytest.mark.gpu
@@ -697,3 +704,50 @@ def test_auto_on_prefill_chunks_gpu(pattern, rows, width, monkeypatch, device):
     legacy_backend.legacy_select(keys, lens_t, page_table_for(rows, width, device), topk=topk, out=out)
     assert unwritten_slots(out) == []
     assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))
+
+
+@pytest.mark.parametrize("parts", [1, 8])
+def test_split_finish_writes_nothing_outside_its_outputs_on_a_corrupt_histogram(parts, split_way, monkeypatch,
+                                                                               device):
+    """The finish by bins trusts that the histogram counts each bin's candidates. Should it not
+    (here: each row's bin counts shuffled among its filled bins between the gathering and the
+    finish, totals and longest run kept, so every row still goes by its bins), a run gets more or
+    fewer candidates than its slots: the outputs may be wrong, but no store may land outside the
+    outputs (each output is a view with guard bands on both sides) or the scratch."""
+    from indexer_topk.contract import IndexerTopKResult
+
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
+    monkeypatch.setattr(legacy_backend, "split_finish_parts", lambda rows, topk, sm_count: parts)
+    width = 5120
+    lens = [width, 4500, 3000]
+    rows = len(lens)
+    keys, lens_t = key_matrix("scores", lens, width, device, seed=3)
+    bins = legacy_backend.SPLIT_BINS
+    gen = torch.Generator().manual_seed(parts)
+    real_launch = legacy_backend.launch
+
+    def corrupting_launch(kernel, grid, *args, **kwargs):
+        if kernel is finish_rows_kernel:
+            hist = args[14].view(rows, 2 * bins)
+            for r in range(rows):
+                filled = torch.nonzero(hist[r, :bins] > 0).flatten()
+                perm = filled[torch.randperm(len(filled), generator=gen).to(filled.device)]
+                hist[r, filled] = hist[r, perm].clone()
+        return real_launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(legacy_backend, "launch", corrupting_launch)
+    band = 4 * TOPK
+
+    def guarded(dtype, fill, n):
+        buf = torch.full((n + 2 * band,), fill, dtype=dtype, device=device)
+        return buf, buf[band: band + n]
+
+    vals_buf, vals = guarded(torch.float32, 7.0, rows * TOPK)
+    raw_buf, raw = guarded(torch.int32, SENTINEL, rows * TOPK)
+    phys_buf, phys = guarded(torch.int32, SENTINEL, rows * TOPK)
+    cnt_buf, cnt = guarded(torch.int32, SENTINEL, rows)
+    out = IndexerTopKResult(vals.view(rows, TOPK), raw.view(rows, TOPK), phys.view(rows, TOPK), cnt)
+    got, counts, hows = split(keys, lens_t, TOPK, out=out)
+    assert hows.tolist() == [HOW_BINS] * rows  # the corrupt histogram was followed
+    for buf, fill in ((vals_buf, 7.0), (raw_buf, SENTINEL), (phys_buf, SENTINEL), (cnt_buf, SENTINEL)):
+        assert bool((buf[:band] == fill).all()) and bool((buf[-band:] == fill).all()), "a store left the outputs"

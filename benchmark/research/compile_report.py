@@ -47,6 +47,9 @@ KEY_DESCRIPTOR = "tensordesc<fp8e4nv[1, 64, 128]>"  # what a launch with bulk co
 
 
 def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = None):
+    # a constexpr the caller leaves out takes its default, as at a launch (else it would be
+    # compiled as an int32 buffer below)
+    constexprs = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **constexprs}
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -72,7 +75,7 @@ def _compile(fn, sig, constexprs, arch, num_warps, num_stages, maxnreg=None):
     # far beyond that); without the hint the loads compile unvectorised and never become
     # cp.async, which misstates the loop the GPU runs.
     aligned = {(names.index(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t.startswith("*")}
-    constexprs = dict(constexprs)
+    constexprs = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **constexprs}
     if sig.get("kdesc") == "constexpr":  # no descriptor: the kernel gathers keys with pointers
         constexprs["kdesc"] = None
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},
@@ -115,6 +118,7 @@ def main(argv=None) -> int:
                    help="pipelining depth of the fused kernel instead of the layout's tile config")
     p.add_argument("--maxnreg", type=int, default=None, help="register cap of the fused kernel instead of the config's")
     p.add_argument("--no-tma", action="store_true", help="FP8 keys through pointer gathers, as without bulk copies")
+    p.add_argument("--split-only", action="store_true", help="the split select's kernels alone")
     a = p.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
     print(f"triton {triton.__version__}, target sm_{a.arch}, topk {a.topk}")
@@ -127,13 +131,14 @@ def main(argv=None) -> int:
         const = dict(LAYOUT=ka.layout, R=cfg.rows, TMA=tma, INTERPRET=False, STAGES=cfg.logits_stages)
         if not tma:
             const["kdesc"] = None
-        k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
-                     cfg.num_warps, cfg.logits_stages)
-        print(f"{layout:13s} legacy logits   {_report(k)}")
-        const["R"] = 1  # a decode batch's one-row tile
-        k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
-                     cfg.num_warps, cfg.logits_stages)
-        print(f"{layout:13s} logits, 1 row   {_report(k)}")
+        if not a.split_only:
+            k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
+                         cfg.num_warps, cfg.logits_stages)
+            print(f"{layout:13s} legacy logits   {_report(k)}")
+            const["R"] = 1  # a decode batch's one-row tile
+            k = _compile(logits_kernel, _signature(logits_kernel, tensors, constexprs=const), const, a.arch,
+                         cfg.num_warps, cfg.logits_stages)
+            print(f"{layout:13s} logits, 1 row   {_report(k)}")
         if layout == a.layouts[0]:  # the split select's kernels, at the shipped settings
             L = legacy_backend
             for fn, name, warps, const in (
@@ -144,6 +149,9 @@ def main(argv=None) -> int:
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
                           MAXSEG=L.SPLIT_MAXSEG, PROF=False)),
+                    (finish_rows_kernel, "finish, 8 parts", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
+                          MAXSEG=L.SPLIT_MAXSEG, PARTS=8, PROF=False)),
                     (finish_rows_kernel, "finish, no bins", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=0, MAXSEG=L.SPLIT_MAXSEG,
                           PROF=False)),
@@ -152,6 +160,8 @@ def main(argv=None) -> int:
                           MAXSEG=L.SPLIT_MAXSEG, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
+        if a.split_only:
+            return 0
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout
             for mode, splits, known_t, name in ((MODE_KEYS, 1, True, "legacy top-k"), (MODE_SEGMENTS, 8, False, "split merge")):
                 const = dict(MODE=mode, TOPK=a.topk, SPLITS=splits, CHUNK=SELECT_CHUNK, KNOWN_T=known_t)

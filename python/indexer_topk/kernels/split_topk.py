@@ -237,12 +237,15 @@ def _stage(key, pos, valid, stage, ctr_row, b_lo, b_hi, gate, scale, TOPK: tl.co
     b = _bin_of(key, gate, scale, BINS)
     staged = valid & (b >= b_lo) & (b <= b_hi)
     slot = tl.atomic_add(ctr_row + b, 1, mask=staged, sem="relaxed")
-    tl.store(stage + slot, key, mask=staged)
-    tl.store(stage + 2 * TOPK + slot, pos, mask=staged)
+    # the runs fit the area where the histogram counts each bin's candidates, as the gathering's
+    # does; bounded all the same, so that a histogram that did not could not store past it
+    room = staged & (slot < 2 * TOPK)
+    tl.store(stage + slot, key, mask=room)
+    tl.store(stage + 2 * TOPK + slot, pos, mask=room)
 
 
 @triton.jit
-def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, scale, pt_row, out_bits_row,
+def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, scale, n, pt_row, out_bits_row,
                     out_raw_row, out_phys_row, out_cnt_ptr, bin_counts, count, part, TOPK: tl.constexpr,
                     BINS: tl.constexpr, MAXSEG: tl.constexpr, PARTS: tl.constexpr, prof_row, t0, PROF: tl.constexpr):
     """Part ``part`` of ``PARTS`` of a row's output from its ``count <= BUF`` candidates (the
@@ -254,12 +257,14 @@ def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, sc
     wait for each other. Each candidate of an owned bin takes a slot in its bin's run of the
     staging area ``stage`` (:func:`_stage`; the counters ``ctr_row`` set to the runs' starts by
     their owner), then its rank in the run by the contract's order: the output slot. Run slots
-    past ``TOPK`` (the boundary bin's losers) are not written."""
+    past ``TOPK`` (the boundary bin's losers) are not written. ``n``: the row's length; the page
+    table ``pt_row`` is read for positions below it only."""
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     CAP: tl.constexpr = 4 * TOPK
     SHARE: tl.constexpr = TOPK // PARTS
     SLOTS: tl.constexpr = 2 * SHARE  # an owned run starts in the share and spills at most MAXSEG - 1 past it
     tl.static_assert(MAXSEG <= SHARE, "a part's runs must fit its slot tile")
+    tl.static_assert(SHARE * PARTS == TOPK, "the parts' shares must cover the row's slots")
     bins = tl.arange(0, BINS)
     start = count - tl.cumsum(bin_counts, axis=0)  # candidates in higher bins (the bins hold count)
     own = (bins >= bnd) & (start >= part * SHARE) & (start < (part + 1) * SHARE)
@@ -284,8 +289,11 @@ def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, sc
     ks = tl.load(stage + s, mask=live, other=0)
     ps = tl.load(stage + 2 * TOPK + s, mask=live, other=0)
     bs = _bin_of(ks, gate, scale, BINS)
-    hi = tl.load(ctr_row + bs, mask=live, other=0)
-    lo = hi - tl.load(hist_row + bs, mask=live, other=0)
+    # a run's slots, kept inside the staging area and the row's outputs (a bound, not a clamp
+    # that changes anything, where the histogram counts each bin's candidates), and positions
+    # inside the row: the page table is read only where the row has pages
+    hi = tl.minimum(tl.load(ctr_row + bs, mask=live, other=0), 2 * TOPK)
+    lo = tl.maximum(hi - tl.load(hist_row + bs, mask=live, other=0), 0)
     cs = composite(ks, ps)
     rank = tl.zeros([SLOTS], dtype=tl.int32)
     for d in tl.static_range(MAXSEG):
@@ -294,7 +302,7 @@ def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, sc
         cj = composite(tl.load(stage + j, mask=m, other=0), tl.load(stage + 2 * TOPK + j, mask=m, other=0))
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
-    w = live & (f < TOPK)
+    w = live & (f < TOPK) & (ps >= 0) & (ps < n)
     page = tl.load(pt_row + (ps >> 6), mask=w, other=0)
     tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
     tl.store(out_raw_row + f, ps, mask=w)
@@ -368,17 +376,20 @@ def finish_rows_kernel(
     # one branch or the other, not two in turn: the candidates' tile then dies where the bins
     # have staged it, not at the kernel's end (the kernel, at its register cap, spilled)
     if binned:
-        if PROF:
-            _stamp(prof_row, 1, t0, lead)
-        _finish_by_bins(key, pos, valid, ck, ck + 2 * BUF, hist_row, hist_row + BINS, bnd, tl.load(gates + i),
-                        tl.load(scales + i).to(tl.float32, bitcast=True), pt_row, out_bits + orow, out_raw + orow,
-                        out_phys + orow, out_cnt + row, bin_counts, count, part, TOPK, BINS, MAXSEG, PARTS, prof_row,
-                        t0, PROF)
-        if lead:
-            tl.store(hows + i, _BINS)
+        # never true without bins; the build without them has no histogram to name (the branch
+        # is compiled, its condition being a value)
+        if BINS > 0:
             if PROF:
-                _stamp(prof_row, 3, t0, lead)
-                tl.store(prof_row + 4, tl.zeros([], dtype=tl.int64) + _BINS)
+                _stamp(prof_row, 1, t0, lead)
+            _finish_by_bins(key, pos, valid, ck, ck + 2 * BUF, hist_row, hist_row + BINS, bnd, tl.load(gates + i),
+                            tl.load(scales + i).to(tl.float32, bitcast=True), n, pt_row, out_bits + orow,
+                            out_raw + orow, out_phys + orow, out_cnt + row, bin_counts, count, part, TOPK, BINS,
+                            MAXSEG, PARTS, prof_row, t0, PROF)
+            if lead:
+                tl.store(hows + i, _BINS)
+                if PROF:
+                    _stamp(prof_row, 3, t0, lead)
+                    tl.store(prof_row + 4, tl.zeros([], dtype=tl.int64) + _BINS)
     elif lead:
         trimmed = tl.zeros([], dtype=tl.int32)
         if BINS > 0:
