@@ -56,6 +56,8 @@ def take_earlier(doc: dict, path, earlier: dict) -> list:
     commit = earlier["env"].get("commit")
     if not commit or commit == doc["env"].get("commit"):
         raise SystemExit(f"{path}: commit {commit}: --earlier takes another commit's run (--add takes this one's)")
+    if earlier["env"].get("gpu") != doc["env"].get("gpu"):  # a routes table is one device's
+        raise SystemExit(f"{path}: measured on {earlier['env'].get('gpu')}, not {doc['env'].get('gpu')}")
     seen = {MixShape.from_record(r) for r in doc["records"]}
     cite = {"file": _portable(path), "commit": commit}
     taken = [dict(r, source=cite) for r in earlier["records"] if MixShape.from_record(r) not in seen]

@@ -173,10 +173,15 @@ def test_mix_reroute_earlier_fills_only_missing_shapes_and_stays_out_of_the_rati
     rec = {"kind": "decode", "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": 1,
            "context_tokens": 131072, "spread": False, "rows": 1, "route": "legacy", "ours_ms": 0.2,
            "sglang_ms": 0.1, "candidates": {"legacy": 0.2}}
-    doc = {"env": {"commit": "b"}, "records": [dict(rec)]}
+    doc = {"env": {"commit": "b", "gpu": "NVIDIA H200"}, "records": [dict(rec)]}
     with pytest.raises(SystemExit, match="another commit"):
         m.take_earlier(doc, "same.json", {"env": {"commit": "b"}, "records": [dict(rec, requests=8, rows=8)]})
-    old = {"env": {"commit": "a"}, "records": [dict(rec, ours_ms=9.0), dict(rec, requests=8, rows=8, ours_ms=0.4)]}
+    with pytest.raises(SystemExit, match="measured on NVIDIA B200"):
+        m.take_earlier(doc, "b200.json", {"env": {"commit": "a", "gpu": "NVIDIA B200"},
+                                           "records": [dict(rec, requests=8, rows=8)]})
+    assert len(doc["records"]) == 1
+    old = {"env": {"commit": "a", "gpu": "NVIDIA H200"},
+           "records": [dict(rec, ours_ms=9.0), dict(rec, requests=8, rows=8, ours_ms=0.4)]}
     notes = m.take_earlier(doc, "old.json", old)
     assert [r["requests"] for r in doc["records"]] == [1, 8] and doc["records"][0]["ours_ms"] == 0.2
     assert doc["records"][1]["source"] == {"file": "old.json", "commit": "a"} and "decode 8 x 128K" in notes[0]
