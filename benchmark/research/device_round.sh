@@ -1,28 +1,39 @@
 #!/usr/bin/env bash
-# One device call for the changes not yet measured on a GPU (benchmark/results/NOTES.md, section
-# "A tolerance from the terms a score is summed from", and its next steps), each step under its
-# own time limit, logs under $OUT:
-#   1. the GPU test of rows whose heads cancel (the tolerance from a score's terms on the MMAs);
-#   2. research/waves_ab.py: legacy's score spans in whole waves against the shipped spans;
-#   3. research/ncu_decode.sh: Nsight Compute on legacy's decode step at 1 x 128K.
+# One device call for what cc28fb2 changed without a GPU (benchmark/results/NOTES.md, section
+# "The device round at dfb760c, the parts, the mix at fbfd3ff", and its next steps), each step
+# under its own time limit:
+#   1. research/finish_ab.sh: the split finish's bounds (this checkout) against fbfd3ff's package
+#      (BEFORE), graph-replayed decode steps on the serving mix's bytes, digests compared;
+#   2. research/ncu_decode.sh: Nsight Compute on legacy's decode step at 1 x 128K and 8 x 768K,
+#      the finishing kernel's stalls by source line;
+#   3. the split select's GPU tests that cover the parts (equal bits on scores, candidates past
+#      the registers, ties at the k-th key).
+# A call brings back at most eight files: the logs are packed into $OUT/round.tgz, and the
+# summary printed last is also $OUT/round_summary.txt.
 #
-#   bash benchmark/research/device_round.sh        (at most 530 s: 150 + 200 + 180)
+#   git archive fbfd3ff python benchmark/research benchmark/decode_bench.py | tar -x -C .carry/before
+#   BEFORE=.carry/before bash benchmark/research/device_round.sh        (at most 520 s: 2 x 110 + 150 + 150)
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/device_round}
 export OUT
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
+LOGS=$(mktemp -d)
 stamp() { echo "[$(date +%T)] $*"; }
-stamp "1 cancelling rows"
-timeout -k 10 "${TEST_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider test/test_compare.py > "$OUT/gpu_tests_compare.log" 2>&1
-stamp "1 rc $? ($(tail -1 "$OUT/gpu_tests_compare.log"))"
-stamp "2 whole waves"
-timeout -k 10 "${WAVES_S:-200}" python3 benchmark/research/waves_ab.py --out "$OUT/waves_ab.json" > "$OUT/waves_ab.log" 2>&1
-stamp "2 rc $?"
-stamp "3 ncu decode"
-SHAPES=${NCU_SHAPES:-1x128K} timeout -k 10 "${NCU_ALL_S:-180}" bash benchmark/research/ncu_decode.sh \
-  > "$OUT/ncu_decode.log" 2>&1
-stamp "3 rc $?"
-grep -E "passed|failed|Error" "$OUT/gpu_tests_compare.log" | tail -3
-grep -E "^\|" "$OUT/waves_ab.log"
-grep -E "^==|_kernel|Duration" "$OUT/ncu_decode.log" | head -24
+{
+  stamp "1 bounds: before=${BEFORE:?set BEFORE to the package before the change} now=."
+  OUT=$LOGS BUILDS="before=$BEFORE now=." TIMES_ONLY=1 SEED=0 PAD=0 SHAPES=${SHAPES:-1x128K,1x768K,8x768K,32x768K,64x128K} \
+    AB_S=${AB_S:-110} bash benchmark/research/finish_ab.sh
+  stamp "2 ncu decode"
+  OUT=$LOGS SHAPES=${NCU_SHAPES:-"1x128K 8x768K"} NCU_S=${NCU_S:-45} timeout -k 10 "${NCU_ALL_S:-150}" \
+    bash benchmark/research/ncu_decode.sh > "$LOGS/ncu_decode.log" 2>&1
+  stamp "2 rc $?"
+  grep -E "^==|_kernel \(|Duration|warp-stall samples" "$LOGS/ncu_decode.log" | head -30
+  stamp "3 split select GPU tests"
+  timeout -k 10 "${TESTS_S:-150}" python3 -m pytest -m gpu -q -p no:cacheprovider test/test_split_topk.py \
+    -k "${TESTS:-(equals_torch_way_gpu and scores) or candidates_past_the_registers_gpu or ties_at_the_kth_key_gpu}" \
+    > "$LOGS/gpu_tests_split.log" 2>&1
+  stamp "3 rc $? ($(tail -1 "$LOGS/gpu_tests_split.log"))"
+} 2>&1 | tee "$LOGS/round_summary.txt"
+cp "$LOGS/round_summary.txt" "$OUT/"
+tar czf "$OUT/round.tgz" -C "$LOGS" .
