@@ -706,48 +706,86 @@ def test_auto_on_prefill_chunks_gpu(pattern, rows, width, monkeypatch, device):
     assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))
 
 
+def _corrupt_row(kind, hist, count, gen):
+    """Row ``hist`` (its ``BINS`` bin counts) recounted so that the finish still goes by its bins
+    (the total is ``count``, no bin from the k-th key's up counts more than 16) but not by the
+    candidates the bins hold: ``shuffled`` moves the counts among the filled bins; ``top`` adds
+    three to the highest filled bin (taken from the lowest), so that its run starts three slots
+    before the row's first; ``overfull`` counts one candidate in the fullest bin and 127 above it,
+    so that bin's run starts at slot 127 and holds all its candidates (the test fills it with
+    more than the staging area's ``2 * topk`` slots)."""
+    filled = torch.nonzero(hist > 0).flatten()
+    if kind == "shuffled":
+        hist[filled] = hist[filled[torch.randperm(len(filled), generator=gen).to(filled.device)]].clone()
+    elif kind == "top":
+        top, low = int(filled[-1]), filled[:3]
+        hist[top] += 3
+        hist[low] -= 1
+    else:
+        full = int(torch.argmax(hist))
+        assert 1 <= full < hist.numel() - 8, full  # the ties above the gate's bin, below the last bins
+        hist.zero_()
+        hist[full + 1: full + 9] = torch.tensor([16] * 7 + [15], dtype=hist.dtype)
+        hist[full] = 1
+        hist[full - 1] = count - TOPK
+
+
+@pytest.mark.parametrize("kind", ["shuffled", "top", "overfull"])
 @pytest.mark.parametrize("parts", [1, 8])
-def test_split_finish_writes_nothing_outside_its_outputs_on_a_corrupt_histogram(parts, split_way, monkeypatch,
-                                                                               device):
-    """The finish by bins trusts that the histogram counts each bin's candidates. Should it not
-    (here: each row's bin counts shuffled among its filled bins between the gathering and the
-    finish, totals and longest run kept, so every row still goes by its bins), a run gets more or
-    fewer candidates than its slots: the outputs may be wrong, but no store may land outside the
-    outputs (each output is a view with guard bands on both sides) or the scratch."""
-    from indexer_topk.contract import IndexerTopKResult
+def test_split_finish_writes_nothing_outside_its_row_on_a_corrupt_histogram(kind, parts, split_way, monkeypatch,
+                                                                           device):
+    """The finish by bins trusts that the histogram counts each bin's candidates, as the
+    gathering leaves it. Recounted between the gathering and the finish (:func:`_corrupt_row`,
+    the middle row of three), the row's outputs may be wrong, but the other rows' outputs and
+    scratch must be an uncorrupted run's, and nothing may be written outside the outputs (guard
+    bands on both sides) or the scratch."""
+    from indexer_topk.guards import GuardedResult
 
     monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
     monkeypatch.setattr(legacy_backend, "split_finish_parts", lambda rows, topk, sm_count: parts)
-    width = 5120
-    lens = [width, 4500, 3000]
-    rows = len(lens)
-    keys, lens_t = key_matrix("scores", lens, width, device, seed=3)
+    width, rows, bad = 5120, 3, 1
+    lens = torch.tensor([width, 4500, 4000], dtype=torch.int32)
+    keys, lens_t = key_matrix("scores", lens.tolist(), width, device, seed=3)
+    if kind == "overfull":  # 250 keys tied at about the row's 20th largest: a bin of 250 entrants
+        row = keys[bad, : int(lens[bad])]
+        tie = torch.sort(row, descending=True).values[20]
+        at = torch.randperm(int(lens[bad]), generator=torch.Generator().manual_seed(0))[:250]
+        keys[bad, at.to(keys.device)] = tie
     bins = legacy_backend.SPLIT_BINS
-    gen = torch.Generator().manual_seed(parts)
+    need = legacy_backend.split_scratch_size(rows, TOPK)
+    page_table = page_table_for(rows, width, device)
     real_launch = legacy_backend.launch
+    gen = torch.Generator().manual_seed(parts)
 
-    def corrupting_launch(kernel, grid, *args, **kwargs):
-        if kernel is finish_rows_kernel:
-            hist = args[14].view(rows, 2 * bins)
-            for r in range(rows):
-                filled = torch.nonzero(hist[r, :bins] > 0).flatten()
-                perm = filled[torch.randperm(len(filled), generator=gen).to(filled.device)]
-                hist[r, filled] = hist[r, perm].clone()
-        return real_launch(kernel, grid, *args, **kwargs)
+    def run(corrupt):
+        def launch(kernel, grid, *args, **kwargs):
+            if corrupt and kernel is finish_rows_kernel:
+                hist, counts = args[14].view(rows, 2 * bins), args[11]
+                _corrupt_row(kind, hist[bad, :bins], int(counts[bad]), gen)
+            return real_launch(kernel, grid, *args, **kwargs)
 
-    monkeypatch.setattr(legacy_backend, "launch", corrupting_launch)
-    band = 4 * TOPK
+        monkeypatch.setattr(legacy_backend, "launch", launch)
+        scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=device)
+        # the scratch's body as the smallest key: a run read from before its first slot then
+        # ranks below the run's candidates (the sentinel, a large key, would rank above them)
+        scratch[:need] = -(2**31)
+        guarded = GuardedResult(rows, TOPK, device)
+        legacy_backend.split_select(keys, lens_t, page_table, topk=TOPK, out=guarded.out, scratch=scratch[:need])
+        guarded.assert_guards_intact()
+        assert bool((scratch[need:] == SENTINEL).all()), "the split select wrote past its scratch"
+        return guarded.out, scratch
 
-    def guarded(dtype, fill, n):
-        buf = torch.full((n + 2 * band,), fill, dtype=dtype, device=device)
-        return buf, buf[band: band + n]
-
-    vals_buf, vals = guarded(torch.float32, 7.0, rows * TOPK)
-    raw_buf, raw = guarded(torch.int32, SENTINEL, rows * TOPK)
-    phys_buf, phys = guarded(torch.int32, SENTINEL, rows * TOPK)
-    cnt_buf, cnt = guarded(torch.int32, SENTINEL, rows)
-    out = IndexerTopKResult(vals.view(rows, TOPK), raw.view(rows, TOPK), phys.view(rows, TOPK), cnt)
-    got, counts, hows = split(keys, lens_t, TOPK, out=out)
-    assert hows.tolist() == [HOW_BINS] * rows  # the corrupt histogram was followed
-    for buf, fill in ((vals_buf, 7.0), (raw_buf, SENTINEL), (phys_buf, SENTINEL), (cnt_buf, SENTINEL)):
-        assert bool((buf[:band] == fill).all()) and bool((buf[-band:] == fill).all()), "a store left the outputs"
+    want, want_scratch = run(corrupt=False)
+    got, got_scratch = run(corrupt=True)
+    assert int(got_scratch[3 * rows + bad]) == HOW_BINS  # the recounted histogram was followed
+    for name, w, g in zip(got._fields, want, got):
+        others = [r for r in range(rows) if r != bad]
+        assert torch.equal(w.view(torch.int32)[others], g.view(torch.int32)[others]), f"{name}: another row's outputs"
+    # the scratch outside the corrupt row's header fields, candidate region and histogram
+    mine = torch.zeros(need, dtype=torch.bool)
+    mine[torch.arange(4) * rows + bad] = True
+    cand, cand_end = CAND_PER_TOPK * TOPK, rows * (4 + CAND_PER_TOPK * TOPK)
+    mine[4 * rows + bad * cand: 4 * rows + (bad + 1) * cand] = True
+    mine[cand_end + bad * 2 * bins: cand_end + (bad + 1) * 2 * bins] = True
+    assert torch.equal(want_scratch[:need][~mine.to(device)], got_scratch[:need][~mine.to(device)]), \
+        "another row's scratch"
