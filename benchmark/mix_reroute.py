@@ -60,7 +60,9 @@ def take_earlier(doc: dict, path, earlier: dict) -> list:
         raise SystemExit(f"{path}: measured on {earlier['env'].get('gpu')}, not {doc['env'].get('gpu')}")
     seen = {MixShape.from_record(r) for r in doc["records"]}
     cite = {"file": _portable(path), "commit": commit}
-    taken = [dict(r, source=cite) for r in earlier["records"] if MixShape.from_record(r) not in seen]
+    # a record that already cites another run keeps it; a failed one is no measurement to take
+    taken = [dict(r, source=r.get("source") or cite) for r in earlier["records"]
+             if MixShape.from_record(r) not in seen and not r.get("error")]
     doc["records"].extend(taken)
     labels = ", ".join(MixShape.from_record(r).label for r in taken) or "none"
     return [f"{len(taken)} records of shapes this run did not reach from {cite['file']} (commit {commit}): {labels}"]

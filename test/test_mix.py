@@ -187,3 +187,9 @@ def test_mix_reroute_earlier_fills_only_missing_shapes_and_stays_out_of_the_rati
     assert doc["records"][1]["source"] == {"file": "old.json", "commit": "a"} and "decode 8 x 128K" in notes[0]
     assert summarize(doc["records"])["decode"] == {"shapes_with_sglang": 1, "geomean_ours_over_sglang": 2.0,
                                                    "worst": 2.0}
+    # a record the earlier file itself cited keeps its citation; a failed record is not taken
+    cited = {"file": "older.json", "commit": "z"}
+    older = {"env": {"commit": "a", "gpu": "NVIDIA H200"},
+             "records": [dict(rec, requests=32, rows=32, source=cited), dict(rec, requests=64, rows=64, error="x")]}
+    m.take_earlier(doc, "old.json", older)
+    assert [(r["requests"], r.get("source")) for r in doc["records"][2:]] == [(32, cited)]

@@ -12,8 +12,11 @@ mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 KERNELS='regex:logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel'
 # the finish is one launch of 10-16 us on one SM: at the default interval its source view took
 # 14 warp samples (dfb760c), so sample every 2^5 cycles where this ncu has the option
+# (the option is --warp-sampling-interval in current releases, --sampling-interval before)
 SAMPLING=""
-ncu --help 2>/dev/null | grep -q -- "--sampling-interval" && SAMPLING="--sampling-interval 0"
+NCU_HELP=$(ncu --help 2>/dev/null)
+if grep -q -- "--warp-sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--warp-sampling-interval 0"
+elif grep -qE -- "(^|[[:space:]])--sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--sampling-interval 0"; fi
 for shape in ${SHAPES:-1x128K 8x768K}; do
   # the first step compiles (outside the profile: four launches skipped); the second is measured
   timeout -k 10 "${NCU_S:-80}" ncu --clock-control none -k "$KERNELS" --launch-skip 4 --launch-count 4 \

@@ -115,8 +115,8 @@ SCORE_PROGRAMS_PER_SM = 8
 # fifth program a row (a partial wave). Off: measured on an H200 (research/waves_ab.py, dfb760c),
 # it scored 64 x 768K decode 10% faster and a 128-row chunk at 768K 2.4% faster, but a batch of
 # 64 rows of 4K..768K 4% slower. The spans follow the page table's width, not the rows' lengths,
-# which the host does not see: where short rows leave most programs empty, the whole waves of a
-# uniform batch put the programs that do work past one wave.
+# which the host does not see: where short rows leave most programs empty, a wave count sized
+# from the page table's width puts the programs that do work past one wave.
 SCORE_WHOLE_WAVES = False
 
 
