@@ -193,3 +193,20 @@ def test_mix_reroute_earlier_fills_only_missing_shapes_and_stays_out_of_the_rati
              "records": [dict(rec, requests=32, rows=32, source=cited), dict(rec, requests=64, rows=64, error="x")]}
     m.take_earlier(doc, "old.json", older)
     assert [(r["requests"], r.get("source")) for r in doc["records"][2:]] == [(32, cited)]
+
+
+def test_rendered_mix_names_the_commit_of_a_cited_record():
+    """``serving_mix.py --render``: a record taken from an earlier run shows that run's commit
+    beside its route; the committed mix's two such records are cfb45cb's."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("serving_mix_cli", root / "benchmark" / "serving_mix.py")
+    cli = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli)
+    doc = json.loads((root / "benchmark" / "results" / "serving_mix_nvidia-h200.json").read_text())
+    lines = [x for x in cli.render(doc).splitlines() if x.startswith("| decode")]
+    cited = [x for x in lines if "(commit cfb45cb)" in x]
+    assert len(cited) == 2 and all("sglang_mxfp4" in x for x in cited)
+    assert len(lines) == 16
