@@ -484,59 +484,6 @@ def test_score_span_fills_the_device():
         assert groups * -(-width // s) > wave // 2 or s == full, (groups, width, s)
 
 
-def test_score_spans_of_whole_waves(monkeypatch):
-    """With ``SCORE_WHOLE_WAVES`` the programs fill the fewest whole waves that hold spans of
-    about ``SCORE_SPAN``: 64 x 768K two waves (not 1.45), 256 x 128K with a page-table pad column
-    one wave (not a fifth program a row); batches that fit one wave keep their spans; spans stay
-    whole pages and at least the floor."""
-    span = legacy_backend.score_span
-    sms, wave = 132, legacy_backend.SCORE_PROGRAMS_PER_SM * 132
-    cases = ((64, 196672), (256, 32832), (32, 196672), (8, 196672), (1, 196672), (4096, 196672), (600, 16384),
-             (1, 64))
-    shipped = {c: span(*c, sms) for c in cases}
-    monkeypatch.setattr(legacy_backend, "SCORE_WHOLE_WAVES", True)
-    programs = {c: c[0] * -(-c[1] // span(*c, sms)) for c in cases}
-    assert programs[(64, 196672)] == 2 * wave // 64 * 64 and programs[(256, 32832)] == wave // 256 * 256
-    for groups, width in cases:
-        s = span(groups, width, sms)
-        assert s % 64 == 0 and s >= legacy_backend.SCORE_MIN_SPAN, (groups, width, s)
-        waves = -(-groups * width // (legacy_backend.SCORE_SPAN * wave))
-        assert programs[(groups, width)] <= max(waves * wave, groups), (groups, width, s)
-        if groups * width <= wave * legacy_backend.SCORE_SPAN and shipped[(groups, width)] < legacy_backend.SCORE_SPAN:
-            assert s == shipped[(groups, width)], (groups, width)  # one wave as before
-
-
-def test_whole_waves_give_the_same_bits(monkeypatch, device):
-    """Spans of whole waves score the same bits as the shipped spans (a decode step of four
-    requests, with a span and a wave made small enough that the two rules differ)."""
-    monkeypatch.setattr(legacy_backend, "SCORE_SPAN", 1024)
-    monkeypatch.setattr(legacy_backend, "SCORE_PROGRAMS_PER_SM", 1)
-    case = Case("waves", "sglang_fp8", context_tokens=(16384,) * 4, rows_per_request=(1,) * 4, topk=512, seed=5)
-    wl = build(case, device)
-    width = wl.page_table.shape[1] * 64
-    shipped_span, shipped = legacy_backend.score_span(4, width, device_sm_count(device)), run_legacy(wl, rows_per_request=1)
-    monkeypatch.setattr(legacy_backend, "SCORE_WHOLE_WAVES", True)
-    assert legacy_backend.score_span(4, width, device_sm_count(device)) != shipped_span
-    assert_bitwise(run_legacy(wl, rows_per_request=1), shipped, "whole waves vs the shipped spans")
-
-
-def test_waves_ab_runs(tmp_path, monkeypatch):
-    """The device call that decides ``SCORE_WHOLE_WAVES`` (``benchmark/research/waves_ab.py``)
-    runs end to end on the mix's tiny shapes, both rules, bits compared."""
-    import json
-    from pathlib import Path
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmark" / "research"))
-    import waves_ab
-
-    monkeypatch.setattr(legacy_backend, "SCORE_WHOLE_WAVES", False)  # restored whatever the script does
-    out = tmp_path / "waves.json"
-    assert waves_ab.main(["--smoke", "--rounds", "1", "--iters", "1", "--out", str(out)]) == 0
-    rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 2 and all(r["bitwise_equal"] and r["whole_waves_ms"] > 0 for r in rows)
-    assert legacy_backend.SCORE_WHOLE_WAVES is False  # left as shipped
-
-
 def test_select_way_by_rows_and_width():
     """The split select for few rows, and for rows longer than ``SPLIT_MIN_WIDTH`` up to
     ``SPLIT_ROWS_PER_SM`` an SM; the row select from ``ROWS_MIN_ROWS`` rows of shorter rows, and

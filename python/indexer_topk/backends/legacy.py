@@ -105,39 +105,21 @@ SPLIT_FINISH_PARTS = 8
 # H200, 8 programs an SM scored 8 x 768K in 56.5 us against 67.7 for 4, 64 x 128K in 75.7
 # against 86.9 (split_decode.py); a span that let 256 x 128K take 1,280 programs (a partial
 # second wave) scored it about a fifth slower than 1,024 did (benchmark/results/NOTES.md).
+# Spans spread over the fewest whole waves instead measured 10% faster at 64 x 768K and 4% slower
+# on 64 rows of 4K..768K (dfb760c): the width, not the rows' lengths, sets the waves.
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
-# Count whole waves rather than cap the span: where SCORE_SPAN leaves more than one wave of
-# programs (a few long rows: 64 x 768K takes 24 programs a row, 1.45 waves), spread them over
-# the next whole number of waves (33 a row, two waves); where the page table runs a page past
-# the rows (256 x 128K: 513 pages), let a span pass SCORE_SPAN by that page rather than add a
-# fifth program a row (a partial wave). Off: measured on an H200 (research/waves_ab.py, dfb760c),
-# it scored 64 x 768K decode 10% faster and a 128-row chunk at 768K 2.4% faster, but a batch of
-# 64 rows of 4K..768K 4% slower. The spans follow the page table's width, not the rows' lengths,
-# which the host does not see: where short rows leave most programs empty, a wave count sized
-# from the page table's width puts the programs that do work past one wave.
-SCORE_WHOLE_WAVES = False
 
 
 def score_span(groups: int, width: int, sm_count: int) -> int:
     """Positions per score program for ``groups`` row groups of ``width`` positions: ``SCORE_SPAN``
     unless that leaves programs short of one wave of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole
-    pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``.
-    With ``SCORE_WHOLE_WAVES``: as many programs a group as the fewest whole waves that hold the
-    positions in spans of about ``SCORE_SPAN`` give every group."""
-    wave = SCORE_PROGRAMS_PER_SM * sm_count
-    groups = max(groups, 1)
-    if SCORE_WHOLE_WAVES:
-        waves = max(1, -(-groups * width // (SCORE_SPAN * wave)))
-        return max(SCORE_MIN_SPAN, _pages(-(-width // max(1, waves * wave // groups))))
-    want = max(1, wave // groups)  # programs a row group may take
-    return max(SCORE_MIN_SPAN, min(SCORE_SPAN, _pages(-(-width // want))))
-
-
-def _pages(positions: int) -> int:
-    """``positions`` rounded up to whole pages."""
-    return -(-positions // PAGE_SIZE) * PAGE_SIZE
+    pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``."""
+    want = max(1, SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
+    span = -(-width // want)
+    span = -(-span // PAGE_SIZE) * PAGE_SIZE
+    return max(SCORE_MIN_SPAN, min(SCORE_SPAN, span))
 
 
 @launches_kernels
