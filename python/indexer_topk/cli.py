@@ -68,29 +68,15 @@ class CliError(Exception):
 
 class _Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit 2) instead of usage + error, and
-    ``--help`` output that cannot be written fails (argparse drops the write error and exits 0)."""
+    output that cannot be written (``--help``, ``--version``, usage) fails: argparse's writer
+    for all of them drops the write error and exits 0."""
 
     def error(self, message):  # noqa: D401 - argparse API
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
-    def print_help(self, file=None):
-        (file or sys.stdout).write(self.format_help())
-
-    def print_usage(self, file=None):
-        (file or sys.stdout).write(self.format_usage())
-
-
-class _Version(argparse.Action):
-    """``--version``: as argparse's, with a failed write an error (see :func:`main`), not exit 0."""
-
-    def __init__(self, option_strings, version: str, dest=argparse.SUPPRESS,
-                 help="show program's version number and exit"):
-        super().__init__(option_strings, dest=dest, default=argparse.SUPPRESS, nargs=0, help=help)
-        self.version = version
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        sys.stdout.write(self.version + "\n")
-        parser.exit()
+    def _print_message(self, message, file=None):  # argparse's one writer (help, usage, version, exit)
+        if message:
+            (file or sys.stderr).write(message)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,7 +749,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "Without a subcommand, runs `demo`.")
     from . import __version__
 
-    p.add_argument("--version", action=_Version, version=f"{PROG} {__version__}")
+    p.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{demo,bench,info,check,tune}")
 
     d = sub.add_parser("demo", help="run every available backend on an embedded DSv4-shaped workload (default)",
