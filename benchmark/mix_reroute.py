@@ -30,6 +30,7 @@ sys.path.insert(0, str(REPO / "python"))
 
 from indexer_topk import routes  # noqa: E402
 from indexer_topk.bench.mix import MixShape, shape_c4, summarize  # noqa: E402
+from indexer_topk.files import relative_name  # noqa: E402
 from indexer_topk.routes import write_atomic  # noqa: E402
 
 HOST_FIELDS = ("host_us", "host_us_api", "host_us_first", "host_us_checked")
@@ -59,19 +60,13 @@ def take_earlier(doc: dict, path, earlier: dict) -> list:
     if earlier["env"].get("gpu") != doc["env"].get("gpu"):  # a routes table is one device's
         raise SystemExit(f"{path}: measured on {earlier['env'].get('gpu')}, not {doc['env'].get('gpu')}")
     seen = {MixShape.from_record(r) for r in doc["records"]}
-    cite = {"file": _portable(path), "commit": commit}
+    cite = {"file": relative_name(path, REPO), "commit": commit}
     # a record that already cites another run keeps it; a failed one is no measurement to take
     taken = [dict(r, source=r.get("source") or cite) for r in earlier["records"]
              if MixShape.from_record(r) not in seen and not r.get("error")]
     doc["records"].extend(taken)
     labels = ", ".join(MixShape.from_record(r).label for r in taken) or "none"
     return [f"{len(taken)} records of shapes this run did not reach from {cite['file']} (commit {commit}): {labels}"]
-
-
-def _portable(path) -> str:
-    """``path`` relative to the repository where it lies inside it, else its name."""
-    p = Path(path).resolve()
-    return str(p.relative_to(REPO)) if p.is_relative_to(REPO) else p.name
 
 
 def routed(table, shape: MixShape):

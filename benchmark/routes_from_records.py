@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
 from indexer_topk import routes  # noqa: E402
+from indexer_topk.files import relative_name  # noqa: E402
 
 RESULTS = "benchmark/results"
 SHIPPED = REPO / "python/indexer_topk/routes/nvidia-h200.json"
@@ -137,8 +138,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     if a.mix:
         mix = Path(a.mix)
-        source = str(mix.resolve().relative_to(REPO)) if mix.resolve().is_relative_to(REPO) else mix.name
-        doc = routes.table_from_file(mix, source=source)
+        doc = routes.table_from_file(mix, source=relative_name(mix, REPO))
         default = REPO / "python/indexer_topk/routes" / f"{doc['device']['name'].lower().replace(' ', '-') or 'device'}.json"
     else:
         doc, default = committed_h200_table(), SHIPPED

@@ -41,8 +41,9 @@ def _portable(arg: str) -> str:
     if os.environ.get("OUT") and arg.startswith(os.environ["OUT"]):
         return "$OUT" + arg[len(os.environ["OUT"]):]
     if os.path.isabs(arg):
-        path = Path(arg)
-        return str(path.relative_to(repo)) if path.is_relative_to(repo) else path.name
+        from indexer_topk.files import relative_name  # imported late, as in write_atomic
+
+        return relative_name(arg, repo)
     return arg
 
 

@@ -1,4 +1,5 @@
-"""Writing a file so that a reader sees the old one or the new one, never a part."""
+"""Files the package and its scripts write: written so that a reader sees the old one or the new
+one, never a part, and named in them without the writing machine's folders."""
 
 from __future__ import annotations
 
@@ -26,4 +27,11 @@ def write_atomically(path, write: Callable[[IO], object], *, binary: bool = Fals
     return p
 
 
-__all__ = ["write_atomically"]
+def relative_name(path, root) -> str:
+    """``path`` as a committed file names it: relative to ``root`` (a repository) where it lies
+    inside it, else its file name alone."""
+    p, r = Path(path).resolve(), Path(root).resolve()
+    return str(p.relative_to(r)) if p.is_relative_to(r) else p.name
+
+
+__all__ = ["relative_name", "write_atomically"]
