@@ -25,19 +25,19 @@ KIT=$(cd "${1:?usage: mix_session.sh KIT}" && pwd)
 # shellcheck source=benchmark/kit_env.sh
 source benchmark/kit_env.sh
 start_kit_build
-if [ -n "${TESTS:-}" ]; then WARM_S=${WARM_S:-200}  # the tests' own time limit
-elif [ -f .carry/tcache.tgz ]; then WARM_S=${WARM_S:-45}; else
-  WARM_S=${WARM_S:-150}
-  stamp "no Triton cache carried (.carry/tcache.tgz): our kernels compile in the compile pass (${WARM_S} s) and the mix"
-fi
 if [ -n "${TESTS:-}" ]; then  # the GPU tests (they compile most of the mix's kernels too)
   stamp "GPU tests: $TESTS"
   # shellcheck disable=SC2086
-  timeout "$WARM_S" python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
+  timeout "${WARM_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
   stamp "GPU tests rc $? ($(tail -1 "$OUT/gpu_tests.log"))"
 else
+  warm=45
+  if [ ! -f .carry/tcache.tgz ]; then
+    warm=150
+    stamp "no Triton cache carried (.carry/tcache.tgz): our kernels compile in this pass and the mix"
+  fi
   stamp "compile pass"
-  timeout "$WARM_S" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
+  timeout "${WARM_S:-$warm}" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
     --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
   stamp "compile pass rc $?"
 fi

@@ -93,10 +93,9 @@ def plot(doc: dict, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    from indexer_topk.bench.mix import MixShape
+    from indexer_topk.bench.mix import MixShape, sglang_ratios
 
-    rows = [(MixShape.from_record(r).label, r["ours_ms"] / r["sglang_ms"]) for r in doc["records"]
-            if r.get("ours_ms") and r.get("sglang_ms") and not r.get("source")]
+    rows = [(MixShape.from_record(r).label, ratio) for r, ratio in sglang_ratios(doc["records"])]
     if not rows:
         return False
     fig, ax = plt.subplots(figsize=(9, 0.32 * len(rows) + 1.2))

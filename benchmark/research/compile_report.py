@@ -46,10 +46,14 @@ POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32"
 KEY_DESCRIPTOR = "tensordesc<fp8e4nv[1, 64, 128]>"  # what a launch with bulk copies passes as kdesc
 
 
+def _with_defaults(fn, constexprs) -> dict:
+    """``constexprs`` and, for each constexpr of ``fn`` it leaves out, that parameter's default,
+    as at a launch that does not pass it (else it would be compiled as an int32 buffer)."""
+    return {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **(constexprs or {})}
+
+
 def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = None):
-    # a constexpr the caller leaves out takes its default, as at a launch that does not pass it
-    # (else it would be compiled as an int32 buffer below)
-    constexprs = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **(constexprs or {})}
+    constexprs = _with_defaults(fn, constexprs)
     sig = {}
     for name in fn.arg_names:
         if name in constexprs:
@@ -75,7 +79,7 @@ def _compile(fn, sig, constexprs, arch, num_warps, num_stages, maxnreg=None):
     # far beyond that); without the hint the loads compile unvectorised and never become
     # cp.async, which misstates the loop the GPU runs.
     aligned = {(names.index(k),): [["tt.divisibility", 16]] for k, t in sig.items() if t.startswith("*")}
-    constexprs = {**{q.name: q.default for q in fn.params if q.is_constexpr and q.has_default}, **(constexprs or {})}
+    constexprs = _with_defaults(fn, constexprs)
     if sig.get("kdesc") == "constexpr":  # no descriptor: the kernel gathers keys with pointers
         constexprs["kdesc"] = None
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in constexprs.items()},

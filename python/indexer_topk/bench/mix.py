@@ -476,18 +476,23 @@ class SGLangPath:
         return median_ms(step, warmup=2, iters=iters, device=dev), raw
 
 
+def sglang_ratios(records: Sequence[dict]) -> List[tuple]:
+    """``(record, ours / SGLang)`` of each record of this run that timed both. A record citing
+    another run (``source``, taken from an earlier commit's file where this run did not reach
+    its shape) is left out: the ratios are this run's."""
+    return [(x, x["ours_ms"] / x["sglang_ms"]) for x in records
+            if x.get("ours_ms") and x.get("sglang_ms") and not x.get("source")]
+
+
 def summarize(records: Sequence[dict]) -> dict:
-    """Ratios of the mix: ours / SGLang per record that has both, their geometric means per kind.
-    A record citing another run (``source``, taken from an earlier commit's file where this run
-    did not reach its shape) is left out: the ratios are this run's."""
+    """Ratios of the mix (:func:`sglang_ratios`), their geometric means and worst per kind."""
     out = {}
     for kind in ("prefill", "decode"):
-        r = [x["ours_ms"] / x["sglang_ms"] for x in records if x.get("kind") == kind and x.get("ours_ms")
-             and x.get("sglang_ms") and not x.get("source")]
+        r = [ratio for x, ratio in sglang_ratios(records) if x.get("kind") == kind]
         out[kind] = {"shapes_with_sglang": len(r), "geomean_ours_over_sglang":
                      statistics.geometric_mean(r) if r else None, "worst": max(r) if r else None}
     return out
 
 
 __all__ = ["MixShape", "OurPath", "SGLangPath", "capture_graph", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
-           "retime_auto", "route_of", "selection_overlap", "shape_route", "summarize", "time_ours"]
+           "retime_auto", "route_of", "selection_overlap", "sglang_ratios", "shape_route", "summarize", "time_ours"]
