@@ -20,7 +20,7 @@ from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits,
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.launch import device_sm_count
 from indexer_topk.kernels.split_topk import (
-    CAND_PER_TOPK, HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
+    CAND_PER_TOPK, HEADER_FIELDS, HOW_BINS, HOW_TRIMMED, HOW_ROW_SELECT, HOW_SEARCH, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
 
 from kernel_cases import (
@@ -81,12 +81,14 @@ def hows_expected(hows, counts, lens, topk, bins) -> None:
             assert how in (HOW_SEARCH, HOW_BINS), r
 
 
-def split(keys, lens, topk, row_start=0, out=None):
-    """The split select on a guarded scratch: ``(outputs, candidate counts, how each row was
-    finished)``; the scratch's guard band must be untouched."""
+def split(keys, lens, topk, row_start=0, out=None, scratch=None):
+    """The split select on a guarded scratch (``scratch``: ``GUARD`` sentinels past
+    :func:`split_scratch_size` entries; ``None``: all sentinels): ``(outputs, candidate counts,
+    how each row was finished)``; the scratch's guard band must be untouched."""
     rows, width = keys.shape
     need = legacy_backend.split_scratch_size(rows, topk)
-    scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
+    if scratch is None:
+        scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
     if out is None:
         out = poisoned_result(rows, topk, keys.device)
     page_table = page_table_for(row_start + rows, width, keys.device)
@@ -700,7 +702,6 @@ def test_split_finish_writes_nothing_outside_its_row_on_a_corrupt_histogram(kind
         keys[bad, at.to(keys.device)] = tie
     bins = legacy_backend.SPLIT_BINS
     need = legacy_backend.split_scratch_size(rows, TOPK)
-    page_table = page_table_for(rows, width, device)
     real_launch = legacy_backend.launch
     gen = torch.Generator().manual_seed(parts)
 
@@ -717,9 +718,8 @@ def test_split_finish_writes_nothing_outside_its_row_on_a_corrupt_histogram(kind
         # ranks below the run's candidates (the sentinel, a large key, would rank above them)
         scratch[:need] = -(2**31)
         guarded = GuardedResult(rows, TOPK, device)
-        legacy_backend.split_select(keys, lens_t, page_table, topk=TOPK, out=guarded.out, scratch=scratch[:need])
+        split(keys, lens_t, TOPK, out=guarded.out, scratch=scratch)
         guarded.assert_guards_intact()
-        assert bool((scratch[need:] == SENTINEL).all()), "the split select wrote past its scratch"
         return guarded.out, scratch
 
     want, want_scratch = run(corrupt=False)
@@ -730,9 +730,9 @@ def test_split_finish_writes_nothing_outside_its_row_on_a_corrupt_histogram(kind
         assert torch.equal(w.view(torch.int32)[others], g.view(torch.int32)[others]), f"{name}: another row's outputs"
     # the scratch outside the corrupt row's header fields, candidate region and histogram
     mine = torch.zeros(need, dtype=torch.bool)
-    mine[torch.arange(4) * rows + bad] = True
-    cand, cand_end = CAND_PER_TOPK * TOPK, rows * (4 + CAND_PER_TOPK * TOPK)
-    mine[4 * rows + bad * cand: 4 * rows + (bad + 1) * cand] = True
+    mine[torch.arange(HEADER_FIELDS) * rows + bad] = True
+    cand, cand_end = CAND_PER_TOPK * TOPK, rows * (HEADER_FIELDS + CAND_PER_TOPK * TOPK)
+    mine[HEADER_FIELDS * rows + bad * cand: HEADER_FIELDS * rows + (bad + 1) * cand] = True
     mine[cand_end + bad * 2 * bins: cand_end + (bad + 1) * 2 * bins] = True
     assert torch.equal(want_scratch[:need][~mine.to(device)], got_scratch[:need][~mine.to(device)]), \
         "another row's scratch"

@@ -65,7 +65,7 @@ def read_samples(path):
     return samples, text, reasons
 
 
-def fused_regions(source=FUSED_SOURCE):
+def module_regions(source=FUSED_SOURCE):
     """``[(label, first line, last line)]`` of a kernel module's functions (the fused kernel's by
     default), read from the source the profile ran (run this from the same checkout)."""
     tree = ast.parse(Path(source).read_text())
@@ -73,9 +73,9 @@ def fused_regions(source=FUSED_SOURCE):
             for f in tree.body if isinstance(f, ast.FunctionDef)]
 
 
-def region(name, line, fused, module="fused.py"):
+def region(name, line, regions, module="fused.py"):
     if name == module:
-        for label, lo, hi in fused:
+        for label, lo, hi in regions:
             if lo <= line <= hi:
                 return label
     return FILE_REGIONS.get(name, f"library ({name})")
@@ -93,11 +93,11 @@ def main(argv=None) -> int:
         print("no warp-stall samples in", a.csv, file=sys.stderr)
         return 1
     print(f"warp-stall samples: {total}")
-    fused = fused_regions(a.regions)
+    spans = module_regions(a.regions)
     module = Path(a.regions).name
     regions = collections.Counter()
     for (name, line), n in samples.items():
-        regions[region(name, line, fused, module)] += n
+        regions[region(name, line, spans, module)] += n
     print("\nby region")
     for label, n in regions.most_common():
         print(f"{100 * n / total:6.1f}%  {label}")
