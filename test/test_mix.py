@@ -61,15 +61,20 @@ def test_host_us_runs_and_their_median():
     assert runs[1] > 5000 and statistics.median(runs) < mean / 10
 
 
-def _reroute_module():
+def _script(name: str):
+    """``benchmark/<name>.py`` loaded as a module."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmark" / "mix_reroute.py"
-    spec = importlib.util.spec_from_file_location("mix_reroute", path)
+    path = Path(__file__).resolve().parents[1] / "benchmark" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _reroute_module():
+    return _script("mix_reroute")
 
 
 def test_committed_mix_is_its_sessions_run():
@@ -198,14 +203,11 @@ def test_mix_reroute_earlier_fills_only_missing_shapes_and_stays_out_of_the_rati
 def test_rendered_mix_names_the_commit_of_a_cited_record():
     """``serving_mix.py --render``: a record taken from an earlier run shows that run's commit
     beside its route; the committed mix's two such records are cfb45cb's."""
-    import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("serving_mix_cli", root / "benchmark" / "serving_mix.py")
-    cli = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(cli)
-    doc = json.loads((root / "benchmark" / "results" / "serving_mix_nvidia-h200.json").read_text())
+    cli = _script("serving_mix")
+    doc = json.loads((Path(__file__).resolve().parents[1] / "benchmark" / "results" /
+                      "serving_mix_nvidia-h200.json").read_text())
     lines = [x for x in cli.render(doc).splitlines() if x.startswith("| decode")]
     cited = [x for x in lines if "(commit cfb45cb)" in x]
     assert len(cited) == 2 and all("sglang_mxfp4" in x for x in cited)
