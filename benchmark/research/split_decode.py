@@ -3,7 +3,8 @@
 graph-replayed time, device time per kernel, and bits against the default settings.
 
     PYTHONPATH=python python3 benchmark/research/split_decode.py [--shapes 1x128K,8x768K,...]
-        [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256"] [--patterns random,increasing]
+        [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256;INDEXER_TOPK_PDL=0"]
+        [--patterns random,increasing]
 
 ``--profile``: instead, the finishing kernel's ``PROF`` build on each shape's key matrix (under
 each config): SM cycles per row from its start to the candidates loaded, the k-th found, the
@@ -51,15 +52,26 @@ def parse_config(text: str) -> dict:
 class Settings:
     """The ``;``-separated configs of ``--configs`` (the shipped settings first, as ``""``) and
     the shipped values of every module attribute they set, to set one config at a time and
-    restore the shipped ones at the end."""
+    restore the shipped ones at the end. A name starting ``INDEXER_TOPK_`` is the package's
+    environment variable of that name (set to the value, or unset where it was)."""
 
     def __init__(self, text: str):
         self.configs = [""] + [c for c in text.split(";") if c.strip()]
-        self.shipped = {k: getattr(legacy_backend, k) for c in self.configs for k in parse_config(c)}
+        self.shipped = {k: os.environ.get(k) if _is_env(k) else getattr(legacy_backend, k)
+                        for c in self.configs for k in parse_config(c)}
 
     def apply(self, text: str = "") -> None:
         for k, v in {**self.shipped, **parse_config(text)}.items():
-            setattr(legacy_backend, k, v)
+            if not _is_env(k):
+                setattr(legacy_backend, k, v)
+            elif v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+
+
+def _is_env(name: str) -> bool:
+    return name.startswith("INDEXER_TOPK_")
 
 
 def workloads(a, device):

@@ -29,14 +29,16 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, allocate_result, as_inputs, check_workspace
+from ..envs import envs
+from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels,
     pack_args, pdl_launch, pdl_options, tile_config,
 )
-from ..kernels.logits import logits_kernel
+from ..kernels.logits import gather_logits_kernel, logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
+from ..kernels.scored_gate import scored_gate_rows_kernel
 from ..kernels.split_topk import (
     CAND_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
@@ -265,9 +267,76 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
     keys = keys.view(torch.int32)
+    parts = _split_scratch(keys, topk, scratch, prof)
+    rows, width = keys.shape
+    if rows == 0:
+        return
+    check_runnable(keys.device)
+    gates, counts, scales, hows, cand, hist = parts
+    runs = split_runs(rows, width, device_sm_count(keys.device))
+    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_GATE_WARPS,
+           **pdl_options(pdl))
+    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
+           runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
+           num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
+    _split_finish(keys, seq_lens, page_table, topk, out, row_start, parts, prof, pdl)
+
+
+def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
+    """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
+    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys that the "split"
+    select serves, while ``INDEXER_TOPK_SCORED_GATE`` is on."""
+    if rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0:
+        return False
+    search = KTH_SEARCH
+    if search == "auto":
+        search = select_way(rows, width, device_sm_count(inputs.device))
+    return search == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
+
+
+@launches_kernels
+def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_start=0, scratch=None, prof=None,
+                 pdl: bool = False) -> None:
+    """:func:`legacy_score` then :func:`split_select` of rows ``row_start .. row_start + rows`` of
+    a decode batch (one query row a request, FP8 keys; ``keys``: their ``[rows, width]`` key
+    matrix, written in full), in three kernels instead of four, with the same bits in
+    ``out``, in ``keys`` and in ``scratch`` (arguments as there): the gate scores its sample
+    from the cache (:func:`indexer_topk.kernels.scored_gate.scored_gate_rows_kernel`), so it
+    runs first, and the score kernel gathers the keys that reach it from its own span
+    (:func:`indexer_topk.kernels.logits.gather_logits_kernel`). ``pdl``: the score kernel scores
+    while the gate runs and waits for it only to gather; the finish follows the score kernel."""
+    keys = keys.view(torch.int32)
+    topk = inputs.topk
+    parts = _split_scratch(keys, topk, scratch, prof)
+    rows, width = keys.shape
+    if rows == 0 or width == 0:
+        raise ValueError("scored_split: expected at least one row and one column (legacy_indexer_topk's chunks)")
+    gates, counts, scales, hows, cand, hist = parts
+    ka = pack_args(inputs)
+    cfg = tile_config(inputs.layout)
+    n_rows = min(inputs.rows, row_start + rows)
+    span = score_span(rows, width, device_sm_count(keys.device))
+    # the first kernel of the call: a plain launch, after the caller's work (PDL only lets the
+    # score kernel start early)
+    launch(scored_gate_rows_kernel, (rows,), ka.q, ka.w, ka.kc, ka.kf, ka.pages, ka.page_table,
+           ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, width, gates, counts, scales,
+           hist, cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, INTERPRET=ka.interpret,
+           STAGES=cfg.logits_stages, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages)
+    launch(gather_logits_kernel, (rows, triton.cdiv(width, span)), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc,
+           ka.pages, ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, keys,
+           keys.stride(0), width, span, gates, counts, scales, hist, cand, LAYOUT=ka.layout, TMA=ka.tma,
+           INTERPRET=ka.interpret, STAGES=cfg.logits_stages, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK,
+           BINS=SPLIT_BINS, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages, **pdl_options(pdl))
+    _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, parts, prof, pdl)
+
+
+def _split_scratch(keys, topk, scratch, prof):
+    """The split select's scratch carved for ``keys``' rows (allocated where ``scratch`` is
+    ``None``; checked, with ``prof``, otherwise): ``(gates, counts, scales, hows, cand, hist)``."""
     if not keys.is_contiguous():  # the kernels step rows by the width
         raise ValueError("keys: expected a contiguous key matrix")
-    rows, width = keys.shape
+    rows = keys.shape[0]
     need = split_scratch_size(rows, topk)
     if scratch is None:
         # torch.empty: an allocation the replay repeats (indexer_topk.replay)
@@ -279,26 +348,22 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
                              or prof.device != keys.device):
         raise ValueError(f"prof: expected a contiguous int64 tensor of at least {rows * PROF_FIELDS} entries")
     scratch = scratch.view(-1)  # carved by entries, whatever the caller's shape
-    if rows == 0:
-        return
-    check_runnable(keys.device)
     gates, counts, scales, hows = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows)
     cand_end = rows * (HEADER_FIELDS + CAND_PER_TOPK * topk)
     cand = scratch[HEADER_FIELDS * rows: cand_end]
     hist = scratch[cand_end: need] if SPLIT_BINS else cand  # unread without bins
-    sm_count = device_sm_count(keys.device)
-    runs = split_runs(rows, width, sm_count)
-    parts = split_finish_parts(rows, topk, sm_count)
-    launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_GATE_WARPS,
-           **pdl_options(pdl))
-    launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
-           runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
-           num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
-    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
+    return gates, counts, scales, hows, cand, hist
+
+
+def _split_finish(keys, seq_lens, page_table, topk, out, row_start, parts, prof, pdl):
+    """The split select's finishing kernel over ``keys``' rows (see :func:`split_select`)."""
+    gates, counts, scales, hows, cand, hist = parts
+    rows, width = keys.shape
+    nparts = split_finish_parts(rows, topk, device_sm_count(keys.device))
+    launch(finish_rows_kernel, (rows, nparts), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
-           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=nparts, PROF=prof is not None, PDL=pdl,
            num_warps=SPLIT_WARPS, **pdl_options(pdl))
 
 
@@ -342,6 +407,9 @@ def legacy_indexer_topk(
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
+        if scored_gate_way(inputs, rows_per_request, n, width):
+            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl)
+            continue
         legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)
     return out

@@ -10,9 +10,9 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 try:  # grid dependency control (programmatic dependent launch, sm_90 and later)
-    from triton.language.extra.cuda import gdc_wait
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an older Triton: kernels are never launched with PDL (launch.pdl_capable)
-    gdc_wait = None
+    gdc_launch_dependents = gdc_wait = None
 
 # Layout ids, as constexpr kernel arguments.
 LAYOUT_AITER_MXFP4 = 0
@@ -49,6 +49,16 @@ def wait_for_producer(PDL: tl.constexpr):
     ``PDL`` nothing is emitted."""
     if PDL:
         gdc_wait()
+
+
+@triton.jit
+def release_dependents(PDL: tl.constexpr):
+    """Let the kernel launched after this one with programmatic dependent launch start now, on
+    the SMs this one leaves free, rather than as this one's programs exit; it still waits for
+    all of this kernel before reading what it writes (:func:`wait_for_producer`). Without
+    ``PDL`` nothing is emitted."""
+    if PDL:
+        gdc_launch_dependents()
 
 
 @triton.jit

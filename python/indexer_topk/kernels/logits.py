@@ -10,9 +10,11 @@ or past a row's ``seq_len`` hold ``KEY_MIN``, below every score.
 import triton
 import triton.language as tl
 
-from .common import KEY_MIN, ordered_key
+from .common import KEY_MIN, ordered_key, wait_for_producer
 from .geometry import PAGE
+from .row_topk import row_length
 from .score import group_rows, load_queries, pages_agree, score_page
+from .split_topk import gather_run
 
 
 @triton.jit
@@ -43,6 +45,48 @@ def logits_kernel(
     key matrix ``keys``; rows at or past ``n_rows`` are not written. The legacy path scores a
     whole row (``col0 = 0``); the chunked-stream experiment (``benchmark/research/chunked_stream.py``) one
     context chunk at a time."""
+    _score_program(
+        q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
+        weight_scale, keys, stride_keys, col0, width, span, LAYOUT, R, TMA, INTERPRET, STAGES,
+    )
+
+
+@triton.jit(do_not_specialize=["n_pages", "stride_pt", "n_rows", "row_start", "stride_keys", "width", "span"])
+def gather_logits_kernel(
+    q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
+    weight_scale, keys, stride_keys, width, span, gates, counts, scales, hist, cand,
+    LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr, TOPK: tl.constexpr,
+    TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """:func:`logits_kernel` of one row a group (``R = 1``, ``col0 = 0``) that also does the
+    split select's gathering (:func:`.split_topk.gather_rows_kernel`) over its own span: the
+    keys it stored that reach the row's gate, read back, appended to the row's candidate buffer
+    and counted in its bins. The gate, the zero count and the cleared bins come from the kernel
+    before it (:func:`.scored_gate.scored_gate_rows_kernel`); with ``PDL`` this kernel starts
+    while that one runs and waits for it only once its own keys are scored, so the gate's work
+    hides under the scoring, and the gathering's launch and its second pass over the matrix
+    from SMs that never scored it go."""
+    _score_program(
+        q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
+        weight_scale, keys, stride_keys, 0, width, span, LAYOUT, 1, TMA, INTERPRET, STAGES,
+    )
+    tl.debug_barrier()  # the program's keys are stored before its threads read each other's back
+    wait_for_producer(PDL)  # the row's gate and its cleared count and bins
+    i = tl.program_id(0)
+    n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
+    if n > TILE:
+        lo = tl.program_id(1) * span
+        gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts, scales, hist,
+                   cand, TOPK, BLOCK, BINS)
+
+
+@triton.jit
+def _score_program(
+    q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
+    weight_scale, keys, stride_keys, col0, width, span,
+    LAYOUT: tl.constexpr, R: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
+):
+    """The body of :func:`logits_kernel` (its arguments)."""
     r0 = row_start + tl.program_id(0) * R
     lo = col0 + tl.program_id(1) * span
     end = tl.minimum(lo + span, width)

@@ -122,15 +122,21 @@ def gate_rows_kernel(
     n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
-        key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
-        gate = sample_gate(key, n, TOPK, GATE_HALVES)
-        tl.store(gates + i, gate)
-        if BINS > 0:
-            # the sample's scores from the gate up fill a quarter of the bins: the row's scores
-            # past the sample's largest have three quarters of them before the last bin
-            scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
-            tl.store(scales + i, scale.to(tl.int32, bitcast=True))
-            tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
+        open_row(row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE), n, i, gates, scales, hist, TOPK, BINS)
+
+
+@triton.jit
+def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.constexpr):
+    """Row ``i``'s gate from its sample ``key`` (:func:`.row_topk.row_sample` of its ``n`` keys),
+    its histogram's scale (fp32 bits) and cleared bins (``BINS > 0``)."""
+    gate = sample_gate(key, n, TOPK, GATE_HALVES)
+    tl.store(gates + i, gate)
+    if BINS > 0:
+        # the sample's scores from the gate up fill a quarter of the bins: the row's scores
+        # past the sample's largest have three quarters of them before the last bin
+        scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+        tl.store(scales + i, scale.to(tl.int32, bitcast=True))
+        tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start", "splits"])
@@ -144,33 +150,41 @@ def gather_rows_kernel(
     (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the bins then the finishing kernel's
     counters of where their runs fill)."""
     wait_for_producer(PDL)
-    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     if n > TILE:
-        gate = tl.load(gates + i)
-        if BINS > 0:
-            scale = tl.load(scales + i).to(tl.float32, bitcast=True)
-            hist_row = hist + i.to(tl.int64) * (2 * BINS)
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
         lo = tl.program_id(1) * run
-        hi = tl.minimum(lo + run, n)
-        row = src + i.to(tl.int64) * stride_src
-        ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
-        offs = tl.arange(0, BLOCK)
-        for c0 in range(lo, hi, BLOCK):
-            pos = c0 + offs
-            key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
-            enter = (pos < hi) & (key >= gate)
-            enter_i = enter.to(tl.int32)
-            n_in = tl.sum(enter_i, axis=0)
-            if n_in > 0:
-                dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
-                room = enter & (dst < BUF)
-                tl.store(ck + dst, key, mask=room)
-                tl.store(ck + BUF + dst, pos, mask=room)
-                if BINS > 0:
-                    tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
+        gather_run(src + i.to(tl.int64) * stride_src, lo, tl.minimum(lo + run, n), i, gates, counts, scales, hist,
+                   cand, TOPK, BLOCK, BINS)
+
+
+@triton.jit
+def gather_run(row, lo, hi, i, gates, counts, scales, hist, cand, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+               BINS: tl.constexpr):
+    """The keys of ``row[lo:hi]`` (row ``i`` of the key matrix, positions ``lo .. hi - 1``) that
+    reach the row's gate, appended to its candidate buffer and counted in its bins (see
+    :func:`gather_rows_kernel`)."""
+    BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
+    gate = tl.load(gates + i)
+    if BINS > 0:
+        scale = tl.load(scales + i).to(tl.float32, bitcast=True)
+        hist_row = hist + i.to(tl.int64) * (2 * BINS)
+    ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
+    offs = tl.arange(0, BLOCK)
+    for c0 in range(lo, hi, BLOCK):
+        pos = c0 + offs
+        key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
+        enter = (pos < hi) & (key >= gate)
+        enter_i = enter.to(tl.int32)
+        n_in = tl.sum(enter_i, axis=0)
+        if n_in > 0:
+            dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
+            room = enter & (dst < BUF)
+            tl.store(ck + dst, key, mask=room)
+            tl.store(ck + BUF + dst, pos, mask=room)
+            if BINS > 0:
+                tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
 # a function of its own in the machine code: inlined, its two tiles raised the finishing

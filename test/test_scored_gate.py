@@ -1,0 +1,212 @@
+"""The FP8 decode step in three kernels (``INDEXER_TOPK_SCORED_GATE``): the gate scored from the
+cache ahead of the score kernel, the score kernel gathering its own span (backends/legacy.py,
+``scored_split``), against the four-kernel step it replaces (``legacy_score`` then
+``split_select``).
+
+The two must agree on every bit they leave: the outputs, the key matrix, and the split select's
+header of each row (gate, candidate count, histogram scale, how the row finished), since the
+sampled keys have the matrix's bits. Outputs are poisoned first (every slot must be written);
+a guard band past the scratch and the output rows beside the chunk must stay untouched.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.contract import IndexerTopKResult
+from indexer_topk.guards import poisoned_result, unwritten_slots
+from indexer_topk.kernels.split_topk import HEADER_FIELDS
+from indexer_topk.workload import make_workload
+
+from kernel_cases import ALL_PATTERNS, assert_bitwise, assert_contract, assert_matches_reference, decode_batch
+from test_row_topk import force_way
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
+
+SENTINEL = 0x5A5A5A5A
+GUARD = 4096  # int32 entries past the scratch that no launch may write
+
+
+@pytest.fixture
+def small_split(monkeypatch, device):
+    """The split select with a tile, sample and block small enough for the interpreter."""
+    return force_way(monkeypatch, device, "split", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256)
+
+
+def both_ways(wl, row_start=0, rows=None):
+    """``(three kernels, four kernels)``: each ``(outputs, key matrix, scratch header)`` for rows
+    ``row_start .. row_start + rows`` of the decode batch ``wl``, outputs poisoned first."""
+    inputs = wl.inputs()
+    rows = wl.rows - row_start if rows is None else rows
+    width = legacy_backend.key_matrix_width(wl.page_table)
+    got = []
+    for scored in (True, False):
+        out = poisoned_result(wl.rows, wl.topk, wl.q.device)
+        keys = torch.full((rows, width), SENTINEL, dtype=torch.int32, device=wl.q.device)
+        need = legacy_backend.split_scratch_size(rows, wl.topk)
+        scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=wl.q.device)
+        if scored:
+            legacy_backend.scored_split(inputs, keys, out=out, row_start=row_start, scratch=scratch[:need])
+        else:
+            legacy_backend.legacy_score(inputs, keys=keys, row_start=row_start, row_count=rows, rows_per_request=1)
+            legacy_backend.split_select(keys, wl.seq_lens, wl.page_table, topk=wl.topk, out=out, row_start=row_start,
+                                        scratch=scratch[:need])
+        assert bool((scratch[need:] == SENTINEL).all()), "a write past the scratch"
+        header = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows).clone()
+        got.append((out, keys, header))
+    return got
+
+
+def assert_same_step(wl, row_start=0, rows=None):
+    (out3, keys3, head3), (out4, keys4, head4) = both_ways(wl, row_start, rows)
+    assert torch.equal(keys3, keys4), "key matrix"
+    # the gate and scale of rows that took none (no longer than the tile) are left as they were
+    lens = wl.seq_lens[row_start: row_start + keys3.shape[0]].clamp(0, keys3.shape[1]).cpu()
+    long_rows = lens > legacy_backend.SPLIT_TILE
+    for field, name in enumerate(("gate", "count", "scale", "how")):
+        a, b = head3[field].cpu(), head4[field].cpu()
+        mask = long_rows if name in ("gate", "scale") else torch.ones_like(long_rows)
+        assert torch.equal(a[mask], b[mask]), f"{name}: {a.tolist()} vs {b.tolist()}"
+    assert_bitwise(out3, out4, "three kernels vs four")
+    return out3
+
+
+DECODE_LENS = [5000, 4096, 1025, 1024, 129, 128, 127, 1, 0, 3000]
+
+
+@pytest.mark.parametrize("pattern", ALL_PATTERNS)
+def test_three_kernels_give_the_four_kernels_bits(pattern, small_split, device):
+    """Ten one-row requests, lengths around the tile, topk, one and zero, on every score pattern
+    (ties everywhere, zero plateaus, NaN rows, rising and falling scores): the same outputs, key
+    matrix and header, and the fp64 reference's selection."""
+    wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
+                       topk=128, seed=5, device=device, pattern=pattern)
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+    assert_contract(out, wl)
+    if pattern in ("random", "increasing"):
+        assert_matches_reference(out, wl)
+
+
+def test_three_kernels_on_a_chunk_of_rows(small_split, device):
+    """Rows 2..4 of a batch (``row_start``): rows beside them keep their poison."""
+    wl = make_workload("sglang_fp8", context_tokens=[8000, 20000, 6000, 300, 4200, 9000], rows_per_request=[1] * 6,
+                       topk=128, seed=8, device=device)
+    out = assert_same_step(wl, row_start=2, rows=3)
+    assert unwritten_slots(IndexerTopKResult(*(t[2:5] for t in out))) == []
+    for r in (0, 1, 5):
+        assert_bitwise(IndexerTopKResult(*(t[r: r + 1] for t in out)), poisoned_result(1, wl.topk, device),
+                       f"row {r}, outside the chunk")
+
+
+def test_three_kernels_read_no_page_outside_the_cache(small_split, device):
+    """Page ids outside the cache (the checks off) score as zeros in both ways, the same bits,
+    and write nothing outside the outputs and the scratch."""
+    wl = make_workload("sglang_fp8", context_tokens=[6000, 5200], rows_per_request=[1, 1], topk=128, seed=9,
+                       device=device)
+    pt = wl.page_table.clone()
+    pt[0, 3] = -7
+    pt[0, 10] = wl.k_cache.shape[0] + 5
+    pt[1, ::3] = 2**31 - 1
+    wl = dataclasses.replace(wl, page_table=pt)
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+
+
+def test_legacy_decode_takes_three_kernels_when_asked(small_split, monkeypatch, device):
+    """``INDEXER_TOPK_SCORED_GATE`` on: an FP8 decode call launches the scored gate, the score
+    kernel that gathers, and the finish, with the four-kernel step's bits; off, unreadable, a
+    prefill call (no ``rows_per_request=1``) and MXFP4 keys keep the four kernels."""
+    launched = []
+    real = legacy_backend.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        launched.append(kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__)
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(legacy_backend, "launch", spy)
+    wl = decode_like("sglang_fp8", device)
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    three = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=1)
+    assert launched == ["scored_gate_rows_kernel", "gather_logits_kernel", "finish_rows_kernel"]
+    for raw, hint, layout in (("0", 1, "sglang_fp8"), ("maybe", 1, "sglang_fp8"), ("1", None, "sglang_fp8"),
+                              ("1", 1, "sglang_mxfp4")):
+        launched.clear()
+        monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", raw)
+        w = wl if layout == "sglang_fp8" else decode_like(layout, device)
+        got = legacy_backend.legacy_indexer_topk(w.inputs(), rows_per_request=hint)
+        assert launched[-3:] == ["gate_rows_kernel", "gather_rows_kernel", "finish_rows_kernel"], (raw, hint, layout)
+        if layout == "sglang_fp8":
+            assert_bitwise(got, three, f"{raw} {hint}")
+
+
+def decode_like(layout, device):
+    return make_workload(layout, context_tokens=[5000, 4400], rows_per_request=[1, 1], topk=128, seed=2, device=device)
+
+
+def test_scored_gate_way():
+    """Only FP8 decode chunks the split select serves, with the switch on."""
+    import os
+
+    wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=64, seed=0,
+                       device="cpu")
+    inputs = wl.inputs()
+    old = os.environ.get("INDEXER_TOPK_SCORED_GATE")
+    try:
+        os.environ["INDEXER_TOPK_SCORED_GATE"] = "1"
+        assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
+        assert not legacy_backend.scored_gate_way(inputs, None, 2, 1024)
+        assert not legacy_backend.scored_gate_way(inputs, 1, 0, 1024)
+        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
+        assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
+        os.environ["INDEXER_TOPK_SCORED_GATE"] = "0"
+        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
+    finally:
+        if old is None:
+            os.environ.pop("INDEXER_TOPK_SCORED_GATE", None)
+        else:
+            os.environ["INDEXER_TOPK_SCORED_GATE"] = old
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the shipped tile, sample and block at DeepSeek-V4 decode widths
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", [512, 1024, 2048])
+def test_three_kernels_give_the_four_kernels_bits_gpu(topk, monkeypatch, device):
+    """A decode batch of eight requests up to 128K tokens with scattered pages."""
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    wl = decode_batch("sglang_fp8", 7, device, topk=topk)
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+    assert_contract(out, wl)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["increasing", "decreasing", "equal", "zero_plateau", "nan_rows"])
+@pytest.mark.parametrize("shape", [(1, 786432), (8, 786432), (64, 16384)], ids=["1x768K", "8x768K", "64x16K"])
+def test_three_kernels_on_adversarial_scores_gpu(pattern, shape, monkeypatch, device):
+    requests, tokens = shape
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    wl = make_workload("sglang_fp8", context_tokens=[tokens] * requests, rows_per_request=[1] * requests, topk=1024,
+                       seed=13, device=device, pattern=pattern)
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+
+
+@pytest.mark.gpu
+def test_mixed_batch_three_kernels_gpu(monkeypatch, device):
+    """64 requests of 4K to 768K tokens, the serving mix's mixed batch, through the operator
+    with the switch on against off."""
+    import indexer_topk as it
+
+    lens = [4096 + (786432 - 4096) * i // 63 for i in range(64)]
+    wl = make_workload("sglang_fp8", context_tokens=lens, rows_per_request=[1] * 64, topk=1024, seed=0, device=device)
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
+    four = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    three = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
+    assert_bitwise(three, four, "mixed batch")
