@@ -1,7 +1,7 @@
-"""The FP8 decode step in three kernels (``INDEXER_TOPK_SCORED_GATE``): the gate scored from the
-cache ahead of the score kernel, the score kernel gathering its own span (backends/legacy.py,
-``scored_split``), against the four-kernel step it replaces (``legacy_score`` then
-``split_select``).
+"""The FP8 decode step with the gate ahead of the score kernel (``INDEXER_TOPK_SCORED_GATE``): the
+gate's sample scored from the cache, the score kernel gathering its own span (backends/legacy.py,
+``scored_split``), against the step it replaces (``legacy_score`` then ``split_select``: the
+gate read from the key matrix, a gathering kernel of its own).
 
 The two must agree on every bit they leave: the outputs, the key matrix, and the split select's
 header of each row (gate, candidate count, histogram scale, how the row finished), since the
@@ -36,7 +36,7 @@ def small_split(monkeypatch, device):
 
 
 def both_ways(wl, row_start=0, rows=None):
-    """``(three kernels, four kernels)``: each ``(outputs, key matrix, scratch header)`` for rows
+    """``(the gate ahead, four kernels)``: each ``(outputs, key matrix, scratch header)`` for rows
     ``row_start .. row_start + rows`` of the decode batch ``wl``, outputs poisoned first."""
     inputs = wl.inputs()
     rows = wl.rows - row_start if rows is None else rows
@@ -69,7 +69,7 @@ def assert_same_step(wl, row_start=0, rows=None):
         a, b = head3[field].cpu(), head4[field].cpu()
         mask = long_rows if name in ("gate", "scale") else torch.ones_like(long_rows)
         assert torch.equal(a[mask], b[mask]), f"{name}: {a.tolist()} vs {b.tolist()}"
-    assert_bitwise(out3, out4, "three kernels vs four")
+    assert_bitwise(out3, out4, "the gate ahead vs four")
     return out3
 
 
@@ -77,7 +77,7 @@ DECODE_LENS = [5000, 4096, 1025, 1024, 129, 128, 127, 1, 0, 3000]
 
 
 @pytest.mark.parametrize("pattern", ALL_PATTERNS)
-def test_three_kernels_give_the_four_kernels_bits(pattern, small_split, device):
+def test_gate_ahead_gives_the_four_kernels_bits(pattern, small_split, device):
     """Ten one-row requests, lengths around the tile, topk, one and zero, on every score pattern
     (ties everywhere, zero plateaus, NaN rows, rising and falling scores): the same outputs, key
     matrix and header, and the fp64 reference's selection."""
@@ -90,7 +90,7 @@ def test_three_kernels_give_the_four_kernels_bits(pattern, small_split, device):
         assert_matches_reference(out, wl)
 
 
-def test_three_kernels_on_a_chunk_of_rows(small_split, device):
+def test_gate_ahead_on_a_chunk_of_rows(small_split, device):
     """Rows 2..4 of a batch (``row_start``): rows beside them keep their poison."""
     wl = make_workload("sglang_fp8", context_tokens=[8000, 20000, 6000, 300, 4200, 9000], rows_per_request=[1] * 6,
                        topk=128, seed=8, device=device)
@@ -101,7 +101,7 @@ def test_three_kernels_on_a_chunk_of_rows(small_split, device):
                        f"row {r}, outside the chunk")
 
 
-def test_three_kernels_read_no_page_outside_the_cache(small_split, device):
+def test_gate_ahead_reads_no_page_outside_the_cache(small_split, device):
     """Page ids outside the cache (the checks off) score as zeros in both ways, the same bits,
     and write nothing outside the outputs and the scratch."""
     wl = make_workload("sglang_fp8", context_tokens=[6000, 5200], rows_per_request=[1, 1], topk=128, seed=9,
@@ -115,9 +115,9 @@ def test_three_kernels_read_no_page_outside_the_cache(small_split, device):
     assert unwritten_slots(out) == []
 
 
-def test_legacy_decode_takes_three_kernels_when_asked(small_split, monkeypatch, device):
-    """``INDEXER_TOPK_SCORED_GATE`` on: an FP8 decode call launches the scored gate, the score
-    kernel that gathers, and the finish, with the four-kernel step's bits; off, unreadable, a
+def test_legacy_decode_takes_the_gate_ahead_when_asked(small_split, monkeypatch, device):
+    """``INDEXER_TOPK_SCORED_GATE`` on: an FP8 decode call launches the sample's scoring, the
+    gate, the score kernel that gathers, and the finish, with the four-kernel step's bits; off, unreadable, a
     prefill call (no ``rows_per_request=1``) and MXFP4 keys keep the four kernels."""
     launched = []
     real = legacy_backend.launch
@@ -129,17 +129,18 @@ def test_legacy_decode_takes_three_kernels_when_asked(small_split, monkeypatch, 
     monkeypatch.setattr(legacy_backend, "launch", spy)
     wl = decode_like("sglang_fp8", device)
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
-    three = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=1)
-    assert launched == ["scored_gate_rows_kernel", "gather_logits_kernel", "finish_rows_kernel"]
+    ahead = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=1)
+    assert launched == ["score_sample_kernel", "gate_rows_kernel", "gather_logits_kernel", "finish_rows_kernel"]
     for raw, hint, layout in (("0", 1, "sglang_fp8"), ("maybe", 1, "sglang_fp8"), ("1", None, "sglang_fp8"),
                               ("1", 1, "sglang_mxfp4")):
         launched.clear()
         monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", raw)
         w = wl if layout == "sglang_fp8" else decode_like(layout, device)
         got = legacy_backend.legacy_indexer_topk(w.inputs(), rows_per_request=hint)
-        assert launched[-3:] == ["gate_rows_kernel", "gather_rows_kernel", "finish_rows_kernel"], (raw, hint, layout)
+        assert launched == ["logits_kernel", "gate_rows_kernel", "gather_rows_kernel", "finish_rows_kernel"], (
+            raw, hint, layout)
         if layout == "sglang_fp8":
-            assert_bitwise(got, three, f"{raw} {hint}")
+            assert_bitwise(got, ahead, f"{raw} {hint}")
 
 
 def decode_like(layout, device):
@@ -176,7 +177,7 @@ def test_scored_gate_way():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_three_kernels_give_the_four_kernels_bits_gpu(topk, monkeypatch, device):
+def test_gate_ahead_gives_the_four_kernels_bits_gpu(topk, monkeypatch, device):
     """A decode batch of eight requests up to 128K tokens with scattered pages."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
     wl = decode_batch("sglang_fp8", 7, device, topk=topk)
@@ -188,7 +189,7 @@ def test_three_kernels_give_the_four_kernels_bits_gpu(topk, monkeypatch, device)
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["increasing", "decreasing", "equal", "zero_plateau", "nan_rows"])
 @pytest.mark.parametrize("shape", [(1, 786432), (8, 786432), (64, 16384)], ids=["1x768K", "8x768K", "64x16K"])
-def test_three_kernels_on_adversarial_scores_gpu(pattern, shape, monkeypatch, device):
+def test_gate_ahead_on_adversarial_scores_gpu(pattern, shape, monkeypatch, device):
     requests, tokens = shape
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
     wl = make_workload("sglang_fp8", context_tokens=[tokens] * requests, rows_per_request=[1] * requests, topk=1024,
@@ -198,7 +199,7 @@ def test_three_kernels_on_adversarial_scores_gpu(pattern, shape, monkeypatch, de
 
 
 @pytest.mark.gpu
-def test_mixed_batch_three_kernels_gpu(monkeypatch, device):
+def test_mixed_batch_gate_ahead_gpu(monkeypatch, device):
     """64 requests of 4K to 768K tokens, the serving mix's mixed batch, through the operator
     with the switch on against off."""
     import indexer_topk as it
@@ -208,5 +209,5 @@ def test_mixed_batch_three_kernels_gpu(monkeypatch, device):
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
     four = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
-    three = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
-    assert_bitwise(three, four, "mixed batch")
+    ahead = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
+    assert_bitwise(ahead, four, "mixed batch")

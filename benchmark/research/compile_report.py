@@ -37,7 +37,7 @@ from indexer_topk.contract import Layout  # noqa: E402
 from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
 from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config  # noqa: E402
 from indexer_topk.kernels.logits import gather_logits_kernel, logits_kernel  # noqa: E402
-from indexer_topk.kernels.scored_gate import scored_gate_rows_kernel  # noqa: E402
+from indexer_topk.kernels.scored_gate import score_sample_kernel  # noqa: E402
 from indexer_topk.kernels.select import MODE_KEYS, MODE_SEGMENTS, select_rows_kernel  # noqa: E402
 from indexer_topk.kernels.split_topk import finish_rows_kernel, gate_rows_kernel, gather_rows_kernel  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
@@ -150,12 +150,12 @@ def main(argv=None) -> int:
                 const = {k: v for k, v in const.items() if k != "R"}
                 const.update(split, BLOCK=L.SPLIT_BLOCK)
                 k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
-                             a.arch, cfg.num_warps, cfg.logits_stages)
+                             a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
                 print(f"{layout:13s} logits, gather  {_report(k)}")
-                const = dict(split, SAMPLE=L.SPLIT_SAMPLE, INTERPRET=False, STAGES=cfg.logits_stages)
-                k = _compile(scored_gate_rows_kernel, _signature(scored_gate_rows_kernel, tensors, constexprs=const),
-                             const, a.arch, cfg.num_warps, cfg.logits_stages)
-                print(f"{layout:13s} scored gate     {_report(k)}")
+                const = dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, INTERPRET=False, PDL=True)
+                k = _compile(score_sample_kernel, _signature(score_sample_kernel, tensors, constexprs=const),
+                             const, a.arch, cfg.num_warps, 1)
+                print(f"{layout:13s} scored sample   {_report(k)}")
         if layout == a.layouts[0]:  # the split select's kernels, at the shipped settings
             L = legacy_backend
             for fn, name, warps, const in (

@@ -38,7 +38,7 @@ from ..kernels.launch import (
 from ..kernels.logits import gather_logits_kernel, logits_kernel
 from ..kernels.row_topk import topk_rows_kernel
 from ..kernels.select import MODE_KEYS, select_rows_kernel
-from ..kernels.scored_gate import scored_gate_rows_kernel
+from ..kernels.scored_gate import score_sample_kernel
 from ..kernels.split_topk import (
     CAND_PER_TOPK, HEADER_FIELDS, PROF_FIELDS, finish_rows_kernel, gate_rows_kernel, gather_rows_kernel,
 )
@@ -110,6 +110,10 @@ SPLIT_FINISH_PARTS = 8
 # Spans spread over the fewest whole waves instead measured 10% faster at 64 x 768K and 4% slower
 # on 64 rows of 4K..768K (dfb760c): the width, not the rows' lengths, sets the waves.
 SCORE_SPAN = 8192
+# The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
+# registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
+# score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
+SCORE_GATHER_MAXNREG = 64
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
 
@@ -300,12 +304,13 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
                  pdl: bool = False) -> None:
     """:func:`legacy_score` then :func:`split_select` of rows ``row_start .. row_start + rows`` of
     a decode batch (one query row a request, FP8 keys; ``keys``: their ``[rows, width]`` key
-    matrix, written in full), in three kernels instead of four, with the same bits in
-    ``out``, in ``keys`` and in ``scratch`` (arguments as there): the gate scores its sample
-    from the cache (:func:`indexer_topk.kernels.scored_gate.scored_gate_rows_kernel`), so it
-    runs first, and the score kernel gathers the keys that reach it from its own span
+    matrix, written in full), with the same bits in ``out``, in ``keys`` and in ``scratch``
+    (arguments as there), the gate ahead of the score kernel: the gate's sample is scored from
+    the cache (:func:`indexer_topk.kernels.scored_gate.score_sample_kernel`), the gate taken from
+    it, and the score kernel gathers the keys of its own span that reach the gate
     (:func:`indexer_topk.kernels.logits.gather_logits_kernel`). ``pdl``: the score kernel scores
-    while the gate runs and waits for it only to gather; the finish follows the score kernel."""
+    while the sample and the gate are taken, and waits for them only to gather; the finish
+    follows the score kernel."""
     keys = keys.view(torch.int32)
     topk = inputs.topk
     parts = _split_scratch(keys, topk, scratch, prof)
@@ -317,17 +322,19 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
     cfg = tile_config(inputs.layout)
     n_rows = min(inputs.rows, row_start + rows)
     span = score_span(rows, width, device_sm_count(keys.device))
-    # the first kernel of the call: a plain launch, after the caller's work (PDL only lets the
-    # score kernel start early)
-    launch(scored_gate_rows_kernel, (rows,), ka.q, ka.w, ka.kc, ka.kf, ka.pages, ka.page_table,
-           ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, width, gates, counts, scales,
-           hist, cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, INTERPRET=ka.interpret,
-           STAGES=cfg.logits_stages, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages)
+    # the first kernel of the call: a plain launch, after the caller's work
+    launch(score_sample_kernel, (rows, triton.cdiv(SPLIT_SAMPLE, PAGE_SIZE)), ka.q, ka.w, ka.kc, ka.kf, ka.pages,
+           ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, width, cand,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl, num_warps=cfg.num_warps)
+    launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
+           TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True, num_warps=SPLIT_GATE_WARPS,
+           **pdl_options(pdl))
     launch(gather_logits_kernel, (rows, triton.cdiv(width, span)), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc,
            ka.pages, ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, keys,
            keys.stride(0), width, span, gates, counts, scales, hist, cand, LAYOUT=ka.layout, TMA=ka.tma,
            INTERPRET=ka.interpret, STAGES=cfg.logits_stages, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK,
-           BINS=SPLIT_BINS, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages, **pdl_options(pdl))
+           BINS=SPLIT_BINS, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
+           **launch_options(SCORE_GATHER_MAXNREG, ka.interpret), **pdl_options(pdl))
     _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, parts, prof, pdl)
 
 

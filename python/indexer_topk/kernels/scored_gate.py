@@ -24,7 +24,7 @@ from .common import e4m3_to_f32, ordered_key, release_dependents
 from .geometry import DIM, FP8_PAGE_BYTES, FP8_PAGE_WORDS, FP8_SCALE_WORD, PAGE
 from .row_topk import row_length
 from .score import FP8, load_queries, page_scores
-from .split_topk import _CAND_PER_TOPK, open_row
+from .split_topk import _CAND_PER_TOPK
 
 
 @triton.jit
@@ -47,34 +47,27 @@ def _sampled_keys(kc_ptr, kf_ptr, n_pages, pt_row, pos, qt, w, weight_scale, INT
 
 
 @triton.jit(do_not_specialize=["n_pages", "stride_pt", "n_rows", "row_start", "width"])
-def scored_gate_rows_kernel(
-    q_ptr, w_ptr, kc_ptr, kf_ptr, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start, weight_scale, width,
-    gates, counts, scales, hist, cand,
-    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr, INTERPRET: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+def score_sample_kernel(
+    q_ptr, w_ptr, kc_ptr, kf_ptr, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start, weight_scale, width, cand,
+    TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, INTERPRET: tl.constexpr, PDL: tl.constexpr = False,
 ):
-    """Program ``i``: what :func:`.split_topk.gate_rows_kernel` writes for row ``i`` of a key
-    matrix of ``width`` columns (the contract's row ``row_start + i``, one query row with pages
-    of its own, FP8 keys), its sample scored from the cache instead of read from the matrix:
-    a zero count, and for rows longer than ``TILE`` the gate, the histogram's scale and its
-    cleared bins. The sample's keys pass through the row's candidate buffer in ``cand``, which
-    the gathering fills only after this kernel. ``PDL``: the score kernel after it may start at
-    once (:func:`.common.release_dependents`)."""
+    """Program ``(i, t)``: keys ``64 t .. 64 t + 63`` of the sample of row ``i`` of a key matrix of
+    ``width`` columns (the contract's row ``row_start + i``, one query row with pages of its
+    own, FP8 keys; rows longer than ``TILE`` only), scored from the cache at the positions
+    :func:`.row_topk.row_sample` reads, stored at the start of the row's candidate region in
+    ``cand`` (which the gathering fills only after the gate has read them). A program a page
+    of the sample: one program of the whole sample would score it a page after another, several
+    times the score kernel's time. ``PDL``: the kernels after it may start at once
+    (:func:`.common.release_dependents`)."""
     release_dependents(PDL)
-    tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     tl.static_assert(SAMPLE <= _CAND_PER_TOPK * TOPK, "the sample passes through the row's candidate region")
-    tl.static_assert(SAMPLE % 64 == 0, "the sample is scored a page (64 keys) at a time")
     i = tl.program_id(0)
     row = row_start + i
     n = row_length(seq_lens, row, width)
-    tl.store(counts + i, 0)
     if n > TILE:
         qt, w = load_queries(q_ptr, q_ptr, w_ptr, row, n_rows, 1, FP8, INTERPRET)
-        pt_row = pt_ptr + row.to(tl.int64) * stride_pt
-        ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
-        for t in tl.range(0, SAMPLE, PAGE, num_stages=STAGES):
-            j = t + tl.arange(0, PAGE)
-            pos = ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32)  # row_sample's positions
-            tl.store(ck + j, _sampled_keys(kc_ptr, kf_ptr, n_pages, pt_row, pos, qt, w, weight_scale, INTERPRET))
-        tl.debug_barrier()  # the sample's keys are stored before the threads read each other's back
-        open_row(tl.load(ck + tl.arange(0, SAMPLE)), n, i, gates, scales, hist, TOPK, BINS)
+        j = tl.program_id(1) * PAGE + tl.arange(0, PAGE)
+        pos = ((j.to(tl.int64) * n) // SAMPLE).to(tl.int32)  # row_sample's positions
+        keys = _sampled_keys(kc_ptr, kf_ptr, n_pages, pt_ptr + row.to(tl.int64) * stride_pt, pos, qt, w, weight_scale,
+                             INTERPRET)
+        tl.store(cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK) + j, keys)

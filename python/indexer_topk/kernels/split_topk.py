@@ -50,7 +50,7 @@ the row by one program costs more than the row select.
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, key_to_score_bits, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
 from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
 from .select import composite, finalize_row, radix_digit, take_mask
 
@@ -112,17 +112,29 @@ def _bin_of(key, gate, scale, BINS: tl.constexpr):
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
     TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
+    SAMPLED: tl.constexpr = False,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
     (fp32 bits) and cleared bins (``BINS > 0``), and a zero count. ``PDL``: this kernel and the
-    next two are launched with programmatic dependent launch, each after the one before."""
+    next two are launched with programmatic dependent launch, each after the one before.
+
+    ``SAMPLED``: the row's sample is already scored, ``SAMPLE`` keys at the start of its
+    candidate region (``src`` is then the candidate regions, ``stride_src`` the key matrix's
+    width; :func:`.scored_gate.score_sample_kernel`), and the kernel lets the score kernel
+    after it start at once (``PDL``), which waits for it only to gather."""
+    if SAMPLED:
+        release_dependents(PDL)
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
     tl.store(counts + i, 0)
     if n > TILE:
-        open_row(row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE), n, i, gates, scales, hist, TOPK, BINS)
+        if SAMPLED:
+            key = tl.load(src + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK) + tl.arange(0, SAMPLE))
+        else:
+            key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
+        open_row(key, n, i, gates, scales, hist, TOPK, BINS)
 
 
 @triton.jit
