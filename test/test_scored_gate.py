@@ -31,7 +31,9 @@ GUARD = 4096  # int32 entries past the scratch that no launch may write
 
 @pytest.fixture
 def small_split(monkeypatch, device):
-    """The split select with a tile, sample and block small enough for the interpreter."""
+    """The split select with a tile, sample and block small enough for the interpreter, the gate
+    ahead at any width."""
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
     return force_way(monkeypatch, device, "split", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256)
 
 
@@ -147,9 +149,11 @@ def decode_like(layout, device):
     return make_workload(layout, context_tokens=[5000, 4400], rows_per_request=[1, 1], topk=128, seed=2, device=device)
 
 
-def test_scored_gate_way():
-    """Only FP8 decode chunks the split select serves, with the switch on."""
+def test_scored_gate_way(monkeypatch):
+    """Only FP8 decode chunks the split select serves, at least the width set, with the switch on."""
     import os
+
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
 
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=64, seed=0,
                        device="cpu")
@@ -161,6 +165,7 @@ def test_scored_gate_way():
         assert not legacy_backend.scored_gate_way(inputs, None, 2, 1024)
         assert not legacy_backend.scored_gate_way(inputs, 1, 0, 1024)
         assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
+        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # narrower than the width set
         assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
         os.environ["INDEXER_TOPK_SCORED_GATE"] = "0"
         assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
@@ -180,6 +185,7 @@ def test_scored_gate_way():
 def test_gate_ahead_gives_the_four_kernels_bits_gpu(topk, monkeypatch, device):
     """A decode batch of eight requests up to 128K tokens with scattered pages."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
     wl = decode_batch("sglang_fp8", 7, device, topk=topk)
     out = assert_same_step(wl)
     assert unwritten_slots(out) == []
@@ -192,6 +198,7 @@ def test_gate_ahead_gives_the_four_kernels_bits_gpu(topk, monkeypatch, device):
 def test_gate_ahead_on_adversarial_scores_gpu(pattern, shape, monkeypatch, device):
     requests, tokens = shape
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
     wl = make_workload("sglang_fp8", context_tokens=[tokens] * requests, rows_per_request=[1] * requests, topk=1024,
                        seed=13, device=device, pattern=pattern)
     out = assert_same_step(wl)

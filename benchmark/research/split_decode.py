@@ -2,7 +2,7 @@
 """The legacy path's decode step (one-row score tiles, the split select) under other settings:
 graph-replayed time, device time per kernel, and bits against the default settings.
 
-    PYTHONPATH=python python3 benchmark/research/split_decode.py [--shapes 1x128K,8x768K,...]
+    PYTHONPATH=python python3 benchmark/research/split_decode.py [--shapes 1x128K,8x768K,64x4K..768K,...]
         [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256;INDEXER_TOPK_PDL=0"]
         [--patterns random,increasing]
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import indexer_topk  # noqa: E402
 from indexer_topk import api  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
-from indexer_topk.bench.mix import graph_ms  # noqa: E402
+from indexer_topk.bench.mix import MixShape, graph_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
 
@@ -77,11 +77,15 @@ def _is_env(name: str) -> bool:
 def workloads(a, device):
     """``(pattern, shape label, rows per request, workload)`` for each pattern and shape."""
     for pattern in a.patterns.split(","):
-        for requests, tokens, per_request in (parse_shape(s) for s in a.shapes.split(",")):
-            w = make_workload(a.layout, context_tokens=[tokens] * requests, rows_per_request=[per_request] * requests,
+        for text in a.shapes.split(","):
+            spread = "4k.." in text.lower()  # "64x4K..768K": the serving mix's mixed batch
+            requests, tokens, per_request = parse_shape(text.lower().replace("4k..", ""))
+            lengths = MixShape("decode", a.layout, a.topk, requests, per_request, tokens, spread).context_lengths()
+            w = make_workload(a.layout, context_tokens=lengths, rows_per_request=[per_request] * requests,
                               topk=a.topk, seed=a.seed, device=device, pattern=pattern,
                               page_table_pad=a.page_table_pad)
-            shape = f"{requests}x{tokens // 1024}K" + (f"x{per_request}" if per_request > 1 else "")
+            shape = (f"{requests}x{'4K..' if spread else ''}{tokens // 1024}K"
+                     + (f"x{per_request}" if per_request > 1 else ""))
             yield pattern, shape, per_request, w
             w = None
             torch.cuda.empty_cache()  # the caller has let go of the workload and its tensors

@@ -114,6 +114,13 @@ SCORE_SPAN = 8192
 # registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
 # score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
 SCORE_GATHER_MAXNREG = 64
+# The gate ahead of the score kernel (scored_split) from this width of the key matrix (C4
+# positions) up, four kernels below: on an H200 it measured faster at 768K tokens (196,608
+# positions: 1 request 0.026 against 0.030 ms, 8 requests 0.083 against 0.088, 64 requests 0.548
+# against 0.558), slower at 128K (1 request 0.032 against 0.030, 8 requests 0.035 against 0.033),
+# where the sample's scoring and the gate (8 us) outlast the score kernel (6 us)
+# (benchmark/research/scored_gate_ab.sh, benchmark/results/NOTES.md).
+SCORED_GATE_MIN_WIDTH = 196608
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
 
@@ -289,9 +296,11 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
 
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
-    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys that the "split"
-    select serves, while ``INDEXER_TOPK_SCORED_GATE`` is on."""
-    if rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0:
+    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys at least
+    ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, while
+    ``INDEXER_TOPK_SCORED_GATE`` is on."""
+    if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
+            or width < SCORED_GATE_MIN_WIDTH):
         return False
     search = KTH_SEARCH
     if search == "auto":
