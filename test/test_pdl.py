@@ -75,6 +75,20 @@ tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf,
 c = dict(LAYOUT=ka.layout, R=1, TMA=True, INTERPRET=False, STAGES=1)
 show("logits_kernel:False", report._compile(logits_kernel, report._signature(logits_kernel, tensors, constexprs=c),
                                             c, 90, 4, 1).asm["ptx"])
+# the decode step with the gate ahead of the score kernel (backends/legacy.py, scored_split)
+from indexer_topk.kernels.logits import gather_logits_kernel
+from indexer_topk.kernels.scored_gate import score_sample_kernel
+c = dict(TOPK=64, TILE=1024, SAMPLE=256, INTERPRET=False, PDL=True)
+show("score_sample_kernel:True", report._compile(
+    score_sample_kernel, report._signature(score_sample_kernel, tensors, constexprs=c), c, 90, 4, 1).asm["ptx"])
+c = dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64, PDL=True, SAMPLED=True)
+show("gate_rows_kernel:sampled", report._compile(
+    gate_rows_kernel, report._signature(gate_rows_kernel, {}, constexprs=c), c, 90, 4, 1).asm["ptx"])
+c = dict(LAYOUT=ka.layout, TMA=True, INTERPRET=False, STAGES=1, TOPK=64, TILE=1024, BLOCK=256, BINS=64, PDL=True)
+ptx = report._compile(gather_logits_kernel, report._signature(gather_logits_kernel, tensors, constexprs=c), c, 90, 4,
+                      1).asm["ptx"]
+print("gather_logits_kernel:True", where(ptx, r"griddepcontrol\\.wait"), where(ptx, r"griddepcontrol\\.launch_dependents"),
+      where(ptx, r"\\b(atom|red)\\.global"))
 """
 
 
@@ -82,7 +96,8 @@ def test_pdl_kernels_wait_before_any_memory_access():
     """Compiled for sm_90 here (no device, no interpreter): with ``PDL`` the select kernels wait
     for the kernel before them ahead of their first load or store (a later access could read the
     key matrix or scratch before it is written); without it they hold no such instruction. No
-    kernel releases the next early (``griddepcontrol.launch_dependents``): measured, an early
+    kernel of the shipped step releases the next early (``griddepcontrol.launch_dependents``;
+    the gate ahead of the score kernel, checked here too, does by design): measured, an early
     release slowed decode steps of 8 to 64 requests by 6% (most likely the next kernel's programs,
     resident early, took SM room the score kernel's later programs needed), so each dependent
     starts as its producer exits."""
@@ -95,8 +110,20 @@ def test_pdl_kernels_wait_before_any_memory_access():
     for line in done.stdout.splitlines():
         name, wait, release, mem = line.split()
         at[name] = (int(wait), int(release), int(mem))
+    ahead = {"score_sample_kernel:True", "gate_rows_kernel:sampled", "gather_logits_kernel:True"}
     assert set(at) == {f"{n}:{pdl}" for n in ("gate_rows_kernel", "gather_rows_kernel", "topk_rows_kernel")
-                       for pdl in (False, True)} | {"logits_kernel:False"}
+                       for pdl in (False, True)} | {"logits_kernel:False"} | ahead
+    # The gate ahead of the score kernel (a decode step's three kernels before the finish) is
+    # the exception by design: the sample's scoring releases the gate and the score kernel at
+    # once (it waits for nothing: the first kernel of a call, a plain launch), the gate releases
+    # the score kernel before it waits for the sample, and the score kernel scores before it
+    # waits, and waits before its first atomic (the gathering's, on the count the gate clears).
+    wait, release, mem = at.pop("score_sample_kernel:True")
+    assert wait == -1 and 0 <= release < mem
+    wait, release, mem = at.pop("gate_rows_kernel:sampled")
+    assert 0 <= release < wait < mem
+    wait, release, atomic = at.pop("gather_logits_kernel:True")
+    assert release == -1 and 0 <= wait < atomic
     for name, (wait, release, mem) in at.items():
         assert release == -1, name
         assert mem >= 0, name
