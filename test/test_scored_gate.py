@@ -145,6 +145,31 @@ def test_legacy_decode_takes_the_gate_ahead_when_asked(small_split, monkeypatch,
             assert_bitwise(got, ahead, f"{raw} {hint}")
 
 
+def test_gate_ahead_replays(small_split, monkeypatch, device):
+    """Three decode calls of one signature on fresh tensors (the second and third replay the
+    first's recorded launches, the sample's scoring with no PDL attribute among them): each
+    the four-kernel step's bits."""
+    import indexer_topk as it
+    from indexer_topk import api
+
+    api._KNOWN.clear()
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    try:
+        for seed, pattern in ((1, "random"), (2, "equal"), (3, "increasing")):
+            wl = make_workload("sglang_fp8", context_tokens=[20000, 17600, 2400], rows_per_request=[1, 1, 1], topk=512,
+                               seed=seed, device=device, pattern=pattern)
+            out = poisoned_result(wl.rows, wl.topk, device)
+            it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, check_values=False,
+                            rows_per_request=1)
+            monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
+            assert_bitwise(out, legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=1), f"call {seed}")
+            monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+        replays = [c.replays.get("legacy") for c in api._KNOWN._calls.values() if "legacy" in c.replays]
+        assert len(replays) == 1 and replays[0] is not None, "one signature, replayed"
+    finally:
+        api._KNOWN.clear()
+
+
 def decode_like(layout, device):
     return make_workload(layout, context_tokens=[5000, 4400], rows_per_request=[1, 1], topk=128, seed=2, device=device)
 

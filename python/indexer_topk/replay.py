@@ -33,6 +33,7 @@ not see replayed launches; a launch recorded while a hook is set keeps Triton's 
 
 from __future__ import annotations
 
+import inspect
 import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -189,8 +190,9 @@ class Recorder:
             if name in kwargs:
                 params.append(kwargs[name])
             else:
-                default = kernel.signature.parameters[name].default
-                if default is kernel.signature.empty:
+                # the kernel's Python signature (an interpreted kernel has no .signature of its own)
+                default = inspect.signature(kernel.fn).parameters[name].default
+                if default is inspect.Parameter.empty:
                     return self.fail(f"{name} of {kernel} has no value")
                 params.append(default)
         options = {k: v for k, v in kwargs.items() if k not in names}

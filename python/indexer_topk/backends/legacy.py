@@ -286,8 +286,8 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     gates, counts, scales, hows, cand, hist = parts
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, num_warps=SPLIT_GATE_WARPS,
-           **pdl_options(pdl))
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
+           num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
