@@ -116,10 +116,9 @@ SCORE_SPAN = 8192
 SCORE_GATHER_MAXNREG = 64
 # The gate ahead of the score kernel (scored_split) from this width of the key matrix (C4
 # positions) up, four kernels below: on an H200 it measured faster at 768K tokens (196,608
-# positions: 1 request 0.026 against 0.030 ms, 8 requests 0.083 against 0.088, 64 requests 0.548
-# against 0.558), slower at 128K (1 request 0.032 against 0.030, 8 requests 0.035 against 0.033),
-# where the sample's scoring and the gate (8 us) outlast the score kernel (6 us)
-# (benchmark/research/scored_gate_ab.sh, benchmark/results/NOTES.md).
+# positions; 1, 8 and 64 requests) and slower at 128K (1 and 8 requests), where the sample's
+# scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh;
+# benchmark/results/NOTES.md, "The gate ahead of the score kernel").
 SCORED_GATE_MIN_WIDTH = 196608
 SCORE_MIN_SPAN = 512
 SCORE_PROGRAMS_PER_SM = 8
