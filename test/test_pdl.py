@@ -87,8 +87,8 @@ show("gate_rows_kernel:sampled", report._compile(
 c = dict(LAYOUT=ka.layout, TMA=True, INTERPRET=False, STAGES=1, TOPK=64, TILE=1024, BLOCK=256, BINS=64, PDL=True)
 ptx = report._compile(gather_logits_kernel, report._signature(gather_logits_kernel, tensors, constexprs=c), c, 90, 4,
                       1).asm["ptx"]
-print("gather_logits_kernel:True", where(ptx, r"griddepcontrol\\.wait"), where(ptx, r"griddepcontrol\\.launch_dependents"),
-      where(ptx, r"\\b(atom|red)\\.global"))
+print("gather_logits_kernel:True", where(ptx, r"griddepcontrol\\.wait"),
+      where(ptx, r"griddepcontrol\\.launch_dependents"), where(ptx, r"\\b(atom|red)\\.global"))
 """
 
 

@@ -145,6 +145,31 @@ def test_legacy_decode_takes_the_gate_ahead_when_asked(small_split, monkeypatch,
             assert_bitwise(got, ahead, f"{raw} {hint}")
 
 
+def test_gate_ahead_in_row_chunks(small_split, monkeypatch, device):
+    """A key-matrix budget of two rows: each chunk of a five-row decode batch takes the gate
+    ahead with its own ``row_start`` over the same storage, the four-kernel step's bits."""
+    wl = make_workload("sglang_fp8", context_tokens=[20000, 6000, 17000, 400, 19000], rows_per_request=[1] * 5,
+                       topk=128, seed=4, device=device)
+    width = legacy_backend.key_matrix_width(wl.page_table)
+    budget = 2 * width * 4
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    ahead = poisoned_result(wl.rows, wl.topk, device)
+    starts = []
+    real = legacy_backend.scored_split
+
+    def spy(inputs, keys, **kw):
+        starts.append((kw["row_start"], keys.shape[0]))
+        return real(inputs, keys, **kw)
+
+    monkeypatch.setattr(legacy_backend, "scored_split", spy)
+    legacy_backend.legacy_indexer_topk(wl.inputs(), out=ahead, budget_bytes=budget, rows_per_request=1)
+    assert starts == [(0, 2), (2, 2), (4, 1)]
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
+    four = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=1)
+    assert unwritten_slots(ahead) == []
+    assert_bitwise(ahead, four, "the gate ahead in chunks of two rows")
+
+
 def test_gate_ahead_replays(small_split, monkeypatch, device):
     """Three decode calls of one signature on fresh tensors (the second and third replay the
     first's recorded launches, the sample's scoring with no PDL attribute among them): each
