@@ -46,7 +46,9 @@ def both_ways(wl, row_start=0, rows=None):
     got = []
     for scored in (True, False):
         out = poisoned_result(wl.rows, wl.topk, wl.q.device)
-        keys = torch.full((rows, width), SENTINEL, dtype=torch.int32, device=wl.q.device)
+        # the matrix as the front of a larger storage (legacy_indexer_topk's chunks): a guard row
+        storage = torch.full((rows + 1, width), SENTINEL, dtype=torch.int32, device=wl.q.device)
+        keys = storage[:rows]
         need = legacy_backend.split_scratch_size(rows, wl.topk)
         scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=wl.q.device)
         if scored:
@@ -56,6 +58,7 @@ def both_ways(wl, row_start=0, rows=None):
             legacy_backend.split_select(keys, wl.seq_lens, wl.page_table, topk=wl.topk, out=out, row_start=row_start,
                                         scratch=scratch[:need])
         assert bool((scratch[need:] == SENTINEL).all()), "a write past the scratch"
+        assert bool((storage[rows:] == SENTINEL).all()), "a write past the key matrix"
         header = scratch[: HEADER_FIELDS * rows].view(HEADER_FIELDS, rows).clone()
         got.append((out, keys, header))
     return got
@@ -115,6 +118,105 @@ def test_gate_ahead_reads_no_page_outside_the_cache(small_split, device):
     wl = dataclasses.replace(wl, page_table=pt)
     out = assert_same_step(wl)
     assert unwritten_slots(out) == []
+
+
+def test_gate_ahead_on_garbage_lengths(small_split, device):
+    """Lengths the checks would refuse (negative, past the page table, int32's extremes, the
+    width exactly, one past the tile): the rows are read no further than the key matrix's width
+    in both ways, the same bits, and nothing is written outside the outputs, the matrix and the
+    scratch."""
+    wl = make_workload("sglang_fp8", context_tokens=[4 * 5000, 4 * 1100, 4 * 3000, 4 * 2000, 4 * 4000, 4 * 1025,
+                                                     4 * 700],
+                       rows_per_request=[1] * 7, topk=128, seed=11, device=device)
+    width = legacy_backend.key_matrix_width(wl.page_table)
+    lens = [-5, width + 100, 2**31 - 1, width, -(2**31), 1025, 700]
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor(lens, dtype=torch.int32, device=device))
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+
+
+def test_scored_split_refuses_what_its_kernels_cannot_serve(small_split, device):
+    """Rows past the batch (lengths, page-table rows and queries read unmasked, output rows
+    written), a matrix wider than the page table (sample positions past its rows) and MXFP4
+    keys (the sample is scored as FP8): refused before any launch."""
+    wl = decode_like("sglang_fp8", device)
+    width = legacy_backend.key_matrix_width(wl.page_table)
+    out = poisoned_result(wl.rows, wl.topk, device)
+    for rows, row_start, cols in ((3, 0, width), (2, 1, width), (1, -1, width), (2, 0, width + 64)):
+        keys = torch.zeros((rows, cols), dtype=torch.int32, device=device)
+        with pytest.raises(ValueError, match="scored_split"):
+            legacy_backend.scored_split(wl.inputs(), keys, out=out, row_start=row_start)
+    mx = decode_like("sglang_mxfp4", device)
+    keys = torch.zeros((2, legacy_backend.key_matrix_width(mx.page_table)), dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match="sglang_fp8"):
+        legacy_backend.scored_split(mx.inputs(), keys, out=out)
+    assert unwritten_slots(out) == ["values", "raw_indices", "physical_indices", "counts"]
+
+
+_GATHER_PTX = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+from indexer_topk.backends.legacy import SCORE_GATHER_MAXNREG
+from indexer_topk.kernels.launch import pack_args, tile_config
+from indexer_topk.kernels.logits import gather_logits_kernel
+from indexer_topk.workload import make_workload
+w = make_workload("sglang_fp8", context_tokens=[2000], rows_per_request=[1], topk=32, seed=0, device="cpu")
+ka = pack_args(w.inputs(), launch=False)
+cfg = tile_config(w.inputs().layout)
+tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
+c = dict(LAYOUT=ka.layout, TMA=True, INTERPRET=False, STAGES=cfg.logits_stages, TOPK=64, TILE=1024, BLOCK=256,
+         BINS=64, PDL=True)
+sig = report._signature(gather_logits_kernel, tensors, constexprs=c)
+print(report._compile(gather_logits_kernel, sig, c, 90, cfg.num_warps, cfg.logits_stages,
+                      SCORE_GATHER_MAXNREG).asm["ptx"])
+"""
+
+
+def test_gathering_score_kernel_touches_the_gates_scratch_only_after_waiting():
+    """Compiled for sm_90 here (no device, no interpreter), ``PDL``: the score kernel that
+    gathers starts while the gate is taken, so every global access of its gathering (the gate,
+    scale, count, bins and candidates the gate kernel clears or writes, and the keys read back)
+    must follow its ``griddepcontrol.wait``, and the keys read back must follow a CTA barrier
+    after the last store of the scoring. (test_pdl checks the wait against the first atomic only:
+    a load of the gate hoisted above the wait would pass it.)"""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo / "python")
+    report = repo / "benchmark" / "research" / "compile_report.py"
+    done = subprocess.run([sys.executable, "-c", _GATHER_PTX, str(report)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = {int(n): Path(name).name for n, name in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', done.stdout, re.M)}
+    mem = re.compile(r"\b(ld|st|atom|red|cp\.async)\.(?:[\w:]+\.)*?global|\bcp\.async\S*\.global")
+    accesses, wait, barriers = [], [], []  # (line, op, source file of the innermost location)
+    where = None
+    for n, line in enumerate(done.stdout.splitlines()):
+        loc = re.match(r"\s*\.loc\s+(\d+)\s", line)
+        if loc:
+            where = files.get(int(loc.group(1)))
+        elif "griddepcontrol.wait" in line:
+            wait.append(n)
+        elif re.match(r"\s*bar\.sync\b", line):
+            barriers.append(n)
+        else:
+            m = mem.search(line)
+            if m and not line.lstrip().startswith("//"):
+                accesses.append((n, m.group(0), where))
+    assert len(wait) == 1, wait
+    gather = [(n, op) for n, op, f in accesses if f == "split_topk.py"]
+    assert gather and all(n > wait[0] for n, _ in gather), (wait, gather[:5])
+    assert any(op.startswith("atom") for _, op in gather), "the gathering's count"
+    score_stores = [n for n, op, f in accesses if op.startswith("st") and f in ("logits.py", "score.py")]
+    assert score_stores and max(score_stores) < wait[0], "the scoring stores its keys before it waits"
+    assert any(max(score_stores) < b < min(n for n, _ in gather) for b in barriers), "a barrier before the read-back"
 
 
 def test_legacy_decode_takes_the_gate_ahead_when_asked(small_split, monkeypatch, device):

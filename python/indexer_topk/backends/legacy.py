@@ -321,16 +321,27 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
     follows the score kernel."""
     keys = keys.view(torch.int32)
     topk = inputs.topk
-    parts = _split_scratch(keys, topk, scratch, prof)
     rows, width = keys.shape
     if rows == 0 or width == 0:
         raise ValueError("scored_split: expected at least one row and one column (legacy_indexer_topk's chunks)")
+    # the kernels read each row's length, page-table row and query unmasked, score the sample as
+    # FP8 and at positions below the width, and the finish writes output rows row_start + i
+    if inputs.layout is not Layout.SGLANG_FP8:
+        raise ValueError(f"scored_split: expected sglang_fp8 keys, got {inputs.layout}")
+    if row_start < 0 or row_start + rows > inputs.rows:
+        raise ValueError(f"scored_split: rows {row_start}..{row_start + rows} outside the batch's {inputs.rows}")
+    if width != key_matrix_width(inputs.page_table):
+        raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "
+                         f"{key_matrix_width(inputs.page_table)} positions")
+    parts = _split_scratch(keys, topk, scratch, prof)
     gates, counts, scales, hows, cand, hist = parts
     ka = pack_args(inputs)
     cfg = tile_config(inputs.layout)
-    n_rows = min(inputs.rows, row_start + rows)
+    n_rows = row_start + rows
     span = score_span(rows, width, device_sm_count(keys.device))
-    # the first kernel of the call: a plain launch, after the caller's work
+    # the first kernel of the call: a plain launch, after the caller's work and the previous
+    # chunk's or call's finish; the score kernel's stores before its wait rely on it (they may
+    # land while the sample is scored, never while a finish still reads the matrix)
     launch(score_sample_kernel, (rows, triton.cdiv(SPLIT_SAMPLE, PAGE_SIZE)), ka.q, ka.w, ka.kc, ka.kf, ka.pages,
            ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, width, cand,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl, num_warps=cfg.num_warps)

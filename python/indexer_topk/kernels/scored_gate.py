@@ -61,6 +61,7 @@ def score_sample_kernel(
     (:func:`.common.release_dependents`)."""
     release_dependents(PDL)
     tl.static_assert(SAMPLE <= _CAND_PER_TOPK * TOPK, "the sample passes through the row's candidate region")
+    tl.static_assert(SAMPLE % 64 == 0, "a program scores a page (64 keys) of the sample, positions below n")
     i = tl.program_id(0)
     row = row_start + i
     n = row_length(seq_lens, row, width)
