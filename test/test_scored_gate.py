@@ -303,29 +303,19 @@ def decode_like(layout, device):
 
 def test_scored_gate_way(monkeypatch):
     """Only FP8 decode chunks the split select serves, at least the width set, with the switch on."""
-    import os
-
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
-
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=64, seed=0,
                        device="cpu")
     inputs = wl.inputs()
-    old = os.environ.get("INDEXER_TOPK_SCORED_GATE")
-    try:
-        os.environ["INDEXER_TOPK_SCORED_GATE"] = "1"
-        assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
-        assert not legacy_backend.scored_gate_way(inputs, None, 2, 1024)
-        assert not legacy_backend.scored_gate_way(inputs, 1, 0, 1024)
-        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
-        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # narrower than the width set
-        assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
-        os.environ["INDEXER_TOPK_SCORED_GATE"] = "0"
-        assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
-    finally:
-        if old is None:
-            os.environ.pop("INDEXER_TOPK_SCORED_GATE", None)
-        else:
-            os.environ["INDEXER_TOPK_SCORED_GATE"] = old
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
+    assert not legacy_backend.scored_gate_way(inputs, None, 2, 1024)
+    assert not legacy_backend.scored_gate_way(inputs, 1, 0, 1024)
+    assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
+    assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # narrower than the width set
+    assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
+    assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
 
 
 # ---------------------------------------------------------------------------------------------

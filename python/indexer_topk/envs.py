@@ -260,11 +260,12 @@ class Envs:
     # hides the gap between them. Read at each legacy call; off (or unreadable) launches them
     # one after another as plain stream order does.
     INDEXER_TOPK_PDL = EnvBool(True, invalid=False, invalid_means="kernels launch one after another")
-    # A decode step of FP8 keys through the split select in three kernels instead of four: the
-    # gate scores its sample from the cache ahead of the score kernel, which gathers the keys
-    # that reach it (backends/legacy.py, scored_split; the same bits). Read at each legacy call;
-    # off (or unreadable) keeps the four kernels.
-    INDEXER_TOPK_SCORED_GATE = EnvBool(False, invalid=False, invalid_means="decode keeps four kernels")
+    # An FP8 decode step of at least SCORED_GATE_MIN_WIDTH positions through the split select
+    # takes its gate ahead of the score kernel: the gate's sample scored from the cache, the score
+    # kernel gathering the keys that reach it (backends/legacy.py, scored_split; the same bits).
+    # Read at each such legacy call; off (or unreadable) keeps the gate after the score kernel.
+    INDEXER_TOPK_SCORED_GATE = EnvBool(False, invalid=False,
+                                       invalid_means="decode keeps the gate after the score kernel")
 
     # ============================================================
     # Legacy path

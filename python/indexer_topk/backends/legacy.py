@@ -29,8 +29,8 @@ from typing import Optional
 import torch
 import triton
 
-from ..envs import envs
 from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..envs import envs
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels,
     pack_args, pdl_launch, pdl_options, tile_config,
@@ -110,18 +110,18 @@ SPLIT_FINISH_PARTS = 8
 # Spans spread over the fewest whole waves instead measured 10% faster at 64 x 768K and 4% slower
 # on 64 rows of 4K..768K (dfb760c): the width, not the rows' lengths, sets the waves.
 SCORE_SPAN = 8192
+SCORE_MIN_SPAN = 512
+SCORE_PROGRAMS_PER_SM = 8
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
 # registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
 # score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
 SCORE_GATHER_MAXNREG = 64
 # The gate ahead of the score kernel (scored_split) from this width of the key matrix (C4
-# positions) up, four kernels below: on an H200 it measured faster at 768K tokens (196,608
+# positions) up, after it below: on an H200 it measured faster at 768K tokens (196,608
 # positions; 1, 8 and 64 requests) and slower at 128K (1 and 8 requests), where the sample's
 # scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh;
 # benchmark/results/NOTES.md, "The gate ahead of the score kernel").
 SCORED_GATE_MIN_WIDTH = 196608
-SCORE_MIN_SPAN = 512
-SCORE_PROGRAMS_PER_SM = 8
 
 
 def score_span(groups: int, width: int, sm_count: int) -> int:
@@ -146,27 +146,43 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     the same either way.
     """
     ka = pack_args(inputs)
-    rows = inputs.rows
     if row_count is None:
-        row_count = rows - row_start
+        row_count = inputs.rows - row_start
     width = key_matrix_width(ka.page_table)
     if keys is None:
         keys = torch.empty((row_count, width), dtype=torch.int32, device=ka.kc.device)
     keys = keys.view(torch.int32)
     if row_count == 0 or width == 0:
         return keys
+    group = 1 if rows_per_request == 1 else tile_config(inputs.layout).rows
+    _launch_score(inputs, ka, keys, row_start, row_count, group)
+    return keys
+
+
+def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: int, group: int, gather=None,
+                  pdl: bool = False) -> None:
+    """The score kernel over rows ``row_start .. row_start + row_count`` into ``keys`` (``[row_count,
+    width]`` int32, ``width > 0``), ``group`` rows a tile; ``ka``: :func:`pack_args` of ``inputs``.
+    ``gather``: the split select's buffers (:func:`_split_scratch`, one row a tile): the kernel that
+    also gathers each span's keys reaching the gate, waiting for the gate only then with ``pdl``
+    (:func:`scored_split`)."""
     cfg = tile_config(inputs.layout)
-    group = 1 if rows_per_request == 1 else cfg.rows
+    width = keys.shape[1]
     groups = triton.cdiv(row_count, group)
     span = score_span(groups, width, device_sm_count(keys.device))
     grid = (groups, triton.cdiv(width, span))
-    launch(
-        logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
-        ka.seq_lens, min(rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0), 0,
-        width, span, LAYOUT=ka.layout, R=group, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages,
-        num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
-    )
-    return keys
+    args = (ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
+            ka.seq_lens, min(inputs.rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0))
+    tile = dict(LAYOUT=ka.layout, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages, num_warps=cfg.num_warps,
+                num_stages=cfg.logits_stages)
+    if gather is None:
+        launch(logits_kernel, grid, *args, 0, width, span, R=group, **tile)
+        return
+    gates, counts, scales, _hows, cand, hist = gather
+    assert group == 1, "the score kernel gathers in one-row tiles"
+    launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
+           TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, **tile,
+           **launch_options(SCORE_GATHER_MAXNREG, ka.interpret), **pdl_options(pdl))
 
 
 def kth_keys(keys: torch.Tensor, topk: int):
@@ -194,6 +210,11 @@ def select_way(rows: int, width: int, sm_count: int) -> str:
     return "rows"
 
 
+def _select_mode(rows: int, width: int, device) -> str:
+    """The way :func:`legacy_select` takes: ``KTH_SEARCH``, or :func:`select_way`'s under ``"auto"``."""
+    return select_way(rows, width, device_sm_count(device)) if KTH_SEARCH == "auto" else KTH_SEARCH
+
+
 @launches_kernels
 def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
@@ -203,9 +224,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     the stream finishes, and waits for all of it on the GPU before reading anything."""
     keys = keys.view(torch.int32)
     row_count = keys.shape[0]
-    search = KTH_SEARCH
-    if search == "auto":
-        search = select_way(row_count, keys.shape[1], device_sm_count(keys.device))
+    search = _select_mode(row_count, keys.shape[1], keys.device)
     if search == "split":  # it checks the matrix and the device itself
         split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start, pdl=pdl)
         return
@@ -277,12 +296,12 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     (:func:`indexer_topk.kernels.split_topk.finish_rows_kernel`). ``pdl``: its three kernels are
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
     keys = keys.view(torch.int32)
-    parts = _split_scratch(keys, topk, scratch, prof)
+    bufs = _split_scratch(keys, topk, scratch, prof)
     rows, width = keys.shape
     if rows == 0:
         return
     check_runnable(keys.device)
-    gates, counts, scales, hows, cand, hist = parts
+    gates, counts, scales, _hows, cand, hist = bufs
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
@@ -290,7 +309,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
-    _split_finish(keys, seq_lens, page_table, topk, out, row_start, parts, prof, pdl)
+    _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl)
 
 
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
@@ -301,10 +320,7 @@ def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows
     if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
             or width < SCORED_GATE_MIN_WIDTH):
         return False
-    search = KTH_SEARCH
-    if search == "auto":
-        search = select_way(rows, width, device_sm_count(inputs.device))
-    return search == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
+    return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
 
 
 @launches_kernels
@@ -333,28 +349,21 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
     if width != key_matrix_width(inputs.page_table):
         raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "
                          f"{key_matrix_width(inputs.page_table)} positions")
-    parts = _split_scratch(keys, topk, scratch, prof)
-    gates, counts, scales, hows, cand, hist = parts
+    bufs = _split_scratch(keys, topk, scratch, prof)
+    gates, counts, scales, _hows, cand, hist = bufs
     ka = pack_args(inputs)
-    cfg = tile_config(inputs.layout)
-    n_rows = row_start + rows
-    span = score_span(rows, width, device_sm_count(keys.device))
     # the first kernel of the call: a plain launch, after the caller's work and the previous
     # chunk's or call's finish; the score kernel's stores before its wait rely on it (they may
     # land while the sample is scored, never while a finish still reads the matrix)
     launch(score_sample_kernel, (rows, triton.cdiv(SPLIT_SAMPLE, PAGE_SIZE)), ka.q, ka.w, ka.kc, ka.kf, ka.pages,
-           ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, width, cand,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl, num_warps=cfg.num_warps)
+           ka.page_table, ka.page_table.stride(0), ka.seq_lens, row_start + rows, row_start, inputs.weight_scale, width,
+           cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl,
+           num_warps=tile_config(inputs.layout).num_warps)
     launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
            TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True, num_warps=SPLIT_GATE_WARPS,
            **pdl_options(pdl))
-    launch(gather_logits_kernel, (rows, triton.cdiv(width, span)), ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc,
-           ka.pages, ka.page_table, ka.page_table.stride(0), ka.seq_lens, n_rows, row_start, inputs.weight_scale, keys,
-           keys.stride(0), width, span, gates, counts, scales, hist, cand, LAYOUT=ka.layout, TMA=ka.tma,
-           INTERPRET=ka.interpret, STAGES=cfg.logits_stages, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK,
-           BINS=SPLIT_BINS, PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.logits_stages,
-           **launch_options(SCORE_GATHER_MAXNREG, ka.interpret), **pdl_options(pdl))
-    _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, parts, prof, pdl)
+    _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
+    _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl)
 
 
 def _split_scratch(keys, topk, scratch, prof):
@@ -381,15 +390,16 @@ def _split_scratch(keys, topk, scratch, prof):
     return gates, counts, scales, hows, cand, hist
 
 
-def _split_finish(keys, seq_lens, page_table, topk, out, row_start, parts, prof, pdl):
-    """The split select's finishing kernel over ``keys``' rows (see :func:`split_select`)."""
-    gates, counts, scales, hows, cand, hist = parts
+def _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl):
+    """The split select's finishing kernel over ``keys``' rows (see :func:`split_select`; ``bufs``:
+    :func:`_split_scratch`'s)."""
+    gates, counts, scales, hows, cand, hist = bufs
     rows, width = keys.shape
-    nparts = split_finish_parts(rows, topk, device_sm_count(keys.device))
-    launch(finish_rows_kernel, (rows, nparts), keys, width, seq_lens, page_table, page_table.stride(0),
+    parts = split_finish_parts(rows, topk, device_sm_count(keys.device))
+    launch(finish_rows_kernel, (rows, parts), keys, width, seq_lens, page_table, page_table.stride(0),
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
-           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=nparts, PROF=prof is not None, PDL=pdl,
+           SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
            num_warps=SPLIT_WARPS, **pdl_options(pdl))
 
 
