@@ -109,7 +109,7 @@ def test_an_overlapping_call_leaves_the_signatures_record(monkeypatch):
     indexer_topk.indexer_topk(*w.args(), **w.kwargs(), backend="fused", out=poisoned(w))
     (first,) = replays_of("fused")
     assert first is not None
-    monkeypatch.setattr(api, "disjoint", lambda ptrs, lengths: False)
+    monkeypatch.setattr(api, "disjoint", lambda ptrs, lengths, sized=None: False)
     w2 = batch(seed=2)
     out = indexer_topk.indexer_topk(*w2.args(), **w2.kwargs(), backend="fused", out=poisoned(w2))
     assert_bitwise(out, full_path(w2, "fused"), "overlapping call")
@@ -211,6 +211,11 @@ def test_disjoint():
     assert disjoint([0, 10, None], [10, 5, 0])
     assert not disjoint([0, 9], [10, 5])
     assert disjoint([0, 0], [10, 0])  # an empty tensor shares no byte
+    # spans out of address order: one inside another, two that touch, two that share a byte
+    assert not disjoint([100, 0, 120], [10, 200, 5])
+    assert not disjoint([100, 0, 120], [10, 200, 5], sized=(0, 1, 2))
+    assert disjoint([20, 0, 10], [5, 10, 10], sized=(0, 1, 2))
+    assert not disjoint([20, 0, 10], [5, 11, 10], sized=(0, 1, 2))
 
 
 def test_recorder_marks_host_work_and_stray_arguments():

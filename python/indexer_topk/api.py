@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .backends import require_runnable
-from .calls import KnownCall, KnownCalls, disjoint, raw_stream, signature
+from .calls import KnownCall, KnownCalls, current_device_index, disjoint, raw_stream, signature
 from .contract import (
     PAGE_SIZE, IndexerInputs, IndexerTopKResult, _allocate_result, _check_values, allocate_result, validate_inputs,
 )
@@ -207,13 +207,13 @@ def indexer_topk(
     outs = tuple(out) if isinstance(out, tuple) and len(out) == 4 else (None,) * 4
     # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
     negative_zero = isinstance(weight_scale, float) and weight_scale == 0.0 and math.copysign(1.0, weight_scale) < 0
+    device_index = current_device_index()
     scalars = (type(topk), topk, type(layout), layout, type(weight_scale), weight_scale, negative_zero, backend,
-               type(check_values), check_values, rows_per_request, out is None,
-               torch.cuda.current_device() if torch.cuda.is_initialized() else -1)
+               type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
     key, ptrs = signature(tensors, scalars)
     known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None
-    if known is None or not disjoint(ptrs, known.lengths):
+    if known is None or not disjoint(ptrs, known.lengths, known.sized):
         # a call whose tensors overlap takes the full path and leaves the signature's record
         # alone: its launches, recorded, would name one buffer for two arguments
         return _first_call(key if known is None else None, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
@@ -231,10 +231,10 @@ def indexer_topk(
     replay = known.replays.get(name, _UNSEEN)
     if replay is not None and replay is not _UNSEEN and replay.matches_env():
         if fresh_out is None:  # the caller's outputs, whose addresses the signature read
-            replay.run(tensors, ptrs, raw_stream(known.device))
+            replay.run(tensors, ptrs, raw_stream(known.device, device_index))
         else:
             replay.run((*tensors[:7], *out, workspace), (*ptrs[:7], *(t.data_ptr() for t in out), ptrs[11]),
-                       raw_stream(known.device))
+                       raw_stream(known.device, device_index))
         return out
     return _run(known, name, known.inputs(tensors, topk), out, workspace, rows_per_request)
 

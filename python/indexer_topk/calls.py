@@ -40,7 +40,7 @@ _TENSOR = torch.Tensor
 class KnownCall:
     """What full validation established for one call signature (see the module docstring)."""
 
-    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "replays", "routes")
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "sized", "replays", "routes")
 
     def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int]):
         self.layout = layout
@@ -49,6 +49,7 @@ class KnownCall:
         self.c4_len = c4_len
         self.device = device
         self.lengths = tuple(lengths)  # bytes of each tensor of the signature, for :func:`disjoint`
+        self.sized = tuple(i for i, n in enumerate(self.lengths) if n)  # the tensors that hold a byte
         # backend name -> Replay, or None when its calls cannot be replayed
         self.replays: Dict[str, object] = {}
         # capturing or not -> (the policy asked, the backend ``auto`` stood for): the policy is
@@ -88,17 +89,22 @@ def signature(tensors: Sequence, scalars: tuple) -> Tuple[Optional[tuple], List[
     return tuple(parts), ptrs
 
 
-def disjoint(ptrs: Sequence[Optional[int]], lens: Sequence[int]) -> bool:
-    """Whether no two of the tensors share a byte (empty tensors share none).
+def disjoint(ptrs: Sequence[Optional[int]], lens: Sequence[int], sized: Optional[Sequence[int]] = None) -> bool:
+    """Whether no two of the tensors (addresses ``ptrs``, ``None`` for no tensor; ``lens`` bytes)
+    share a byte (empty tensors share none). ``sized``: the indices of the tensors with bytes,
+    where the caller knows them (:attr:`KnownCall.sized`).
 
     Validation allows inputs to overlap one another; such calls simply take the full path.
     """
-    spans = sorted((p, p + n) for p, n in zip(ptrs, lens) if p is not None and n)
+    if sized is None:
+        sized = [i for i, (p, n) in enumerate(zip(ptrs, lens)) if p is not None and n]
     end = -1
-    for start, stop in spans:
+    # by start address, each must start at or past the end of the one before
+    for i in sorted(sized, key=ptrs.__getitem__):
+        start = ptrs[i]
         if start < end:
             return False
-        end = stop
+        end = start + lens[i]
     return True
 
 
@@ -134,9 +140,18 @@ class KnownCalls:
         return len(self._calls)
 
 
-def raw_stream(device: torch.device) -> int:
-    """The current CUDA (or HIP) stream of the current device, as the launcher takes it."""
-    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device()) if device.type == "cuda" else 0
+def current_device_index() -> int:
+    """``torch.cuda.current_device()``, or ``-1`` before CUDA (or HIP) is initialised: read on
+    every call, without the lazy-initialisation check of the public function."""
+    return torch._C._cuda_getDevice() if torch.cuda.is_initialized() else -1
 
 
-__all__ = ["KnownCall", "KnownCalls", "MAX_KNOWN", "disjoint", "raw_stream", "signature"]
+def raw_stream(device: torch.device, index: Optional[int] = None) -> int:
+    """The current CUDA (or HIP) stream of the current device (``index``, where the caller read
+    it), as the launcher takes it; 0 for a device of another type."""
+    if device.type != "cuda":
+        return 0
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
+
+
+__all__ = ["KnownCall", "KnownCalls", "MAX_KNOWN", "current_device_index", "disjoint", "raw_stream", "signature"]

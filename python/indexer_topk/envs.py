@@ -27,6 +27,7 @@ import os
 from contextlib import contextmanager
 from typing import Any, Callable, Generic, Iterator, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
+from .environ import Var
 from .replay import note_env
 
 logger = logging.getLogger("indexer_topk.envs")
@@ -52,9 +53,11 @@ class EnvField(Generic[T]):
         self.invalid = invalid
         self.invalid_means = invalid_means
         self.name: str = ""
+        self._var: Optional[Var] = None
 
     def __set_name__(self, owner, name: str) -> None:
         self.name = name
+        self._var = Var(name)  # os.environ's value of it at a dict lookup's cost: read on every call
 
     def __get__(self, obj, owner=None) -> "EnvField[T]":
         return self
@@ -87,10 +90,11 @@ class EnvField(Generic[T]):
         variable and its value and gives the field's fail-safe value if it declares one, else
         the default. A field with a fail-safe value reads a set but empty value as invalid.
         """
-        env = os.environ if environ is None else environ
-        raw = env.get(self.name)
         if environ is None:
+            raw = self._var.get() if self._var is not None else os.environ.get(self.name)
             note_env(self.name, raw)  # a recorded backend call is replayed only while this value holds
+        else:
+            raw = environ.get(self.name)
         if self._unset(raw):
             return self.default_value()
         try:

@@ -34,7 +34,6 @@ not see replayed launches; a launch recorded while a hook is set keeps Triton's 
 from __future__ import annotations
 
 import inspect
-import os
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -42,6 +41,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from .contract import storage_span
+from .environ import Snapshot
 
 # The interpreter patches triton.language's module state for the length of a launch, so two
 # interpreted launches at once (threads) break each other: every interpreted launch holds this.
@@ -304,15 +304,16 @@ def _view_at(root: torch.Tensor, offset: int, dtype, shape, stride) -> torch.Ten
 class Replay:
     """The recorded launches of one call signature (see the module docstring).
 
-    ``env``: the environment values the recorded call read; :meth:`matches_env` says whether
-    they still hold.
+    ``env``: the environment values the recorded call read (``(name, value or None)`` pairs);
+    :meth:`matches_env` says whether they still hold.
     """
 
-    __slots__ = ("steps", "env", "compiled", "scratch_bytes", "device")
+    __slots__ = ("steps", "env", "_env", "compiled", "scratch_bytes", "device")
 
     def __init__(self, steps, env, scratch_bytes: int = 0):
         self.steps = steps
-        self.env = env
+        self._env = Snapshot(env)
+        self.env = self._env.items
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
         # the call's scratch tensors, made as one allocation at the start of a replay (one
         # allocator call instead of one per tensor), at the offsets the recorder laid out
@@ -320,11 +321,7 @@ class Replay:
         self.device = next((s.device for s in steps if isinstance(s, _Alloc)), None)
 
     def matches_env(self) -> bool:
-        environ = os.environ
-        for name, raw in self.env:
-            if environ.get(name) != raw:
-                return False
-        return True
+        return self._env.holds()
 
     def run(self, roots: Sequence[Optional[torch.Tensor]], ptrs: List[Optional[int]], stream: int) -> None:
         """Launch the recorded kernels over ``roots`` (the call's tensors in the recorded order,
