@@ -77,9 +77,11 @@ def sg(sglang_paths):
 
 
 class Calls(list):
-    """The plugin's calls of our operator; ``hints`` their ``rows_per_request``."""
+    """The plugin's calls of our operator; ``hints`` their ``rows_per_request``, ``workspaces``
+    the workspace each passed."""
 
     hints: list
+    workspaces: list
 
 
 @pytest.fixture
@@ -88,12 +90,13 @@ def served(monkeypatch):
     ``backend`` as the policy named it. The exact ``"reference"`` backend computes each one:
     the policy routes as on the GPU of its probe, where our kernels or AITER would run."""
     calls = Calls()
-    calls.hints = []
+    calls.hints, calls.workspaces = [], []
     real = api.indexer_topk
 
     def serve(*args, **kwargs):
         calls.append((kwargs["backend"], args[0].shape[0], kwargs["topk"], kwargs["layout"]))
         calls.hints.append(kwargs.get("rows_per_request"))
+        calls.workspaces.append(kwargs.get("workspace"))
         return real(*args, **{**kwargs, "backend": "reference"})
 
     monkeypatch.setattr(api, "indexer_topk", serve)
@@ -299,6 +302,39 @@ def test_prefill_matches_sglang_without_logits(sg, load, served, layout, raw):
     quant = "aiter.rope_rotate_activation" if layout == "aiter_mxfp4" else (
         "jit.q_indexer_fp4_quant" if layout == "sglang_mxfp4" else "jit.q_indexer_fp8_quant")
     assert fused_calls[quant] == 1
+
+
+def test_our_calls_take_the_plugins_workspace(sg, load, served):
+    """Calls our Triton backends serve get the plugin's own workspace (no scratch of their own),
+    one buffer for every call its rows fit, a larger one for a larger batch; the captured call
+    too. AITER's calls keep SGLang's."""
+    load(H200_DECODE)
+    small = _scene(sg, layout="sglang_mxfp4", extend=(3, 2), contexts=(900, 700), seed=31)
+    small.forward()
+    small.forward()
+    layout, rows = "sglang_mxfp4", small.rows
+    first = served.workspaces[0]
+    assert first is not None and served.workspaces[1] is first
+    assert first.dtype == torch.uint8 and first.numel() >= api.workspace_size(rows, 512, layout, "cpu")
+    big = _scene(sg, layout=layout, extend=(9, 9, 9), contexts=(900, 700, 500), seed=32)
+    pages, _ = big.forward()
+    grown = served.workspaces[2]
+    assert grown is not first and grown.numel() >= api.workspace_size(big.rows, 512, layout, "cpu")
+    legacy_pages, _ = big.forward(original=True)
+    assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
+    sg.capturing[0] = True
+    try:
+        small.forward()
+    finally:
+        sg.capturing[0] = False
+    assert served.workspaces[3] is grown and served[3][0] == "fused"
+    assert sglang_plugin._STATE.workspaces._kept == []  # nothing captured was outgrown
+
+
+def test_aiter_calls_keep_sglangs_workspace(sg, load, served):
+    load(LAYOUT_PROBE["aiter_mxfp4"])
+    _scene(sg, layout="aiter_mxfp4", seed=5).forward()
+    assert served[0][0] == "aiter" and served.workspaces == [None]
 
 
 @pytest.mark.parametrize("layout", ["aiter_mxfp4", "sglang_fp8"])

@@ -39,6 +39,7 @@ import torch
 from . import api as _api
 from . import policy as _policy
 from .contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES, SUPPORTED_TOPK, IndexerTopKResult
+from .workspaces import Workspaces
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +82,9 @@ class _PluginState:
         self.prefill_ours = {False: True, True: True}
         self.frozen_policy = None  # the policy both answers were taken from
         self.warmed = False  # the kernels our routes run were compiled (or there were none)
+        # the scratch of the calls our Triton backends serve: one buffer per device, stream,
+        # layout and topk, so that no call allocates its own (nor a captured graph its copy)
+        self.workspaces = Workspaces()
 
 
 _STATE = _PluginState()
@@ -600,11 +604,15 @@ def _run_fused(original, a, call: _Call):
         torch.empty((rows,), dtype=torch.int32, device=device),
     )
     try:
+        # AITER's kernel keeps its own workspace (SGLang's); ours take the plugin's
+        workspace = (None if call.backend == "aiter"
+                     else _STATE.workspaces.get(rows, topk, call.layout, device))
         _api.indexer_topk(
             q, q_scale, k_cache, k_scale, weights,
             page_table.to(torch.int32).contiguous(), c4_seq_lens.reshape(-1).to(torch.int32).contiguous(),
             topk=topk, layout=call.layout, weight_scale=weight_scale, backend=call.backend,
-            out=out, check_values=False, rows_per_request=_rows_per_request(a["forward_batch"], rows),
+            out=out, workspace=workspace, check_values=False,
+            rows_per_request=_rows_per_request(a["forward_batch"], rows),
         )
     except Exception as exc:
         return _demote_and_rerun(original, a, call, exc)
