@@ -45,11 +45,20 @@ def _tiny():
     return it.make_workload("sglang_fp8", context_tokens=[1000], rows_per_request=[1], topk=512, seed=1)
 
 
+@pytest.mark.parametrize("imported", [False, True], ids=["kernels_not_imported", "kernels_compiled"])
 @pytest.mark.parametrize("backend", ["legacy", "fused"])
-def test_triton_backends_on_a_cpu_without_the_interpreter(monkeypatch, backend):
+def test_triton_backends_on_a_cpu_without_the_interpreter(monkeypatch, backend, imported):
     """Without TRITON_INTERPRET a kernel launch on CPU tensors fails inside Triton; the call is
-    refused first, saying how to run it."""
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    refused first, saying how to run it: by the variable before the kernels are imported, by
+    how they were imported after."""
+    from indexer_topk.kernels import launch
+
+    if imported:  # imported for a GPU: the variable no longer decides
+        monkeypatch.setattr(launch, "kernels_interpreted", lambda: False)
+        monkeypatch.setenv("TRITON_INTERPRET", "1")
+    else:
+        monkeypatch.delitem(sys.modules, launch.__name__)
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
 
     def refuse(name):
         raise AssertionError(f"backend {name!r} was reached")

@@ -64,11 +64,12 @@ def main():
     replay.Replay.run = lambda self, *args_: None
     tensors = (*args, *out, ws)
     scalars = (int, w.topk, str, w.layout.value, float, w.weight_scale, False, a.backend, bool, False, None, False, -1)
-    key, ptrs = calls.signature(tensors, scalars)
+    keyed = (api._OFFSET_KEYED, api._SIGN_KEYED) if hasattr(api, "_SIGN_KEYED") else ()  # as the API keys it
+    key, ptrs = calls.signature(tensors, scalars, *keyed)
     parts = {
         "operator": op,
         "API": direct,
-        "  signature": lambda: calls.signature(tensors, scalars),
+        "  signature": lambda: calls.signature(tensors, scalars, *keyed),
         "  lookup": lambda: api._KNOWN.get(key),
         "  replay switch": lambda: envs.INDEXER_TOPK_REPLAY.get(),
         "  overlap check": (lambda: calls.disjoint(ptrs, known.lengths, known.sized)) if hasattr(known, "sized")

@@ -208,15 +208,18 @@ def indexer_topk(
     # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
     negative_zero = isinstance(weight_scale, float) and weight_scale == 0.0 and math.copysign(1.0, weight_scale) < 0
     device_index = current_device_index()
-    scalars = (type(topk), topk, type(layout), layout, type(weight_scale), weight_scale, negative_zero, backend,
+    topk_key, scale_key = _as_read(topk), _as_read(weight_scale)
+    scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, backend,
                type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
-    key, ptrs = signature(tensors, scalars)
+    key, ptrs = signature(tensors, scalars, _OFFSET_KEYED, _SIGN_KEYED)
+    if topk_key is _UNREAD or scale_key is _UNREAD:
+        key = None
     known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None
     if known is None or not disjoint(ptrs, known.lengths, known.sized):
         # a call whose tensors overlap takes the full path and leaves the signature's record
         # alone: its launches, recorded, would name one buffer for two arguments
-        return _first_call(key if known is None else None, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
+        return _first_call(key if known is None else None, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
                            weight_scale=weight_scale, backend=backend, out=out, workspace=workspace,
                            check_values=check_values, rows_per_request=rows_per_request)
     # a signature validated before: only what depends on addresses and values is checked again
@@ -239,6 +242,23 @@ def indexer_topk(
     return _run(known, name, known.inputs(tensors, topk), out, workspace, rows_per_request)
 
 
+def _as_read(x):
+    """``x`` as a signature keys it: a subclass of ``int`` or ``float`` (numpy's float64, an
+    ``IntEnum``) as the plain number validation reads from it, so that its own ``==`` and hash
+    cannot make two different values one key; ``_UNREAD`` where that number cannot be read
+    (the call then takes the full path, which says why)."""
+    t = type(x)
+    if t is int or t is float or t is bool or not isinstance(x, (int, float)):
+        return x
+    try:
+        return float(x) if isinstance(x, float) else int(x)
+    except Exception:  # noqa: BLE001 - validation gives the error
+        return _UNREAD
+
+
+_UNREAD = object()
+
+
 def _known_route(known: KnownCall, backend: str, topk: int) -> str:
     """:func:`resolve_backend` for a call of a known signature: ``auto``'s answer is kept per
     signature, capturing or not, while the process's policy stays the one that gave it."""
@@ -255,19 +275,28 @@ def _known_route(known: KnownCall, backend: str, topk: int) -> str:
 
 _KNOWN = KnownCalls()
 _UNSEEN = object()
+# the signature's tensors whose storage offset validation checks (the key cache, the workspace)
+# and those a public view can negate (the float32 weights and values; see calls.signature)
+_OFFSET_KEYED = (2, 11)
+_SIGN_KEYED = (4, 7)
 # Our Triton backends: their host work is planning and launches, which a replay repeats.
 _REPLAYABLE = ("legacy", "fused")
 
 
-def _first_call(key, tensors, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale, backend,
-                out, workspace, check_values, rows_per_request) -> IndexerTopKResult:
+def _first_call(key, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
+                weight_scale, backend, out, workspace, check_values, rows_per_request) -> IndexerTopKResult:
     """The full path: validate everything, route and run; with a ``key``, remember the
-    signature and record the launches for the calls that follow."""
+    signature and record the launches for the calls that follow (``ptrs``: the tensors'
+    addresses)."""
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
     )
     lengths = [t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0 for t in tensors]
+    if key is not None and not disjoint(ptrs, lengths):
+        # inputs that share bytes (validation allows it) would be recorded as one buffer and
+        # leave the signature unreplayable for the disjoint calls after: not remembered
+        key = None
     known = KnownCall(inputs.layout, inputs.weight_scale, inputs.rows, inputs.page_table.shape[1] * PAGE_SIZE,
                       inputs.device, lengths)
     if out is None:

@@ -286,6 +286,15 @@ def _expect_tensor(name, t, dtype, shape, device):
         raise ValueError(f"{name}: expected device {device}, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor")
+    _expect_plain(name, t)
+
+
+def _expect_plain(name, t) -> None:
+    """A negated or conjugated view (``x.conj().imag``) holds its values in memory un-negated
+    and applies the sign lazily; the kernels read and write memory as it is, so it is refused."""
+    if t.is_neg() or t.is_conj():
+        raise ValueError(f"{name}: a negated or conjugated view (the kernels read memory as stored); pass "
+                         f"{name.split('.')[-1]}.resolve_neg().resolve_conj()")
 
 
 def _expect_none(name, t, layout):
@@ -622,5 +631,7 @@ def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> N
         raise ValueError("workspace: expected a contiguous tensor")
     if workspace.numel() < nbytes:
         raise ValueError(f"workspace: {workspace.numel()} bytes given, {nbytes} needed")
-    if workspace.data_ptr() % WORKSPACE_ALIGN:
-        raise ValueError(f"workspace: must start on a {WORKSPACE_ALIGN}-byte boundary")
+    if workspace.data_ptr() % WORKSPACE_ALIGN or workspace.storage_offset() % WORKSPACE_ALIGN:
+        # its areas are int32 and int64 views: torch places a view by the storage offset
+        raise ValueError(f"workspace: must start on a {WORKSPACE_ALIGN}-byte boundary of its storage and of memory")
+    _expect_plain("workspace", workspace)

@@ -14,6 +14,7 @@ dependency their import needs is not installed (numpy, which Triton's interprete
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Optional
 
 import torch
@@ -36,16 +37,24 @@ def triton_problem(device=None) -> Optional[str]:
     """Why our Triton kernels cannot run on ``device`` (``None``: wherever), or ``None``.
 
     Triton must be importable (GPU builds of torch bring their own; a CPU needs ``pip install
-    triton``), and inputs on a CPU need the Triton interpreter, ``TRITON_INTERPRET=1``, as the
-    environment says now: the interpreter is chosen when the kernels are imported, so the
-    variable must be set before that.
+    triton``), and inputs on a CPU need the Triton interpreter, ``TRITON_INTERPRET=1``: the
+    interpreter is chosen when the kernels are imported, so the variable must be set before
+    that. Once they are imported, how they were imported decides, whatever the variable says
+    now (a call replayed from a recording runs them as they are, so the full path must judge
+    alike).
     """
     if not _triton_installed():
         return "Triton is not installed (GPU builds of torch bring it; on a CPU: pip install triton)"
-    if device is not None and torch.device(device).type == "cpu" and not interpreting():
+    if device is not None and torch.device(device).type == "cpu" and not _interpreter_on():
         return ("the inputs are on a CPU and the Triton interpreter is off: set TRITON_INTERPRET=1 before the "
                 "kernels are first imported (e.g. before starting Python), or pass tensors on a GPU")
     return None
+
+
+def _interpreter_on() -> bool:
+    """Whether our kernels run (or, not imported yet, will run) on Triton's interpreter."""
+    launch = sys.modules.get(f"{__package__.rpartition('.')[0]}.kernels.launch")
+    return launch.kernels_interpreted() if launch is not None else interpreting()
 
 
 def _import_backend(backend: str) -> None:
