@@ -42,25 +42,44 @@ def test_an_outgrown_buffer_is_replaced_for_twice_the_rows():
     assert pool._kept == []  # none was handed out under capture: nothing to keep
 
 
-def test_buffers_handed_out_under_capture_are_kept(monkeypatch):
-    """A graph replays the address it captured: a buffer handed out while capturing is never
-    freed when a larger call replaces it."""
+def test_captured_calls_get_buffers_apart_and_keep_them(monkeypatch):
+    """A graph replays the address it captured, on whatever stream is current then: calls made
+    while capturing get buffers eager calls never get, and a captured buffer is never freed when
+    a larger captured call replaces it (an eager one is)."""
+    pool = Workspaces()
+    capturing = [True]
+    monkeypatch.setattr(ws_module, "is_capturing", lambda: capturing[0])
+    monkeypatch.setattr(ws_module, "workspace_size", lambda rows, topk, layout, device: 64 * rows)  # never flat
+    captured = pool.get(8, 1024, "sglang_fp8", CPU)
+    capturing[0] = False
+    eager = pool.get(8, 1024, "sglang_fp8", CPU)
+    assert eager is not captured
+    eager_grown = pool.get(20, 1024, "sglang_fp8", CPU)
+    assert eager_grown is not eager and eager_grown.numel() == 64 * 20 and pool._kept == []
+    capturing[0] = True
+    assert pool.get(8, 1024, "sglang_fp8", CPU) is captured
+    bigger = pool.get(9, 1024, "sglang_fp8", CPU)
+    assert bigger is not captured and bigger.numel() == 64 * 16  # twice the rows it outgrew
+    assert len(pool._kept) == 1 and pool._kept[0] is captured
+    assert pool.nbytes() == captured.numel() + bigger.numel() + eager_grown.numel()
+
+
+def test_a_buffer_that_holds_the_grown_rows_is_not_replaced(monkeypatch):
+    """The scratch stops growing with the rows once every program holds a tile: a larger call
+    then keeps the buffer (nothing new, nothing kept)."""
     pool = Workspaces()
     monkeypatch.setattr(ws_module, "is_capturing", lambda: True)
-    captured = pool.get(8, 1024, "sglang_fp8", CPU)
-    monkeypatch.setattr(ws_module, "is_capturing", lambda: False)
-    bigger = pool.get(64, 1024, "sglang_fp8", CPU)
-    assert bigger is not captured
-    assert len(pool._kept) == 1 and pool._kept[0] is captured
-    assert pool.nbytes() == bigger.numel() + captured.numel()
-    pool.get(1000, 1024, "sglang_fp8", CPU)  # replacing a buffer never captured keeps nothing more
-    assert len(pool._kept) == 1
+    monkeypatch.setattr(ws_module, "workspace_size", lambda rows, topk, layout, device: 64 * min(rows, 10))
+    first = pool.get(6, 1024, "sglang_fp8", CPU)
+    second = pool.get(7, 1024, "sglang_fp8", CPU)  # outgrown in bytes too: replaced for 12 rows, the first kept
+    assert second is not first and second.numel() == 64 * 10 and pool._kept == [first]
+    assert pool.get(1000, 1024, "sglang_fp8", CPU) is second and len(pool._kept) == 1
 
 
 def test_each_stream_has_its_own(monkeypatch):
     pool = Workspaces()
     stream = [7]
-    monkeypatch.setattr(ws_module, "_stream_of", lambda device: (0, stream[0]))
+    monkeypatch.setattr(ws_module, "_stream_of", lambda device: (0, stream[0], None))
     a = pool.get(8, 1024, "sglang_fp8", CPU)
     stream[0] = 9
     b = pool.get(8, 1024, "sglang_fp8", CPU)
@@ -83,6 +102,35 @@ def test_threads_asking_at_once_get_one_buffer():
     for t in threads:
         t.join()
     assert len(got) == 4 and all(g is got[0] for g in got)
+
+
+def test_outgrowing_the_rows_without_outgrowing_the_bytes_keeps_the_buffer(monkeypatch):
+    """workspace_size stops growing once every program slot holds a group (the fused plan is
+    fixed from ``slots * group`` rows on): a buffer that already holds a larger call's bytes is
+    kept, not replaced by one of the same size (and, captured, kept twice for life)."""
+    small, large = 64, 4096
+    assert indexer_topk.workspace_size(small, 512, "sglang_fp8", CPU) == indexer_topk.workspace_size(large, 512, "sglang_fp8", CPU)
+    pool = Workspaces()
+    monkeypatch.setattr(ws_module, "is_capturing", lambda: True)
+    first = pool.get(small, 512, "sglang_fp8", CPU)
+    again = pool.get(large, 512, "sglang_fp8", CPU)
+    assert again is first, "a buffer already large enough was replaced"
+    assert pool._kept == [] and pool.nbytes() == first.numel()
+
+
+def test_threads_on_the_per_thread_default_stream_get_a_key_each(monkeypatch):
+    """``cudaStreamPerThread`` (handle 0x2, reachable as torch.cuda.ExternalStream(2)) is one
+    handle for a different stream in each thread: streams that run at once, so each thread is a
+    key of its own. (torch's own default stream is the legacy stream, handle 0, one stream for
+    every thread: sharing it is sound.)"""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 2, raising=False)
+    dev = torch.device("cuda", 0)
+    keys = []
+    t = threading.Thread(target=lambda: keys.append(ws_module._stream_of(dev)))
+    t.start()
+    t.join()
+    keys.append(ws_module._stream_of(dev))
+    assert keys[0] != keys[1], "two threads' per-thread default streams share one workspace key"
 
 
 @pytest.mark.parametrize("backend", ["legacy", "fused"])

@@ -205,10 +205,10 @@ def indexer_topk(
     if rows_per_request is not None:
         check_rows_per_request(rows_per_request)
     outs = tuple(out) if isinstance(out, tuple) and len(out) == 4 else (None,) * 4
-    # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
-    negative_zero = isinstance(weight_scale, float) and weight_scale == 0.0 and math.copysign(1.0, weight_scale) < 0
-    device_index = current_device_index()
     topk_key, scale_key = _as_read(topk), _as_read(weight_scale)
+    # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
+    negative_zero = type(scale_key) is float and scale_key == 0.0 and math.copysign(1.0, scale_key) < 0
+    device_index = current_device_index()
     scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, backend,
                type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)

@@ -631,7 +631,8 @@ def check_workspace(workspace: Optional[torch.Tensor], nbytes: int, device) -> N
         raise ValueError("workspace: expected a contiguous tensor")
     if workspace.numel() < nbytes:
         raise ValueError(f"workspace: {workspace.numel()} bytes given, {nbytes} needed")
-    if workspace.data_ptr() % WORKSPACE_ALIGN or workspace.storage_offset() % WORKSPACE_ALIGN:
-        # its areas are int32 and int64 views: torch places a view by the storage offset
-        raise ValueError(f"workspace: must start on a {WORKSPACE_ALIGN}-byte boundary of its storage and of memory")
+    if workspace.data_ptr() % WORKSPACE_ALIGN or workspace.storage_offset() % 4:
+        # its areas are int32 views, which torch places by the storage offset
+        raise ValueError(f"workspace: must start on a {WORKSPACE_ALIGN}-byte boundary (and a 4-byte boundary of "
+                         "its storage)")
     _expect_plain("workspace", workspace)

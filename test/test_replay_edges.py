@@ -1,4 +1,4 @@
-"""Hostile probes of the replay path (:mod:`indexer_topk.calls`, :mod:`indexer_topk.replay`): a
+"""Edge cases of the replay path (:mod:`indexer_topk.calls`, :mod:`indexer_topk.replay`): a
 second or later call of a signature must give the full path's bits (``INDEXER_TOPK_REPLAY=0``),
 write nothing outside its outputs and workspace, and refuse what the full path refuses."""
 
@@ -12,6 +12,7 @@ import torch
 import indexer_topk as it
 from indexer_topk import api
 from indexer_topk.backends import fused as fused_backend
+from indexer_topk.compare import bitwise_equal
 from indexer_topk.contract import IndexerTopKResult
 from indexer_topk.envs import envs
 from indexer_topk.guards import GuardedResult, GuardedWorkspace, poisoned_result, unwritten_slots
@@ -468,7 +469,7 @@ def test_a_workspace_on_a_misaligned_storage_is_refused_alike():
     api._KNOWN.clear()
     first = outcome(lambda: it.indexer_topk(*w.args(), **w.kwargs(), backend="fused", workspace=ws))
     assert replayed[0] == first[0] == ValueError, f"replay: {replayed[0]}, full path: {first[0]}"
-    with pytest.raises(ValueError, match="workspace: must start on a 16-byte boundary of its storage"):
+    with pytest.raises(ValueError, match="workspace: must start on a 16-byte boundary"):
         it.indexer_topk(*w.args(), **w.kwargs(), backend="fused", workspace=ws)
     del keep
 
@@ -492,3 +493,45 @@ def test_negated_views_are_refused_on_a_first_call_and_on_a_replayed_signature(w
     assert all(r is not None for r in replays("fused"))
     with pytest.raises(ValueError, match="negated or conjugated view"):
         call(batch(seed=3), neg=True)
+
+
+def test_a_workspace_whose_storage_offset_is_a_multiple_of_4_is_still_accepted():
+    """The workspace is carved only into int32 views (fused._carve, legacy's score matrix):
+    torch needs storage_offset % 4 == 0 for those, the kernels data_ptr % 16 == 0. Such a
+    workspace (numpy memory whose buffer starts 4 bytes past a 16-byte boundary) is accepted and
+    gives the bits of a call without one."""
+    w = batch(seed=2)
+    nbytes = it.workspace_size(w.rows, w.topk, "sglang_fp8")
+    arr = np.zeros(nbytes + 64, dtype=np.uint8)
+    skip = (4 - arr.ctypes.data) % 16
+    ws = torch.from_numpy(arr[skip:])[12:][:nbytes]
+    assert ws.data_ptr() % 16 == 0 and ws.storage_offset() % 16 == 12
+    ws.view(torch.int32)  # the views the backends take are legal
+    want = it.indexer_topk(*w.args(), **w.kwargs(), backend="fused")
+    got = it.indexer_topk(*w.args(), **w.kwargs(), backend="fused", workspace=ws)
+    assert bitwise_equal(got, want)
+
+
+def test_negative_zero_of_a_float_subclass_is_keyed_by_the_number_validation_reads():
+    """The signature keys a float subclass by ``float(x)`` (_as_read), the sign of zero too: a
+    subclass whose ``__eq__`` never holds must not make -0.0 and 0.0 one key."""
+    class Strict(float):
+        def __eq__(self, other):
+            return False
+
+        def __ne__(self, other):
+            return True
+
+        __hash__ = float.__hash__
+
+    w = batch(seed=4)
+    kw = {k: v for k, v in w.kwargs().items() if k != "weight_scale"}
+
+    def call(scale):
+        return it.indexer_topk(*w.args(), **kw, weight_scale=scale, backend="fused", check_values=False)
+
+    with envs.INDEXER_TOPK_REPLAY.override(False):
+        positive, negative = call(0.0), call(Strict(-0.0))
+    assert not torch.equal(positive.raw_indices, negative.raw_indices), "the sign must matter here"
+    call(Strict(0.0))
+    assert bitwise_equal(call(Strict(-0.0)), negative), "Strict(-0.0) replayed Strict(0.0)'s launches"
