@@ -92,7 +92,7 @@ def test_ptx_params():
     )
     .maxntid 128, 1, 1
     {"""
-    assert ptx_params(ptx, "k") == [("u", 8), ("u", 4), ("b", 128), ("f", 4), ("u", 8)]
+    assert ptx_params(ptx, "k") == (("u", 8), ("u", 4), ("b", 128), ("f", 4), ("u", 8))
     assert ptx_params(ptx, "other") is None
 
 

@@ -80,6 +80,16 @@ def main():
     print(f"{a.backend}, {len(rep.env)} recorded switches; us per call (launches left out)")
     for name, fn in parts.items():
         print(f"{name:22s} {mean_us(fn, a.calls):6.2f}", flush=True)
+    # a recording's one piece of host work for each launch through the driver (GPU only) that a
+    # CPU can time: its kernel's .entry parameters read from a PTX of 20 pointer parameters
+    from indexer_topk.kernels.driver_launch import ptx_params
+
+    ptx = (".version 8.7\n.visible .entry k(\n"
+           + ",\n".join(f"\t.param .u64 .ptr .global .align 1 k_param_{i}" for i in range(20))
+           + "\n)\n{\n" + "\tld.global.u32 %r1, [%rd1];\n" * 20000 + "}\n")
+    parse = getattr(ptx_params, "__wrapped__", ptx_params)
+    print(f"{'PTX parameters, read':22s} {mean_us(lambda: parse(ptx, 'k'), 200):6.2f}")
+    print(f"{'  as a recording asks':22s} {mean_us(lambda: ptx_params(ptx, 'k'), 200):6.2f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ once per base address and kept (up to a bound) for the launches that follow.
 from __future__ import annotations
 
 import ctypes
+import functools
 import re
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -83,13 +84,16 @@ def _driver():
 
 
 # one parameter of a PTX .entry: ".param .u64 .ptr .global .align 1 name", ".param .u32 name",
-# ".param .align 64 .b8 name[128]"
-_PTX_PARAM = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b[^,]*?(?:\[(\d+)\])?\s*$")
+# ".param .align 64 .b8 name[128]": its type, then (an array) its element count at the end
+_PTX_PARAM_TYPE = re.compile(r"\.param\s+(?:\.align\s+\d+\s+)?\.([a-z]+)(\d+)\b")
+_PTX_PARAM_COUNT = re.compile(r"\[(\d+)\]$")
 
 
-def ptx_params(ptx: str, name: str) -> Optional[List[Tuple[str, int]]]:
+@functools.lru_cache(maxsize=256)
+def ptx_params(ptx: str, name: str) -> Optional[Tuple[Tuple[str, int], ...]]:
     """``(kind, bytes)`` of each parameter of kernel ``name``'s ``.entry`` in ``ptx``, in order;
-    ``kind`` is the PTX type's letter (``f`` float, ``u`` / ``s`` / ``b`` bits)."""
+    ``kind`` is the PTX type's letter (``f`` float, ``u`` / ``s`` / ``b`` bits). Kept per kernel:
+    every signature that records a launch of it asks again (a string hashes once)."""
     m = re.search(r"\.entry\s+" + re.escape(name) + r"\s*\(([^)]*)\)", ptx)
     if m is None:
         return None
@@ -98,12 +102,13 @@ def ptx_params(ptx: str, name: str) -> Optional[List[Tuple[str, int]]]:
         part = part.strip()
         if not part:
             continue
-        p = _PTX_PARAM.search(part)
+        p = _PTX_PARAM_TYPE.match(part)
         if p is None:
             return None
         width = int(p.group(2)) // 8
-        params.append((p.group(1)[0], width * int(p.group(3)) if p.group(3) else width))
-    return params
+        count = _PTX_PARAM_COUNT.search(part)
+        params.append((p.group(1)[0], width * int(count.group(1)) if count else width))
+    return tuple(params)
 
 
 # the ctypes type of each Triton signature type of a scalar parameter
@@ -122,18 +127,22 @@ def _tensordesc_expander():
     except ImportError:
         return None
     fn = getattr(nv, "make_tensordesc_arg", None)
-    if fn is None:
-        return None
-    try:
-        import inspect
-        n = len(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return None
+    n = None if fn is None else _arity(fn)
     if n == 2:
         return lambda desc, meta: fn(desc, meta)
     if n == 3:
         return lambda desc, meta: fn(desc, meta, None)
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _arity(fn) -> Optional[int]:
+    """How many parameters ``fn`` takes (read with ``inspect`` once per function)."""
+    try:
+        import inspect
+        return len(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
 
 
 def _tmap_address(obj) -> Optional[int]:
