@@ -33,6 +33,7 @@ not see replayed launches; a launch recorded while a hook is set keeps Triton's 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -139,6 +140,7 @@ class Recorder:
     def __init__(self, roots: Sequence[Optional[torch.Tensor]], driver_launches: bool = False):
         self.driver_launches = driver_launches
         self.spans: List[Optional[Tuple[int, int]]] = [storage_span(t) for t in roots]
+        self._located: Dict[int, Tuple[int, int]] = {}  # address -> (span, offset), while the spans hold
         self.steps: list = []
         self.env: Dict[str, Optional[str]] = {}
         self.why_not: Optional[str] = None
@@ -164,13 +166,17 @@ class Recorder:
             self.why_not = why
 
     def _locate(self, ptr: int) -> Optional[Tuple[int, int]]:
+        hit = self._located.get(ptr)  # the kernels of a call share most of their arguments
+        if hit is not None:
+            return hit
         hits = [(i, ptr - s[0]) for i, s in enumerate(self.spans) if s is not None and s[0] <= ptr < s[1]]
         if len(hits) != 1:
             # outside every root (a tensor of its own), or inside two that overlap: which one it
             # follows in another call is unknown
             self.fail(f"a kernel argument at {ptr:#x} lies in {len(hits)} of the call's tensors")
             return None
-        return hits[0]
+        hit = self._located[ptr] = hits[0]
+        return hit
 
     def add_alloc(self, t: torch.Tensor) -> None:
         # laid out in the replay's one scratch allocation as the allocator aligns its blocks
@@ -178,6 +184,7 @@ class Recorder:
         self.steps.append(_Alloc(tuple(t.shape), tuple(t.stride()), t.dtype, t.device, self.scratch_bytes, nbytes))
         self.scratch_bytes += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
         self.spans.append(storage_span(t) or (-1, -1))
+        self._located.clear()  # an address outside every span so far may lie in this one
 
     def add_launch(self, kernel, grid, args, kwargs, compiled) -> None:
         if self.why_not is not None:
@@ -190,8 +197,7 @@ class Recorder:
             if name in kwargs:
                 params.append(kwargs[name])
             else:
-                # the kernel's Python signature (an interpreted kernel has no .signature of its own)
-                default = inspect.signature(kernel.fn).parameters[name].default
+                default = _defaults(kernel.fn).get(name, inspect.Parameter.empty)
                 if default is inspect.Parameter.empty:
                     return self.fail(f"{name} of {kernel} has no value")
                 params.append(default)
@@ -237,6 +243,13 @@ class Recorder:
         if self.why_not is not None:
             return None
         return Replay(tuple(self.steps), tuple(self.env.items()), self.scratch_bytes)
+
+
+@functools.lru_cache(maxsize=256)
+def _defaults(fn) -> Dict[str, Any]:
+    """The default of each parameter of a kernel's Python function (read from its signature:
+    an interpreted kernel has no ``.signature`` of its own), read once per kernel."""
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()}
 
 
 class _Alloc:
