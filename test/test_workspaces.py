@@ -31,6 +31,15 @@ def test_a_key_keeps_one_buffer_while_its_rows_fit():
                                 for t, l in ((1024, "sglang_fp8"), (512, "sglang_fp8"), (1024, "sglang_mxfp4")))
 
 
+def test_bad_arguments_are_refused_with_or_without_a_buffer():
+    pool = Workspaces()
+    pool.get(8, 1024, "sglang_fp8", "cpu")  # a device by name
+    for rows, topk, layout in ((-1, 1024, "sglang_fp8"), (True, 1024, "sglang_fp8"), (2.0, 1024, "sglang_fp8"),
+                               (4, 100, "sglang_fp8"), (4, 1024, "nope")):
+        with pytest.raises(ValueError, match="rows|topk|layout"):
+            pool.get(rows, topk, layout, CPU)
+
+
 def test_an_outgrown_buffer_is_replaced_for_twice_the_rows():
     pool = Workspaces()
     small = pool.get(8, 1024, "sglang_fp8", CPU)

@@ -57,9 +57,10 @@ class Workspaces:
     caller asks for.
 
     ``get(rows, topk, layout, device)`` returns a contiguous uint8 tensor of at least
-    ``workspace_size(rows, topk, layout, device)`` bytes on ``device``; the same tensor for every
-    call of the key while ``rows`` fits it. Its contents are scratch: the operator reads nothing
-    it did not write in the same call.
+    ``workspace_size(rows, topk, layout, device)`` bytes on ``device`` (a ``torch.device`` or its
+    name); the same tensor for every call of the key while ``rows`` fits it. Its contents are
+    scratch: the operator reads nothing it did not write in the same call. ``rows``, ``topk``
+    and ``layout`` are checked as :func:`indexer_topk.workspace_size` checks them.
     """
 
     def __init__(self) -> None:
@@ -67,7 +68,11 @@ class Workspaces:
         self._kept: List[torch.Tensor] = []  # outgrown buffers a captured graph may still use
         self._lock = threading.Lock()
 
-    def get(self, rows: int, topk: int, layout: str, device: torch.device) -> torch.Tensor:
+    def get(self, rows: int, topk: int, layout: str, device) -> torch.Tensor:
+        if type(rows) is not int or rows < 0:  # as workspace_size, checked on every call: a slot may answer
+            raise ValueError(f"rows: expected a non-negative int, got {rows!r}")
+        if not isinstance(device, torch.device):
+            device = torch.device(device)
         capturing = is_capturing()
         key = (device.type, *_stream_of(device), capturing, layout, topk)
         slot = self._slots.get(key)
