@@ -266,3 +266,30 @@ def test_gpu_deterministic(device):
     first = run_legacy(wl)
     for i in range(99):
         assert_bitwise(run_legacy(wl), first, f"repeat {i + 1}")
+
+
+@pytest.mark.parametrize("case", [
+    dict(requests=1, rows=1, tokens=3000),  # a decode row: the split select
+    dict(requests=3, rows=1, tokens=5000),
+    dict(requests=1, rows=3, tokens=18000, row_select=True),  # the row select's pools: rows past its tile
+    dict(requests=1, rows=3, tokens=900, row_select=True),  # one tile a row: no pools
+])
+def test_legacy_scratch_bytes_is_what_a_call_allocates(case, monkeypatch):
+    """legacy_scratch_bytes (the memory a legacy call, or a graph capturing it, holds) against the
+    allocations a recording of the call sees (a call of one chunk: the chunks of a longer one
+    may reuse each other's scratch, which a recording refuses)."""
+    from indexer_topk.backends import legacy
+    from indexer_topk.contract import allocate_result
+    from indexer_topk.replay import Recorder, _Alloc
+    from indexer_topk.workload import make_workload
+
+    if case.get("row_select"):
+        monkeypatch.setattr(legacy, "ROWS_MIN_ROWS", 2)
+    w = make_workload("sglang_fp8", context_tokens=[case["tokens"]] * case["requests"],
+                      rows_per_request=[case["rows"]] * case["requests"], topk=512, seed=3)
+    out = allocate_result(w.rows, w.topk, "cpu")
+    with Recorder((*w.args(), *out, None)) as rec:
+        legacy_indexer_topk(w.inputs(), out=out)
+    allocated = sum(s.nbytes for s in rec.steps if isinstance(s, _Alloc))
+    assert rec.why_not is None
+    assert legacy.legacy_scratch_bytes(w.rows, w.page_table.shape[1], w.topk, 4) == allocated

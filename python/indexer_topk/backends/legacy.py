@@ -281,6 +281,29 @@ def split_scratch_size(rows: int, topk: int) -> int:
     return rows * (HEADER_FIELDS + CAND_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
+def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count: int,
+                         budget_bytes: Optional[int] = None) -> int:
+    """Bytes a legacy call holds at once (no workspace holding its key matrix) for ``rows`` rows
+    over a page table of ``page_table_columns`` pages, with ``topk``, on a device of ``sm_count``
+    SMs: the key matrix (a chunk of rows under the logits budget, ``budget_bytes`` or
+    ``INDEXER_TOPK_LOGITS_BUDGET_MB``) and the largest chunk's select scratch (the split select's
+    buffers, or the row select's candidate pools for rows longer than its tile), the way
+    ``select_way`` picks. For a call of one chunk (a decode batch under the default budget) it is
+    what a replay allocates, each buffer in its own 512-byte-aligned place of one block (not
+    counted here), and what a graph capturing the call holds in its pool."""
+    if rows == 0:
+        return 0
+    width = page_table_columns * PAGE_SIZE
+    chunk = chunk_rows(rows, width, budget_bytes)
+    select = 0
+    for n in {min(chunk, rows), rows % chunk or chunk}:  # a full chunk and the last
+        if select_way(n, width, sm_count) == "split":
+            select = max(select, split_scratch_size(n, topk) * 4)
+        elif width > ROWS_TILE:
+            select = max(select, min(n, sm_count * ROWS_PROGRAMS_PER_SM) * 4 * topk * 4)
+    return chunk * width * 4 + select
+
+
 @launches_kernels
 def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, scratch=None,
                  prof=None, pdl: bool = False) -> None:
