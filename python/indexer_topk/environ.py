@@ -54,8 +54,8 @@ class Var:
 
 
 class Snapshot:
-    """Variables' raw values at one moment (``(name, value or None)`` pairs): :meth:`holds`
-    says whether each still reads so."""
+    """Variables' raw values at one moment (``(name, value or None)`` pairs, which it iterates):
+    :meth:`holds` says whether each still reads so."""
 
     __slots__ = ("items", "_encoded")
 
@@ -63,6 +63,12 @@ class Snapshot:
         self.items = tuple(items)
         self._encoded = (tuple((_ENCODE_KEY(name), None if raw is None else _ENCODE_VALUE(raw))
                                for name, raw in self.items) if _USABLE else None)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
 
     def holds(self) -> bool:
         if _direct():

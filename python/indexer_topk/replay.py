@@ -317,16 +317,15 @@ def _view_at(root: torch.Tensor, offset: int, dtype, shape, stride) -> torch.Ten
 class Replay:
     """The recorded launches of one call signature (see the module docstring).
 
-    ``env``: the environment values the recorded call read (``(name, value or None)`` pairs);
-    :meth:`matches_env` says whether they still hold.
+    ``env``: the environment values the recorded call read (``(name, value or None)`` pairs, kept
+    as a :class:`~indexer_topk.environ.Snapshot`); :meth:`matches_env` says whether they still hold.
     """
 
-    __slots__ = ("steps", "env", "_env", "compiled", "scratch_bytes", "device")
+    __slots__ = ("steps", "env", "compiled", "scratch_bytes", "device")
 
     def __init__(self, steps, env, scratch_bytes: int = 0):
         self.steps = steps
-        self._env = Snapshot(env)
-        self.env = self._env.items
+        self.env = Snapshot(env)
         self.compiled = not any(isinstance(s, _Interpreted) for s in steps)
         # the call's scratch tensors, made as one allocation at the start of a replay (one
         # allocator call instead of one per tensor), at the offsets the recorder laid out
@@ -334,7 +333,7 @@ class Replay:
         self.device = next((s.device for s in steps if isinstance(s, _Alloc)), None)
 
     def matches_env(self) -> bool:
-        return self._env.holds()
+        return self.env.holds()
 
     def run(self, roots: Sequence[Optional[torch.Tensor]], ptrs: List[Optional[int]], stream: int) -> None:
         """Launch the recorded kernels over ``roots`` (the call's tensors in the recorded order,

@@ -67,7 +67,7 @@ def key_matrix_bytes(rows: int, page_table_columns: int, budget_bytes: Optional[
     """Bytes of the score matrix the legacy path allocates for a call (0 for no rows)."""
     if rows == 0:
         return 0
-    width = max(page_table_columns * PAGE_SIZE, 1)
+    width = page_table_columns * PAGE_SIZE
     return chunk_rows(rows, width, budget_bytes) * width * 4
 
 

@@ -234,11 +234,12 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         return
     check_runnable(keys.device)
     if search == "rows":
-        programs = min(row_count, device_sm_count(keys.device) * ROWS_PROGRAMS_PER_SM)
-        # each program's candidate pool (2 * topk keys and positions), used by rows longer than
-        # the tile only (torch.empty: an allocation the replay repeats, indexer_topk.replay)
-        scans = keys.shape[1] > ROWS_TILE
-        pools = torch.empty(programs * 4 * topk, dtype=torch.int32, device=keys.device) if scans else keys
+        sm_count = device_sm_count(keys.device)
+        programs = min(row_count, sm_count * ROWS_PROGRAMS_PER_SM)
+        # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
+        # allocation the replay repeats, indexer_topk.replay)
+        need = row_pool_size(row_count, keys.shape[1], topk, sm_count)
+        pools = torch.empty(need, dtype=torch.int32, device=keys.device) if need else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
@@ -281,6 +282,13 @@ def split_scratch_size(rows: int, topk: int) -> int:
     return rows * (HEADER_FIELDS + CAND_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
+def row_pool_size(rows: int, width: int, topk: int, sm_count: int) -> int:
+    """int32 entries of the row select's candidate pools for ``rows`` rows of ``width`` keys: a
+    pool of ``2 * topk`` keys and as many positions for each of its programs, where rows are
+    longer than its tile (0 otherwise: a row of one tile needs none)."""
+    return min(rows, sm_count * ROWS_PROGRAMS_PER_SM) * 4 * topk if width > ROWS_TILE else 0
+
+
 def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count: int,
                          budget_bytes: Optional[int] = None) -> int:
     """Bytes a legacy call holds at once (no workspace holding its key matrix) for ``rows`` rows
@@ -295,13 +303,10 @@ def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count
         return 0
     width = page_table_columns * PAGE_SIZE
     chunk = chunk_rows(rows, width, budget_bytes)
-    select = 0
-    for n in {min(chunk, rows), rows % chunk or chunk}:  # a full chunk and the last
-        if select_way(n, width, sm_count) == "split":
-            select = max(select, split_scratch_size(n, topk) * 4)
-        elif width > ROWS_TILE:
-            select = max(select, min(n, sm_count * ROWS_PROGRAMS_PER_SM) * 4 * topk * 4)
-    return chunk * width * 4 + select
+    select = max(split_scratch_size(n, topk) if select_way(n, width, sm_count) == "split"
+                 else row_pool_size(n, width, topk, sm_count)
+                 for n in {min(chunk, rows), rows % chunk or chunk})  # a full chunk and the last
+    return key_matrix_bytes(rows, page_table_columns, budget_bytes) + 4 * select
 
 
 @launches_kernels
