@@ -95,6 +95,19 @@ def test_gate_ahead_gives_the_four_kernels_bits(pattern, small_split, device):
         assert_matches_reference(out, wl)
 
 
+@pytest.mark.parametrize("pattern", ["random", "increasing", "zero_plateau"])
+def test_gate_ahead_with_a_binned_gate(pattern, small_split, monkeypatch, device):
+    """The gate from one histogram of the sample (``SPLIT_GATE_BINS``) on both steps: the same
+    gates, counts and bits, since the sampled keys have the matrix's bits."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_BINS", 256)
+    wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
+                       topk=128, seed=6, device=device, pattern=pattern)
+    out = assert_same_step(wl)
+    assert unwritten_slots(out) == []
+    if pattern != "zero_plateau":
+        assert_matches_reference(out, wl)
+
+
 def test_gate_ahead_on_a_chunk_of_rows(small_split, device):
     """Rows 2..4 of a batch (``row_start``): rows beside them keep their poison."""
     wl = make_workload("sglang_fp8", context_tokens=[8000, 20000, 6000, 300, 4200, 9000], rows_per_request=[1] * 6,

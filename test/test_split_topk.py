@@ -449,6 +449,78 @@ def test_split_reads_nothing_past_a_row(split_bins, monkeypatch, device):
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
 
 
+def sample_rank(n, topk, sample):
+    """The rank in the row's sample that the sampled gate aims at (:func:`.row_topk.sample_gate`)."""
+    return min((5 * topk * sample) // (2 * n) + 1, sample - 1)
+
+
+def gates_and_reach(keys, lens, topk, monkeypatch, gate_bins):
+    """``(outputs, counts, hows, [(gate, sampled keys reaching it, aimed rank)] of each long row)``
+    of the split select with ``SPLIT_GATE_BINS = gate_bins``."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_BINS", gate_bins)
+    rows, width = keys.shape
+    need = legacy_backend.split_scratch_size(rows, topk)
+    scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
+    got, counts, hows = split(keys, lens, topk, scratch=scratch)
+    gates = scratch[:rows].cpu()
+    sample = legacy_backend.SPLIT_SAMPLE
+    reach = []
+    for r, n in enumerate(lens.tolist()):
+        if n > legacy_backend.SPLIT_TILE:
+            sampled = keys[r, (torch.arange(sample, device=keys.device) * n) // sample].cpu()
+            reach.append((int(gates[r]), int((sampled >= gates[r]).sum()), sample_rank(n, topk, sample)))
+    return got, counts, hows, reach
+
+
+@pytest.mark.parametrize("pattern,gate_bins", [("scores", 64), ("rising", 64)] + [
+    (p, 256) for p in ("random", "scores", "rising", "increasing", "decreasing", "ties", "nan", "spikes")])
+def test_split_binned_gate(pattern, gate_bins, split_way, monkeypatch, device):
+    """The gate from one histogram of the sample (``SPLIT_GATE_BINS``): the torch way's bits
+    whatever it lets in, and a gate that at least the aimed rank ``r`` of sampled keys reach.
+    Where the bins resolve the rank (fp32 scores as an indexer's; scores rising evenly along the
+    row in 256 bins) it is the binned gate: no more than ``r / 8 + 2`` sampled keys past the rank
+    reach it, and it is not the search's (but where a bin's edge meets the rank). Elsewhere a row may keep the search's
+    gate: evenly rising scores put about 16 sampled keys in each of 64 bins, more than the slack
+    past ``r = 65`` unless a bin's edge falls near the rank; the other patterns' keys (always) are denormal scores (a range too narrow for fp32 bins), ties, NaN
+    at the bottom of the range, or random bits whose range has no finite width."""
+    width = 5120
+    lens = [width, width - 1, 3000, 1025, 1024, 700, TOPK + 1, TOPK, TOPK - 1, 1, 0]
+    if pattern == "rising":
+        keys, lens_t = key_matrix("increasing", lens, width, device)
+        rising = ordered_score_bits(torch.linspace(-3.0, 5.0, width)).to(device)
+        keys = torch.where(keys == KEY_NONE, keys, rising.expand_as(keys))
+    else:
+        keys, lens_t = key_matrix(pattern, lens, width, device)
+    got, counts, hows, reach = gates_and_reach(keys, lens_t, TOPK, monkeypatch, gate_bins)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    hows_expected(hows, counts, lens_t, TOPK, legacy_backend.SPLIT_BINS)
+    assert all(n >= r for _gate, n, r in reach), reach
+    _got, _counts, _hows, searched = gates_and_reach(keys, lens_t, TOPK, monkeypatch, 0)
+    # each row's gate is the search's or lets in at most the slack past the rank
+    assert all(a == b or a[1] <= a[2] + a[2] // 8 + 2 for a, b in zip(reach, searched)), (reach, searched)
+    if pattern == "scores" or (pattern == "rising" and gate_bins == 256):
+        assert any(a != b for a, b in zip(reach, searched)), (reach, searched)
+        assert took_candidates(counts, lens_t, TOPK) == [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
+    elif pattern != "rising":
+        assert reach == searched
+
+
+def test_split_binned_gate_on_crowded_scores(split_way, monkeypatch, device):
+    """One sampled score far above the rest squeezes the others into the lowest bins: the bin
+    holding the aimed rank holds most of the sample, and the search's gate is taken instead."""
+    width = 5120
+    lens = [width, 4000]
+    keys, lens_t = key_matrix("scores", lens, width, device, seed=4)
+    sample = legacy_backend.SPLIT_SAMPLE
+    for r, n in enumerate(lens):  # the best sampled key a thousand times the others' range
+        keys[r, (7 * n) // sample] = int(ordered_score_bits(torch.tensor([1e6]))[0])
+    got, _counts, _hows, reach = gates_and_reach(keys, lens_t, TOPK, monkeypatch, 256)
+    _got, _counts, _hows, searched = gates_and_reach(keys, lens_t, TOPK, monkeypatch, 0)
+    assert reach == searched
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+
+
 # ---------------------------------------------------------------------------------------------
 # The legacy path end to end: decode rows scored one per tile, selected by the split select
 # ---------------------------------------------------------------------------------------------
@@ -545,6 +617,24 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
         long_rows = [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
         took = took_candidates(counts, lens_t, topk)
         assert set(took) <= set(long_rows) and len(took) >= len(long_rows) - len(long_rows) // 20
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["scores", "increasing", "ties", "spikes"])
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_split_binned_gate_gpu(pattern, topk, split_way, monkeypatch, device):
+    """The gate from one histogram (``SPLIT_GATE_BINS = 256``) at decode widths: the torch way's
+    bits, and on fp32 scores the candidate path for every long row."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_BINS", 256)
+    width = 196608
+    lens = [width, 32768, width - 1, 4097, 4096, topk + 1, topk, 0]
+    keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)
+    got, counts, hows = split(keys, lens_t, topk)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
+    if pattern == "scores":
+        assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
 
 
 @pytest.mark.gpu

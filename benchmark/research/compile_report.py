@@ -161,6 +161,8 @@ def main(argv=None) -> int:
             for fn, name, warps, const in (
                     (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS)),
+                    (gate_rows_kernel, "gate, 256 bins", L.SPLIT_WARPS,
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, GATE_BINS=256)),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=L.SPLIT_BINS)),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,

@@ -86,6 +86,10 @@ SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
 SPLIT_GATE_WARPS = 16
+# The gate from one histogram of SPLIT_GATE_BINS bins over the sample's scores, a few more
+# entrants than aimed at (kernels/split_topk.py, binned_gate); 0: the sample's exact r-th key
+# by a radix search of up to seven passes.
+SPLIT_GATE_BINS = 0
 SPLIT_GATHER_WARPS = 4
 # The finishing program orders a row's candidates by a histogram of SPLIT_BINS bins over the
 # scores from the gate up when no bin from the k-th key's up holds more than SPLIT_MAXSEG of them
@@ -333,7 +337,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
-           num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
+           GATE_BINS=SPLIT_GATE_BINS, num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
@@ -388,7 +392,8 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
            cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl,
            num_warps=tile_config(inputs.layout).num_warps)
     launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
-           TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True, num_warps=SPLIT_GATE_WARPS,
+           TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
+           GATE_BINS=SPLIT_GATE_BINS, num_warps=SPLIT_GATE_WARPS,
            **pdl_options(pdl))
     _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
     _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl)

@@ -112,11 +112,13 @@ def _bin_of(key, gate, scale, BINS: tl.constexpr):
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
     TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
-    SAMPLED: tl.constexpr = False,
+    SAMPLED: tl.constexpr = False, GATE_BINS: tl.constexpr = 0,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
     (fp32 bits) and cleared bins (``BINS > 0``), and a zero count. ``PDL``: this kernel and the
     next two are launched with programmatic dependent launch, each after the one before.
+    ``GATE_BINS``: the gate from one histogram of the sample (:func:`binned_gate`), not the
+    sample's exact ``r``-th key (``0``).
 
     ``SAMPLED``: the row's sample is already scored, ``SAMPLE`` keys at the start of its
     candidate region (``src`` is then the candidate regions, ``stride_src`` the key matrix's
@@ -134,14 +136,50 @@ def gate_rows_kernel(
             key = tl.load(src + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK) + tl.arange(0, SAMPLE))
         else:
             key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
-        open_row(key, n, i, gates, scales, hist, TOPK, BINS)
+        open_row(key, n, i, gates, scales, hist, TOPK, BINS, GATE_BINS)
 
 
 @triton.jit
-def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.constexpr):
-    """Row ``i``'s gate from its sample ``key`` (:func:`.row_topk.row_sample` of its ``n`` keys),
-    its histogram's scale (fp32 bits) and cleared bins (``BINS > 0``)."""
-    gate = sample_gate(key, n, TOPK, GATE_HALVES)
+def binned_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, GATE_BINS: tl.constexpr):
+    """A gate for the row's ``n`` keys from its sample ``key`` as :func:`.row_topk.sample_gate`
+    aims it (its ``r``-th largest sampled key), found by one histogram instead of a radix search.
+
+    The sample's scores are binned linearly between its smallest and largest into
+    ``GATE_BINS`` bins; the gate is the smallest sampled key of the bins from the one that holds
+    the ``r``-th largest up, so ``r`` or a few more sampled keys reach it. A sample whose range
+    has no finite width (ties throughout, infinities, NaN keys at either end) or whose boundary
+    bin holds more than ``r / 8 + 2`` keys past the ``r``-th (scores crowded into a few bins)
+    takes :func:`.row_topk.sample_gate`'s exact search instead. Every gate is exact, as the scan
+    that uses it checks what reached it: this one trades a few more entrants for the search's
+    passes, each a histogram of its own."""
+    SAMPLE: tl.constexpr = key.shape[0]
+    r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
+    s_lo = _score_of(tl.min(key, axis=0))
+    scale = GATE_BINS / (_score_of(tl.max(key, axis=0)) - s_lo)
+    d = (_score_of(key) - s_lo) * scale
+    b = tl.minimum(tl.maximum(tl.where(d == d, d, 0.0), 0.0), GATE_BINS - 1.0).to(tl.int32)
+    # keys at or above each bin's, counted from the top; the r-th largest lies in the highest
+    # bin whose count reaches r (bin 0's is the whole sample)
+    ge = tl.cumsum(tl.histogram(b, GATE_BINS), axis=0, reverse=True)
+    bins = tl.arange(0, GATE_BINS)
+    star = tl.max(tl.where(ge >= r, bins, 0), axis=0)
+    reach = tl.max(tl.where(bins == star, ge, 0), axis=0)
+    gate = tl.min(tl.where(b >= star, key, INT32_MAX), axis=0)
+    exact = (scale != scale) | (scale <= 0) | (scale == float("inf")) | (reach - r > r // 8 + 2)
+    if exact:
+        gate = sample_gate(key, n, TOPK, HALVES)
+    return gate
+
+
+@triton.jit
+def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.constexpr, GATE_BINS: tl.constexpr = 0):
+    """Row ``i``'s gate from its sample ``key`` (:func:`.row_topk.row_sample` of its ``n`` keys;
+    by :func:`binned_gate` where ``GATE_BINS > 0``), its histogram's scale (fp32 bits) and
+    cleared bins (``BINS > 0``)."""
+    if GATE_BINS > 0:
+        gate = binned_gate(key, n, TOPK, GATE_HALVES, GATE_BINS)
+    else:
+        gate = sample_gate(key, n, TOPK, GATE_HALVES)
     tl.store(gates + i, gate)
     if BINS > 0:
         # the sample's scores from the gate up fill a quarter of the bins: the row's scores
