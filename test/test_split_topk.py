@@ -408,6 +408,11 @@ def test_split_finish_ignores_buffer_order(parts, split_bins, monkeypatch, devic
     assert_same_bits(out, torch_way(keys, lens_t, topk, monkeypatch))
 
 
+def sample_rank(n, topk, sample):
+    """The rank in the row's sample that the sampled gate aims at (:func:`.row_topk.sample_rank`)."""
+    return min((5 * topk * sample) // (2 * n) + 1, sample - 1)
+
+
 def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypatch, device):
     """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1,
     8 * topk and 8 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate):
@@ -420,7 +425,7 @@ def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypat
     gen = torch.Generator().manual_seed(3)
     keys = torch.randint(-1000, 0, (len(targets), width), generator=gen, dtype=torch.int32)
     spots = (torch.arange(sample) * width) // sample
-    r_th = min((5 * topk * sample) // (2 * width) + 1, sample - 1)  # sampled_gate's rank
+    r_th = sample_rank(width, topk, sample)
     free = torch.ones(width, dtype=torch.bool)
     free[spots] = False
     free = free.nonzero().flatten()
@@ -449,11 +454,6 @@ def test_split_reads_nothing_past_a_row(split_bins, monkeypatch, device):
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
 
 
-def sample_rank(n, topk, sample):
-    """The rank in the row's sample that the sampled gate aims at (:func:`.row_topk.sample_gate`)."""
-    return min((5 * topk * sample) // (2 * n) + 1, sample - 1)
-
-
 def gates_and_reach(keys, lens, topk, monkeypatch, gate_bins):
     """``(outputs, counts, hows, [(gate, sampled keys reaching it, aimed rank)] of each long row)``
     of the split select with ``SPLIT_GATE_BINS = gate_bins``."""
@@ -479,10 +479,11 @@ def test_split_binned_gate(pattern, gate_bins, split_way, monkeypatch, device):
     whatever it lets in, and a gate that at least the aimed rank ``r`` of sampled keys reach.
     Where the bins resolve the rank (fp32 scores as an indexer's; scores rising evenly along the
     row in 256 bins) it is the binned gate: no more than ``r / 8 + 2`` sampled keys past the rank
-    reach it, and it is not the search's (but where a bin's edge meets the rank). Elsewhere a row may keep the search's
-    gate: evenly rising scores put about 16 sampled keys in each of 64 bins, more than the slack
-    past ``r = 65`` unless a bin's edge falls near the rank; the other patterns' keys (always) are denormal scores (a range too narrow for fp32 bins), ties, NaN
-    at the bottom of the range, or random bits whose range has no finite width."""
+    reach it, and it is not the search's (but where a bin's edge meets the rank). Elsewhere a row
+    may keep the search's gate: evenly rising scores put about 16 sampled keys in each of 64
+    bins, more than the slack past ``r = 65`` unless a bin's edge falls near the rank; the other
+    patterns (always) have denormal scores (a range too narrow for fp32 bins), ties, NaN at the
+    bottom of the range, or random bits whose range has no finite width."""
     width = 5120
     lens = [width, width - 1, 3000, 1025, 1024, 700, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     if pattern == "rising":

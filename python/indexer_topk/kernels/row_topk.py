@@ -164,13 +164,20 @@ def row_sample(src, n, SAMPLE: tl.constexpr):
 
 
 @triton.jit
+def sample_rank(n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr):
+    """The rank in a row's sample of ``SAMPLE`` keys that a gate letting about ``HALVES / 2 *
+    TOPK`` of its ``n`` keys in aims at: scaled by ``SAMPLE / n``, at most ``SAMPLE - 1``."""
+    return tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
+
+
+@triton.jit
 def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr):
     """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n`` keys reach, from its sample
     ``key`` (:func:`row_sample`, ``SAMPLE`` keys): the ``r``-th largest of the sample, ``r`` scaled
     from ``HALVES / 2 * TOPK`` by ``SAMPLE / n`` (at most the sample's second smallest). At least
     ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks."""
     SAMPLE: tl.constexpr = key.shape[0]
-    r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
+    r = sample_rank(n, TOPK, SAMPLE, HALVES)
     t, shift, _need, _whole = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)

@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
-from .row_topk import append, row_length, row_sample, sample_gate, select_row, span_kth, tile_kth
+from .row_topk import append, row_length, row_sample, sample_gate, sample_rank, select_row, span_kth, tile_kth
 from .select import composite, finalize_row, radix_digit, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
@@ -152,8 +152,7 @@ def binned_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, GATE_BINS: tl.
     takes :func:`.row_topk.sample_gate`'s exact search instead. Every gate is exact, as the scan
     that uses it checks what reached it: this one trades a few more entrants for the search's
     passes, each a histogram of its own."""
-    SAMPLE: tl.constexpr = key.shape[0]
-    r = tl.minimum((HALVES * TOPK * SAMPLE) // (2 * n) + 1, SAMPLE - 1)
+    r = sample_rank(n, TOPK, key.shape[0], HALVES)
     s_lo = _score_of(tl.min(key, axis=0))
     scale = GATE_BINS / (_score_of(tl.max(key, axis=0)) - s_lo)
     d = (_score_of(key) - s_lo) * scale
