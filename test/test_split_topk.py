@@ -625,17 +625,26 @@ def test_split_equals_torch_way_gpu(pattern, topk, rows, split_way, monkeypatch,
 @pytest.mark.parametrize("topk", [512, 1024])
 def test_split_binned_gate_gpu(pattern, topk, split_way, monkeypatch, device):
     """The gate from one histogram (``SPLIT_GATE_BINS = 256``) at decode widths: the torch way's
-    bits, and on fp32 scores the candidate path for every long row."""
-    monkeypatch.setattr(legacy_backend, "SPLIT_GATE_BINS", 256)
+    bits, at least the aimed rank of sampled keys reaching each gate and no more than the slack
+    past it where the gate is not the search's; on fp32 scores no row left to the one-program
+    fallback that the search's gate sends to its candidates. (At these widths the aimed rank is
+    7 to 320 of the fixture's 1,024 sampled keys: the bins near it hold one key or none, and the
+    binned gate is mostly the search's. A row's candidate count rides on its sample too: at
+    ``topk = 512`` the search's gate lets 2,129 keys of row 2 in, past the ``4 * topk`` the
+    candidate path takes.)"""
     width = 196608
     lens = [width, 32768, width - 1, 4097, 4096, topk + 1, topk, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)
-    got, counts, hows = split(keys, lens_t, topk)
+    got, counts, hows, reach = gates_and_reach(keys, lens_t, topk, monkeypatch, 256)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
     hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
+    assert all(n >= r for _gate, n, r in reach), reach
+    _got, searched_counts, _hows, searched = gates_and_reach(keys, lens_t, topk, monkeypatch, 0)
+    assert all(a == b or a[1] <= a[2] + a[2] // 8 + 2 for a, b in zip(reach, searched)), (reach, searched)
     if pattern == "scores":
-        assert took_candidates(counts, lens_t, topk) == [0, 1, 2, 3]
+        took, searched_took = (took_candidates(c, lens_t, topk) for c in (counts, searched_counts))
+        assert set(searched_took) <= set(took), (counts, searched_counts)
 
 
 @pytest.mark.gpu
