@@ -348,9 +348,10 @@ def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
     :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys at least
     ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, while
-    ``INDEXER_TOPK_SCORED_GATE`` is on."""
+    ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region holds the gate's sample (a
+    ``topk`` of at least ``SPLIT_SAMPLE / CAND_PER_TOPK``: 103 with the shipped sample)."""
     if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
-            or width < SCORED_GATE_MIN_WIDTH):
+            or width < SCORED_GATE_MIN_WIDTH or SPLIT_SAMPLE > CAND_PER_TOPK * inputs.topk):
         return False
     return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
 
