@@ -315,9 +315,10 @@ def decode_like(layout, device):
 
 
 def test_scored_gate_way(monkeypatch):
-    """Only FP8 decode chunks the split select serves, at least the width set, with the switch on."""
+    """Only FP8 decode chunks the split select serves, at least the width set, with the switch on
+    (and a topk whose candidate region holds the sample: ``test_gate_edges.py``)."""
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
-    wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=64, seed=0,
+    wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=128, seed=0,
                        device="cpu")
     inputs = wl.inputs()
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
