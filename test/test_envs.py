@@ -110,7 +110,7 @@ def test_env_defaults_and_invalid_values(caplog):
         "INDEXER_TOPK_REPLAY": True,
         "INDEXER_TOPK_DRIVER_LAUNCH": True,
         "INDEXER_TOPK_PDL": True,
-        "INDEXER_TOPK_SCORED_GATE": False,
+        "INDEXER_TOPK_SCORED_GATE": True,
         "INDEXER_TOPK_ROUTES": None,
         "INDEXER_TOPK_LOGITS_BUDGET_MB": 2048,
         "INDEXER_TOPK_LOG_LEVEL": None,

@@ -35,6 +35,7 @@ def test_gate_ahead_leaves_a_small_topk_to_the_four_kernels(monkeypatch, device)
     backend and its benchmarks take others)."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     topk = 64
     assert legacy_backend.SPLIT_SAMPLE > CAND_PER_TOPK * topk  # the shipped constants
     wl = make_workload("sglang_fp8", context_tokens=[4 * 4200, 4 * 300], rows_per_request=[1, 1], topk=topk,
@@ -264,6 +265,7 @@ def test_scored_gate_switch_spellings(raw, on, monkeypatch):
     keeps the gate after the score kernel (its fail-safe value); the spellings turn it on
     whatever their case and surrounding spaces."""
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=128, seed=0,
                        device="cpu")
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", raw)

@@ -34,6 +34,7 @@ def small_split(monkeypatch, device):
     """The split select with a tile, sample and block small enough for the interpreter, the gate
     ahead at any width."""
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     return force_way(monkeypatch, device, "split", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256)
 
 
@@ -318,6 +319,7 @@ def test_scored_gate_way(monkeypatch):
     """Only FP8 decode chunks the split select serves, at least the width set, with the switch on
     (and a topk whose candidate region holds the sample: ``test_gate_edges.py``)."""
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=128, seed=0,
                        device="cpu")
     inputs = wl.inputs()
@@ -328,6 +330,10 @@ def test_scored_gate_way(monkeypatch):
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # narrower than the width set
     assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", (512, 1024))
+    assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)  # not a topk of the set
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", (128,))
+    assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
 
@@ -342,6 +348,7 @@ def test_gate_ahead_gives_the_four_kernels_bits_gpu(topk, monkeypatch, device):
     """A decode batch of eight requests up to 128K tokens with scattered pages."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     wl = decode_batch("sglang_fp8", 7, device, topk=topk)
     out = assert_same_step(wl)
     assert unwritten_slots(out) == []
@@ -355,6 +362,7 @@ def test_gate_ahead_on_adversarial_scores_gpu(pattern, shape, monkeypatch, devic
     requests, tokens = shape
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     wl = make_workload("sglang_fp8", context_tokens=[tokens] * requests, rows_per_request=[1] * requests, topk=1024,
                        seed=13, device=device, pattern=pattern)
     out = assert_same_step(wl)

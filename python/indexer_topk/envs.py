@@ -267,8 +267,8 @@ class Envs:
     # An FP8 decode step of at least SCORED_GATE_MIN_WIDTH positions through the split select
     # takes its gate ahead of the score kernel: the gate's sample scored from the cache, the score
     # kernel gathering the keys that reach it (backends/legacy.py, scored_split; the same bits).
-    # Read at each such legacy call; off (or unreadable) keeps the gate after the score kernel.
-    INDEXER_TOPK_SCORED_GATE = EnvBool(False, invalid=False,
+    # Read at each such legacy call; 0 (or unreadable) keeps the gate after the score kernel.
+    INDEXER_TOPK_SCORED_GATE = EnvBool(True, invalid=False,
                                        invalid_means="decode keeps the gate after the score kernel")
 
     # ============================================================

@@ -24,7 +24,7 @@ have the same bits in a one-row tile as in the two-row tile (:mod:`indexer_topk.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import triton
@@ -126,6 +126,9 @@ SCORE_GATHER_MAXNREG = 64
 # scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh;
 # benchmark/results/NOTES.md, "The gate ahead of the score kernel").
 SCORED_GATE_MIN_WIDTH = 196608
+# ... at these topks (None: any): the A/B of those shapes ran at topk 1024 only, so 512 and 2048
+# keep the gate after the score kernel until they are timed with it.
+SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = (1024,)
 
 
 def score_span(groups: int, width: int, sm_count: int) -> int:
@@ -347,11 +350,13 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
     :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys at least
-    ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, while
-    ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region holds the gate's sample (a
-    ``topk`` of at least ``SPLIT_SAMPLE / CAND_PER_TOPK``: 103 with the shipped sample)."""
+    ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, at a ``topk`` of
+    ``SCORED_GATE_TOPKS``, while ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region
+    holds the gate's sample (a ``topk`` of at least ``SPLIT_SAMPLE / CAND_PER_TOPK``: 103 with the
+    shipped sample)."""
     if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
-            or width < SCORED_GATE_MIN_WIDTH or SPLIT_SAMPLE > CAND_PER_TOPK * inputs.topk):
+            or width < SCORED_GATE_MIN_WIDTH or (SCORED_GATE_TOPKS is not None and inputs.topk not in SCORED_GATE_TOPKS)
+            or SPLIT_SAMPLE > CAND_PER_TOPK * inputs.topk):
         return False
     return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
 
