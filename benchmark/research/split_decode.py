@@ -46,7 +46,9 @@ from decode_probe import kernel_times  # noqa: E402
 
 
 def parse_config(text: str) -> dict:
-    return {k.strip(): int(v) for k, v in (x.split("=") for x in text.split(",") if x.strip())}
+    """``NAME=value,...``: each value an integer, or ``None``."""
+    return {k.strip(): None if v.strip() == "None" else int(v) for k, v in (x.split("=") for x in text.split(",")
+                                                                            if x.strip())}
 
 
 class Settings:
