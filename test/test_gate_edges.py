@@ -21,7 +21,8 @@ from indexer_topk.workload import make_workload
 from kernel_cases import assert_bitwise
 from test_row_topk import assert_same_bits
 from test_scored_gate import assert_same_step, small_split  # noqa: F401 - a fixture
-from test_split_topk import gates_and_reach, sample_rank, split_way, torch_way  # noqa: F401 - a fixture
+from test_split_topk import (  # noqa: F401 - a fixture
+    assert_binned_reach, binned_slack, gates_and_reach, sample_rank, split_way, torch_way)
 
 # the bins' fp32 steps meet inf and NaN by design; the interpreter's numpy warns on each
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
@@ -59,11 +60,10 @@ def _score_of_keys(keys):
     return bits.view(torch.float32)
 
 
-def _binned_gate_spec(sample, n, topk, gate_bins, halves=5):
+def _binned_gate_spec(sample, n, topk, gate_bins):
     """:func:`.split_topk.binned_gate` as its docstring states it, in torch's fp32: ``(gate, the
     search's gate, whether the search's was taken, r)``."""
-    size = sample.numel()
-    r = min((halves * topk * size) // (2 * n) + 1, size - 1)
+    r = sample_rank(n, topk, sample.numel())
     search = int(sample.sort(descending=True).values[r - 1])
     s_lo = _score_of_keys(sample.min().view(1))
     s_hi = _score_of_keys(sample.max().view(1))
@@ -74,7 +74,7 @@ def _binned_gate_spec(sample, n, topk, gate_bins, halves=5):
     star = int((ge >= r).nonzero().max())
     reach = int(ge[star])
     s = float(scale)
-    exact = s != s or s <= 0 or s == float("inf") or reach - r > r // 8 + 2
+    exact = s != s or s <= 0 or s == float("inf") or reach - r > binned_slack(r)
     return (search if exact else int(sample[b >= star].min())), search, exact, r
 
 
@@ -137,7 +137,7 @@ def test_binned_gate_is_its_specification(kind, device):
         how.append("search" if exact else "binned")
         reach = int((sampled >= got).sum())
         assert reach >= rank, (r, reach, rank)
-        assert got == search or reach <= rank + rank // 8 + 2, (r, reach, rank)
+        assert got == search or reach <= rank + binned_slack(rank), (r, reach, rank)
     if kind in ("random_bits", "subnormals", "infinities", "one_apart"):  # NaN or inf at an end, no
         assert how == ["search"] * rows, how  # finite scale, or every sampled key in one bin
     elif kind in ("magnitudes", "log_normal"):
@@ -225,8 +225,7 @@ def test_split_binned_gate_at_the_rank_cap(pattern, split_way, monkeypatch, devi
     _got, _counts, _hows, searched = gates_and_reach(keys, lens_t, topk, monkeypatch, 0)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
-    assert all(n >= r for _gate, n, r in reach), reach
-    assert all(a == b or a[1] <= a[2] + a[2] // 8 + 2 for a, b in zip(reach, searched)), (reach, searched)
+    assert_binned_reach(reach, searched)
     # at the cap, the binned gate is the search's (the second smallest sampled key) or the smallest
     smallest = [int(keys[r, (torch.arange(sample, device=device) * n) // sample].min()) for r, n in enumerate(lens)]
     assert all(a == b or a[0] == low for a, b, low in zip(reach[:3], searched[:3], smallest[:3])), (reach, searched)

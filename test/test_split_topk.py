@@ -413,6 +413,20 @@ def sample_rank(n, topk, sample):
     return min((5 * topk * sample) // (2 * n) + 1, sample - 1)
 
 
+def binned_slack(r):
+    """Sampled keys past the aimed rank ``r`` that may reach the binned gate
+    (:func:`.split_topk.binned_gate`; more send the row to the search's gate)."""
+    return r // 8 + 2
+
+
+def assert_binned_reach(reach, searched):
+    """Each long row's gate (:func:`gates_and_reach`'s ``reach``) reached by at least the aimed
+    rank of sampled keys, and, where it is not the search's gate (``searched``), by no more than
+    the slack past it."""
+    assert all(n >= r for _gate, n, r in reach), reach
+    assert all(a == b or a[1] <= a[2] + binned_slack(a[2]) for a, b in zip(reach, searched)), (reach, searched)
+
+
 def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypatch, device):
     """Rows whose gate entrants number exactly topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1,
     8 * topk and 8 * topk + 1 (sampled keys distinct and high, extra keys tied with the gate):
@@ -496,10 +510,8 @@ def test_split_binned_gate(pattern, gate_bins, split_way, monkeypatch, device):
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
     hows_expected(hows, counts, lens_t, TOPK, legacy_backend.SPLIT_BINS)
-    assert all(n >= r for _gate, n, r in reach), reach
     _got, _counts, _hows, searched = gates_and_reach(keys, lens_t, TOPK, monkeypatch, 0)
-    # each row's gate is the search's or lets in at most the slack past the rank
-    assert all(a == b or a[1] <= a[2] + a[2] // 8 + 2 for a, b in zip(reach, searched)), (reach, searched)
+    assert_binned_reach(reach, searched)
     if pattern == "scores" or (pattern == "rising" and gate_bins == 256):
         assert any(a != b for a, b in zip(reach, searched)), (reach, searched)
         assert took_candidates(counts, lens_t, TOPK) == [i for i, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
@@ -639,9 +651,8 @@ def test_split_binned_gate_gpu(pattern, topk, split_way, monkeypatch, device):
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
     hows_expected(hows, counts, lens_t.cpu(), topk, legacy_backend.SPLIT_BINS)
-    assert all(n >= r for _gate, n, r in reach), reach
     _got, searched_counts, _hows, searched = gates_and_reach(keys, lens_t, topk, monkeypatch, 0)
-    assert all(a == b or a[1] <= a[2] + a[2] // 8 + 2 for a, b in zip(reach, searched)), (reach, searched)
+    assert_binned_reach(reach, searched)
     if pattern == "scores":
         took, searched_took = (took_candidates(c, lens_t, topk) for c in (counts, searched_counts))
         assert set(searched_took) <= set(took), (counts, searched_counts)
