@@ -3,15 +3,18 @@
 
     PYTHONPATH=python python3 benchmark/research/host_breakdown.py [--cases sglang_fp8:128:16K:legacy,...] [--kth]
 
-Host time (mean wall time of 200 calls in runs of 20) of: the out operator; the Python API
-called directly; the API with the replay's launches left out; the replay alone; each recorded
-step alone (an allocation, or a launch with its argument and descriptor counts). A case is
+Host time of: the out operator and the Python API called directly (each the median run of 20
+back-to-back calls, the two alternating over 10 rounds, so neither is always timed first); the
+API with the replay's launches left out, the replay alone and each recorded step alone (an
+allocation, or a launch with its argument and descriptor counts; each the mean wall time of 200
+calls in runs of 20). A case is
 ``layout:rows:tokens:backend`` (``decode`` after the rows: one row per request); the backend may
 be ``auto``. ``--kth``: then legacy at prefill shapes, its k-th key found by torch.topk or by the
 select kernel's radix passes, each replayed from a CUDA graph (GPU time only).
 """
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +33,8 @@ from indexer_topk.options import parse_tokens  # noqa: E402
 CASES = ("sglang_fp8:128:16K:fused,sglang_fp8:1024:64K:fused,sglang_fp8:8decode:768K:fused,sglang_mxfp4:128:16K:fused,"
          "aiter_mxfp4:128:16K:fused,sglang_fp8:128:16K:legacy")
 from indexer_topk.workload import make_workload  # noqa: E402
+
+ROUNDS = 10
 
 
 def setup(layout, rows, tokens, decode):
@@ -64,7 +69,14 @@ def main():
 
         op()
         torch.cuda.synchronize()
-        t_op, t_api = host_us(op, 200, "cuda"), host_us(direct, 200, "cuda")
+        # Alternate the two in rounds: timed one after the other, the first timed read 1.5-3x the
+        # second on the GPU host, which a single order cannot tell from the dispatch's cost.
+        runs_op, runs_api = [], []
+        for _ in range(ROUNDS):
+            host_us(op, 40, "cuda", runs_op)
+            host_us(direct, 40, "cuda", runs_api)
+        t_op, t_api = statistics.median(runs_op), statistics.median(runs_api)
+        means = f"mean of runs: op {statistics.fmean(runs_op):.1f} us, api {statistics.fmean(runs_api):.1f} us"
         known = next(iter(api._KNOWN._calls.values()))
         route = next(iter(known.replays)) if backend == "auto" else backend
         rep = known.replays.get(route)
@@ -91,6 +103,7 @@ def main():
                 per.append(f"{us:.1f}({len(step.template)}a,{len(step.descs)}d)")
         name = f"{layout} {'decode ' if decode else ''}{rows}x{tokens // 1024}K {backend}->{route}"
         print(f"{name:34s} {t_op:7.1f} {t_api:7.1f} {t_none:9.1f} {t_rep:7.1f}  {' '.join(per)}", flush=True)
+        print(f"   {means}", flush=True)
         t0 = time.perf_counter()
         for _ in range(1000):
             calls.signature(tensors, (1, 2, 3))
