@@ -563,6 +563,10 @@ def test_score_span_fills_the_device():
     assert legacy_backend.SCORE_MIN_SPAN <= span(1, 196608, 132) < full
     assert span(512, 196608, 132) == full
     assert span(1, 64, 132) == legacy_backend.SCORE_MIN_SPAN
+    # one-row tiles (decode) go down to their own floor, never past one wave
+    assert span(1, 32768, 132, one_row=True) == legacy_backend.SCORE_MIN_SPAN_ONE_ROW < legacy_backend.SCORE_MIN_SPAN
+    assert span(8, 32768, 132, one_row=True) == 256 and 8 * (32768 // 256) <= legacy_backend.SCORE_PROGRAMS_PER_SM * 132
+    assert span(8, 196608, 132, one_row=True) == span(8, 196608, 132)  # a wave's span above both floors
     # one wave, never a partial second: a decode batch's programs fit the SMs' slots
     wave = legacy_backend.SCORE_PROGRAMS_PER_SM * 132
     for groups, width in ((256, 32768), (64, 32768), (8, 196608), (32, 196608), (100, 30000), (1056, 8192)):

@@ -115,6 +115,11 @@ SPLIT_FINISH_PARTS = 8
 # on 64 rows of 4K..768K (dfb760c): the width, not the rows' lengths, sets the waves.
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
+# ... and down to this span in one-row tiles (a decode batch of few rows): twice the programs
+# scored one request of 128K faster on an H100 than the floor of 512 did (split_decode.py
+# --configs SCORE_MIN_SPAN=256; benchmark/results/NOTES.md). Prefill's two-row tiles keep the
+# floor above: no prefill shape was timed with it.
+SCORE_MIN_SPAN_ONE_ROW = 256
 SCORE_PROGRAMS_PER_SM = 8
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
 # registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
@@ -131,14 +136,15 @@ SCORED_GATE_MIN_WIDTH = 196608
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 
 
-def score_span(groups: int, width: int, sm_count: int) -> int:
+def score_span(groups: int, width: int, sm_count: int, one_row: bool = False) -> int:
     """Positions per score program for ``groups`` row groups of ``width`` positions: ``SCORE_SPAN``
     unless that leaves programs short of one wave of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole
-    pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``."""
+    pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``
+    (``SCORE_MIN_SPAN_ONE_ROW`` for one-row groups, ``one_row``)."""
     want = max(1, SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
     span = -(-width // want)
     span = -(-span // PAGE_SIZE) * PAGE_SIZE
-    return max(SCORE_MIN_SPAN, min(SCORE_SPAN, span))
+    return max(SCORE_MIN_SPAN_ONE_ROW if one_row else SCORE_MIN_SPAN, min(SCORE_SPAN, span))
 
 
 @launches_kernels
@@ -176,7 +182,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     cfg = tile_config(inputs.layout)
     width = keys.shape[1]
     groups = triton.cdiv(row_count, group)
-    span = score_span(groups, width, device_sm_count(keys.device))
+    span = score_span(groups, width, device_sm_count(keys.device), one_row=group == 1)
     grid = (groups, triton.cdiv(width, span))
     args = (ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
             ka.seq_lens, min(inputs.rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0))
