@@ -45,6 +45,16 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     json.dumps(records)  # the record is what the JSON file holds
 
 
+def test_interleaved_ms_takes_the_paths_in_turn():
+    """Each round a warm-up and its share of the calls for every path, the order reversed every
+    other round; a median per path."""
+    calls = []
+    steps = {n: (lambda n=n: calls.append(n)) for n in "abc"}
+    ms = mix.interleaved_ms(steps, iters=5, device="cpu", rounds=3)  # 2 calls a round: 6 timed a path
+    assert sorted(ms) == ["a", "b", "c"] and all(v >= 0 for v in ms.values())
+    assert calls == list("aaabbbccc") + list("cccbbbaaa") + list("aaabbbccc")
+
+
 def test_host_us_runs_and_their_median():
     """A run the host's scheduler stalls moves the mean of the runs, not their median."""
     calls = []

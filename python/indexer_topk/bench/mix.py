@@ -17,14 +17,16 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
   as "the engine keeps the shapes it has a path for".
 
 Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time
-of single calls, host time included where the GPU waits for it; ``host_us`` the mean host wall
-time per call over back-to-back calls without a sync (the calls after a shape's first, which
-replay its launches), and ``host_us_run_median`` the median of its runs' means (a run of
-:data:`HOST_RUN` calls that the host's scheduler interrupts moves the mean, not this);
-``host_us_api`` the same for the Python API called directly (what the SGLang plugin calls: the
-difference is the operator's dispatch); ``host_us_first`` the host time of a shape's first call with warm
-kernels (validation, planning and recording); ``host_us_checked`` the wall time per call with
-``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
+of single calls, host time included where the GPU waits for it, timed in rounds that take
+``auto`` and the candidates in turn (:func:`interleaved_ms`), so that no path is always first;
+``host_us`` the mean host wall time per call over back-to-back calls without a sync (the calls
+after a shape's first, which replay its launches), and ``host_us_run_median`` the median of its
+runs' means (a run of :data:`HOST_RUN` calls that the host's scheduler interrupts moves the
+mean, not this); ``host_us_api`` the same for the Python API called directly (what the SGLang
+plugin calls: the difference is the operator's dispatch); ``host_us_first`` the host time of a
+shape's first call with warm kernels (validation, planning and recording); ``host_us_checked``
+the wall time per call with ``check_values=True`` (which syncs). Decode is replayed from a CUDA
+graph, as a server runs it.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
-from .timing import median_ms, synchronize
+from .timing import median_ms, synchronize, time_call
 
 # key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
 DECODE_FLOOR_BYTES = {"sglang_fp8": SGLANG_FP8_SLOT_BYTES, "sglang_mxfp4": SGLANG_MXFP4_SLOT_BYTES,
@@ -233,9 +235,29 @@ def _auto_route(shape: MixShape, c4_len: int) -> str:
                                   rows=shape.rows, c4_len=c4_len)
 
 
-def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, host: bool = True) -> Dict[str, float]:
+INTERLEAVE_ROUNDS = 4  # rounds of eager timings that take a shape's paths in turn
+
+
+def interleaved_ms(steps: Dict[str, Callable[[], None]], *, iters: int, device,
+                   rounds: int = INTERLEAVE_ROUNDS) -> Dict[str, float]:
+    """Median per-call time in ms (:func:`time_call`) of each of ``steps``, its ``iters`` calls
+    spread over ``rounds`` rounds that take the steps in turn, in reverse order every other round,
+    each round's calls after one warm-up. Timed one path after the other, the routed call (timed
+    first) read up to a fifth away from the same backend timed next as a candidate in the same
+    run, on two cards (``benchmark/results/NOTES.md``): an order, not a path."""
+    per: Dict[str, List[float]] = {name: [] for name in steps}
+    calls = max(1, -(-int(iters) // rounds))
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 == 0 else list(reversed(list(steps)))):
+            per[name] += time_call(steps[name], warmup=1, iters=calls, device=device)
+    return {name: statistics.median(times) for name, times in per.items()}
+
+
+def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, host: bool = True,
+              ms: Optional[float] = None) -> Dict[str, float]:
     """The timing fields of one of our paths on one shape (see the module docstring); ``host``
-    False leaves out the host-time fields (a candidate's time is all a routes table needs)."""
+    False leaves out the host-time fields (a candidate's time is all a routes table needs).
+    ``ms``: an eager time already measured (:func:`interleaved_ms`), kept instead of timing again."""
     from .. import api
 
     dev = path.device
@@ -245,12 +267,13 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     path.step()
     synchronize(dev)
     if not host:
-        return {"ms": median_ms(path.step, warmup=2, iters=iters, device=dev)}
+        return {"ms": median_ms(path.step, warmup=2, iters=iters, device=dev) if ms is None else ms}
     api._KNOWN.clear()  # the shape's first call again, kernels warm
     t0 = time.perf_counter()
     path.step()
     first = (time.perf_counter() - t0) * 1e6
-    ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
+    if ms is None:
+        ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
     runs: List[float] = []
     fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev, runs)}
     fields["host_us_run_median"] = statistics.median(runs)
@@ -342,14 +365,20 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
             w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
             synchronize(device)
             legacy_bits = [t.clone() for t in base.out]
-            outs = {}
+            outs, paths = {}, {}
             for name in ["auto", *candidates]:
                 path = base if name == "legacy" else OurPath(w, name, workspace, device, hint)
                 try:
-                    fields = time_ours(path, shape, iters=iters, host_calls=host_calls, host=name == "auto")
+                    path.step()  # compiles and records; a backend that cannot run here says so now
                 except BackendUnavailable as exc:
                     rec.setdefault("unavailable", {})[name] = str(exc)[:200]
                     continue
+                paths[name] = path
+            eager = {} if graphs else interleaved_ms({n: p.step for n, p in paths.items()}, iters=iters,
+                                                     device=device)
+            for name, path in paths.items():
+                fields = time_ours(path, shape, iters=iters, host_calls=host_calls, host=name == "auto",
+                                   ms=eager.get(name))
                 same = bitwise_equal(path.out, type(path.out)(*legacy_bits))
                 outs[name] = path.out
                 if name == "auto":
@@ -371,7 +400,7 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                     rec["sglang_overlap"] = selection_overlap(selected, ours)
                 except Exception as exc:  # noqa: BLE001 - the engine's path failing is a finding, not a stop
                     rec["sglang_error"] = failure_reason(exc)
-            base = path = outs = workspace = w = None
+            base = path = paths = outs = workspace = w = None
         except Exception as exc:  # noqa: BLE001 - one broken shape must not lose the rest of the run
             rec["error"] = failure_reason(exc)
         if device != "cpu" and torch.cuda.is_available():
