@@ -612,6 +612,42 @@ def test_auto_takes_the_way_select_way_names(monkeypatch, device):
         assert_same_bits(out, torch_way(keys, lens_t, TOPK, monkeypatch))
 
 
+def bins_from_kth(keys, n, topk, spread, bins=4096, sample=2048, halves=5):
+    """The keys of the fullest bin from the k-th key's up, the split finish's bins recomputed in
+    fp64 for one row of ``n`` keys: the sample's ``r``-th largest as the gate, the sample's range
+    from it spread over ``spread`` of ``bins`` bins (:func:`split_topk.open_row`)."""
+    s = scores_from_ordered_bits(keys[:n]).double()
+    sampled = s[(torch.arange(sample) * n) // sample]
+    r = min(halves * topk * sample // (2 * n) + 1, sample - 1)
+    gate = sampled.sort(descending=True).values[r - 1]
+    b = ((s[s >= gate] - gate) * (spread / (sampled.max() - gate))).floor().clamp(0, bins - 1).long()
+    hist = torch.bincount(b, minlength=bins)
+    at_or_above = hist.flip(0).cumsum(0).flip(0)
+    kth_bin = int((at_or_above >= topk).nonzero().max())
+    return int(hist[kth_bin:].max())
+
+
+def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):
+    """At topk 2048 the sample's range from the gate up spreads over ``TOPK`` bins, not a quarter
+    of 4,096: about 2.5 * TOPK keys reach the gate, and a quarter put more than ``MAXSEG`` into a
+    bin near the k-th key in some rows of indexer-like scores at 196,608 keys (768K tokens), which
+    then took the one-program search (18 of 80 rows of this pattern, recomputed as below; 1 of 80
+    with ``TOPK`` bins). Here two of four rows did; with ``TOPK`` bins all four finish by their
+    bins (the shipped tile, sample and block; the torch way's bits)."""
+    topk, width = 2048, 196608
+    for name, value in (("SPLIT_TILE", 4096), ("SPLIT_SAMPLE", 2048), ("SPLIT_BLOCK", 1024), ("SPLIT_BINS", 4096)):
+        assert getattr(legacy_backend, name) == value  # the shipped values the fp64 rule below assumes
+    force_way(monkeypatch, device, "split")
+    keys, lens_t = key_matrix("scores", [width] * 4, width, device, seed=0)
+    quarter = [bins_from_kth(keys[i].cpu(), width, topk, 4096 / 4) for i in range(4)]
+    spread = [bins_from_kth(keys[i].cpu(), width, topk, topk) for i in range(4)]
+    assert max(quarter) > legacy_backend.SPLIT_MAXSEG >= max(spread), (quarter, spread)
+    got, counts, hows = split(keys, lens_t, topk)
+    assert unwritten_slots(got) == []
+    assert hows.tolist() == [HOW_BINS] * 4, (hows, counts)
+    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+
+
 # ---------------------------------------------------------------------------------------------
 # GPU: DeepSeek-V4 decode widths with the shipped tile, sample and block
 # ---------------------------------------------------------------------------------------------

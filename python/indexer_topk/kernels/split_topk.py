@@ -8,8 +8,9 @@ one SM's pace, so a row is split three ways, one launch each:
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
-   (``BINS`` bins of equal width, the sample's range filling a quarter of them); it also
-   clears the row's candidate count and histogram.
+   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``TOPK`` of
+   them where that is more and at most half); it also clears the row's candidate count and
+   histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
@@ -181,9 +182,16 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
         gate = sample_gate(key, n, TOPK, GATE_HALVES)
     tl.store(gates + i, gate)
     if BINS > 0:
-        # the sample's scores from the gate up fill a quarter of the bins: the row's scores
-        # past the sample's largest have three quarters of them before the last bin
-        scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+        # the sample's scores from the gate up fill a quarter of the bins, or TOPK bins where that
+        # is more and at most half: the row's scores past the sample's largest have the rest
+        # before the last bin. About 2.5 * TOPK keys reach the gate, so TOPK bins keep the keys
+        # a bin holds near the k-th at topk 2048 about where they are at 1024; a quarter of 4,096
+        # bins let more than MAXSEG into one bin near the k-th in about a fifth of the rows of
+        # indexer-like scores at 768K tokens, each then finished by the one-program search
+        if (TOPK > BINS // 4) and (2 * TOPK <= BINS):
+            scale = TOPK / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+        else:
+            scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
         tl.store(scales + i, scale.to(tl.int32, bitcast=True))
         tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
