@@ -45,6 +45,38 @@ def test_run_mix_records_a_tiny_shape_on_the_cpu(tmp_path):
     json.dumps(records)  # the record is what the JSON file holds
 
 
+def test_run_mix_keeps_auto_when_a_candidate_breaks(monkeypatch):
+    """A candidate that fails (not as unavailable) is recorded with its error; ``auto`` and the
+    other candidates keep their records."""
+    real = mix.OurPath.step
+
+    def step(self, check_values=False):
+        if self.backend == "fused":
+            raise RuntimeError("compile failed")
+        return real(self, check_values)
+
+    monkeypatch.setattr(mix.OurPath, "step", step)
+    shape = mix.MixShape("prefill", "sglang_fp8", 512, 1, 2, 2600)
+    (rec,) = mix.run_mix([shape], device="cpu", candidates=("fused", "legacy"), iters=1, host_calls=1)
+    assert "error" not in rec, rec.get("error")
+    assert rec["ours_ms"] > 0 and rec["matches_legacy"] is True and rec["candidates"].keys() == {"legacy"}
+    assert "compile failed" in rec["candidates_all"]["fused"]["error"]
+
+
+def test_retime_auto_times_auto_again_in_turn_with_legacy(monkeypatch):
+    """A re-routed shape's ``auto`` is timed again beside legacy (:func:`mix.interleaved_ms`):
+    its record keeps the earlier route and takes the new time and host fields."""
+    shape = mix.MixShape("prefill", "sglang_fp8", 512, 1, 2, 2600)
+    rec = {**{k: getattr(shape, k) for k in shape.__dataclass_fields__}, "route": "earlier", "ours_ms": -1.0}
+    timed = []
+    real = mix.interleaved_ms
+    monkeypatch.setattr(mix, "interleaved_ms", lambda steps, **kw: (timed.append(sorted(steps)), real(steps, **kw))[1])
+    mix.retime_auto(rec, device="cpu", iters=1, host_calls=1)
+    assert timed == [["auto", "legacy"]]
+    assert rec["route_before"] == "earlier" and rec["ours_ms"] > 0 and rec["matches_legacy"] is True
+    assert rec["host_us"] > 0
+
+
 def test_interleaved_ms_takes_the_paths_in_turn():
     """Each round a warm-up and its share of the calls for every path, the order reversed every
     other round; a median per path."""

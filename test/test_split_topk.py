@@ -635,7 +635,8 @@ def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):
     with ``TOPK`` bins). Here two of four rows did; with ``TOPK`` bins all four finish by their
     bins (the shipped tile, sample and block; the torch way's bits)."""
     topk, width = 2048, 196608
-    for name, value in (("SPLIT_TILE", 4096), ("SPLIT_SAMPLE", 2048), ("SPLIT_BLOCK", 1024), ("SPLIT_BINS", 4096)):
+    for name, value in (("SPLIT_TILE", 4096), ("SPLIT_SAMPLE", 2048), ("SPLIT_BLOCK", 1024), ("SPLIT_BINS", 4096),
+                        ("SPLIT_MAXSEG", 16), ("SPLIT_GATE_BINS", 0)):
         assert getattr(legacy_backend, name) == value  # the shipped values the fp64 rule below assumes
     force_way(monkeypatch, device, "split")
     keys, lens_t = key_matrix("scores", [width] * 4, width, device, seed=0)

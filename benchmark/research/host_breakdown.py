@@ -4,7 +4,7 @@
     PYTHONPATH=python python3 benchmark/research/host_breakdown.py [--cases sglang_fp8:128:16K:legacy,...] [--kth]
 
 Host time of: the out operator and the Python API called directly (each the median run of 20
-back-to-back calls, the two alternating over 10 rounds, so neither is always timed first); the
+back-to-back calls, the two in turn over 10 rounds, first each in every other); the
 API with the replay's launches left out, the replay alone and each recorded step alone (an
 allocation, or a launch with its argument and descriptor counts; each the mean wall time of 200
 calls in runs of 20). A case is
@@ -72,16 +72,16 @@ def main():
         # Alternate the two in rounds: timed one after the other, the first timed read 1.5-3x the
         # second on the GPU host, which a single order cannot tell from the dispatch's cost.
         runs_op, runs_api = [], []
-        for _ in range(ROUNDS):
-            host_us(op, 40, "cuda", runs_op)
-            host_us(direct, 40, "cuda", runs_api)
+        for r in range(ROUNDS):
+            for step, runs in ((op, runs_op), (direct, runs_api))[:: 1 if r % 2 == 0 else -1]:
+                host_us(step, 40, "cuda", runs)
         t_op, t_api = statistics.median(runs_op), statistics.median(runs_api)
         means = f"mean of runs: op {statistics.fmean(runs_op):.1f} us, api {statistics.fmean(runs_api):.1f} us"
         known = next(iter(api._KNOWN._calls.values()))
         route = next(iter(known.replays)) if backend == "auto" else backend
         rep = known.replays.get(route)
         if rep is None:
-            print(f"{case}: {route}, not replayed: op {t_op:.1f} us, api {t_api:.1f} us", flush=True)
+            print(f"{case}: {route}, not replayed: op {t_op:.1f} us, api {t_api:.1f} us; {means}", flush=True)
             continue
         real_run = replay.Replay.run
         replay.Replay.run = lambda self, *a: None

@@ -115,10 +115,11 @@ SPLIT_FINISH_PARTS = 8
 # on 64 rows of 4K..768K (dfb760c): the width, not the rows' lengths, sets the waves.
 SCORE_SPAN = 8192
 SCORE_MIN_SPAN = 512
-# ... and down to this span in one-row tiles (a decode batch of few rows): twice the programs
-# scored one request of 128K faster on an H100 than the floor of 512 did (split_decode.py
-# --configs SCORE_MIN_SPAN=256; benchmark/results/NOTES.md). Prefill's two-row tiles keep the
-# floor above: no prefill shape was timed with it.
+# ... and down to this span in one-row tiles (a decode batch of few rows) of the plain score
+# kernel: twice the programs scored one request of 128K faster on an H100 than the floor of 512
+# did (split_decode.py --configs SCORE_MIN_SPAN=256; benchmark/results/NOTES.md). Prefill's
+# two-row tiles and the kernel that also gathers (the gate ahead) keep the floor above: neither
+# was timed with it.
 SCORE_MIN_SPAN_ONE_ROW = 256
 SCORE_PROGRAMS_PER_SM = 8
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
@@ -182,7 +183,8 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     cfg = tile_config(inputs.layout)
     width = keys.shape[1]
     groups = triton.cdiv(row_count, group)
-    span = score_span(groups, width, device_sm_count(keys.device), one_row=group == 1)
+    # the shorter floor was timed with the plain score kernel only, not the one that gathers
+    span = score_span(groups, width, device_sm_count(keys.device), one_row=group == 1 and gather is None)
     grid = (groups, triton.cdiv(width, span))
     args = (ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table, ka.page_table.stride(0),
             ka.seq_lens, min(inputs.rows, row_start + row_count), row_start, inputs.weight_scale, keys, keys.stride(0))

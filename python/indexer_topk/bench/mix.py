@@ -16,17 +16,17 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
   not timed (no kit given, or its timing failed: ``sglang_error``), which a routes table reads
   as "the engine keeps the shapes it has a path for".
 
-Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time
-of single calls, host time included where the GPU waits for it, timed in rounds that take
-``auto`` and the candidates in turn (:func:`interleaved_ms`), so that no path is always first;
-``host_us`` the mean host wall time per call over back-to-back calls without a sync (the calls
-after a shape's first, which replay its launches), and ``host_us_run_median`` the median of its
-runs' means (a run of :data:`HOST_RUN` calls that the host's scheduler interrupts moves the
-mean, not this); ``host_us_api`` the same for the Python API called directly (what the SGLang
-plugin calls: the difference is the operator's dispatch); ``host_us_first`` the host time of a
-shape's first call with warm kernels (validation, planning and recording); ``host_us_checked``
-the wall time per call with ``check_values=True`` (which syncs). Decode is replayed from a CUDA
-graph, as a server runs it.
+Prefill is timed eagerly, as an eager prefill runs: ``ours_ms`` is the median CUDA-event time of
+single calls, host time included where the GPU waits for it, timed in rounds that take ``auto``
+and the candidates in turn (:func:`interleaved_ms`; a re-routed shape's ``auto`` in turn with
+legacy), so that no path is always first; ``host_us`` the mean host wall time per call over
+back-to-back calls without a sync (the calls after a shape's first, which replay its launches),
+and ``host_us_run_median`` the median of its runs' means (a run of :data:`HOST_RUN` calls that
+the host's scheduler interrupts moves the mean, not this); ``host_us_api`` the same for the
+Python API called directly (what the SGLang plugin calls: the difference is the operator's
+dispatch); ``host_us_first`` the host time of a shape's first call with warm kernels
+(validation, planning and recording); ``host_us_checked`` the wall time per call with
+``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
 """
 
 from __future__ import annotations
@@ -240,9 +240,9 @@ INTERLEAVE_ROUNDS = 4  # rounds of eager timings that take a shape's paths in tu
 
 def interleaved_ms(steps: Dict[str, Callable[[], None]], *, iters: int, device,
                    rounds: int = INTERLEAVE_ROUNDS) -> Dict[str, float]:
-    """Median per-call time in ms (:func:`time_call`) of each of ``steps``, its ``iters`` calls
-    spread over ``rounds`` rounds that take the steps in turn, in reverse order every other round,
-    each round's calls after one warm-up. Timed one path after the other, the routed call (timed
+    """Median per-call time in ms (:func:`time_call`) of each of ``steps``, timed in ``rounds``
+    rounds of ``ceil(iters / rounds)`` calls each (one warm-up call first) that take the steps in
+    turn, in reverse order every other round. Timed one path after the other, the routed call (timed
     first) read up to a fifth away from the same backend timed next as a candidate in the same
     run, on two cards (``benchmark/results/NOTES.md``): an order, not a path."""
     per: Dict[str, List[float]] = {name: [] for name in steps}
@@ -311,7 +311,11 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
     shape = MixShape.from_record(rec)
     w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
     path = OurPath(w, "auto", workspace, device, hint)
-    fields = time_ours(path, shape, iters=iters, host_calls=host_calls)
+    eager = None
+    if shape.kind != "decode" or torch.device(device).type != "cuda":
+        path.step()  # compiles and records, outside the timing
+        eager = interleaved_ms({"auto": path.step, "legacy": base.step}, iters=iters, device=device)["auto"]
+    fields = time_ours(path, shape, iters=iters, host_calls=host_calls, ms=eager)
     rec["route_before"] = rec.get("route")
     rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=bitwise_equal(path.out, base.out),
                **{k: v for k, v in fields.items() if k.startswith("host_us")})
@@ -372,6 +376,11 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                     path.step()  # compiles and records; a backend that cannot run here says so now
                 except BackendUnavailable as exc:
                     rec.setdefault("unavailable", {})[name] = str(exc)[:200]
+                    continue
+                except Exception as exc:  # noqa: BLE001 - a broken candidate must not lose auto's record
+                    if name == "auto":
+                        raise
+                    rec.setdefault("candidates_all", {})[name] = {"error": failure_reason(exc)}
                     continue
                 paths[name] = path
             eager = {} if graphs else interleaved_ms({n: p.step for n, p in paths.items()}, iters=iters,
