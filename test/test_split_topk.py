@@ -627,13 +627,29 @@ def bins_from_kth(keys, n, topk, spread, bins=4096, sample=2048, halves=5):
     return int(hist[kth_bin:].max())
 
 
+def test_split_spread(monkeypatch):
+    """``topk`` bins at topk 2048 of 4,096, a quarter (``0``) at 512 and 1024; more halves widen
+    it up to half the bins; bins too coarse for the topk and ``SPLIT_SPREAD_HALVES = 0`` keep a
+    quarter."""
+    spread = legacy_backend.split_spread
+    assert legacy_backend.SPLIT_BINS == 4096
+    assert [spread(k) for k in (512, 1024, 2048)] == [0, 0, 2048]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 3)
+    assert [spread(k) for k in (512, 1024, 2048)] == [0, 1536, 2048]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 0)
+    assert [spread(k) for k in (512, 1024, 2048)] == [0, 0, 0]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 2)
+    monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 64)
+    assert [spread(k) for k in (16, 32, 512)] == [0, 32, 0]
+
+
 def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):
     """At topk 2048 the sample's range from the gate up spreads over ``TOPK`` bins, not a quarter
     of 4,096: about 2.5 * TOPK keys reach the gate, and a quarter put more than ``MAXSEG`` into a
     bin near the k-th key in some rows of indexer-like scores at 196,608 keys (768K tokens), which
     then took the one-program search (18 of 80 rows of this pattern, recomputed as below; 1 of 80
     with ``TOPK`` bins). Here two of four rows did; with ``TOPK`` bins all four finish by their
-    bins (the shipped tile, sample and block; the torch way's bits)."""
+    bins (the shipped tile, sample and block; the torch way's bits either way)."""
     topk, width = 2048, 196608
     for name, value in (("SPLIT_TILE", 4096), ("SPLIT_SAMPLE", 2048), ("SPLIT_BLOCK", 1024), ("SPLIT_BINS", 4096),
                         ("SPLIT_MAXSEG", 16), ("SPLIT_GATE_BINS", 0)):
@@ -643,10 +659,15 @@ def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):
     quarter = [bins_from_kth(keys[i].cpu(), width, topk, 4096 / 4) for i in range(4)]
     spread = [bins_from_kth(keys[i].cpu(), width, topk, topk) for i in range(4)]
     assert max(quarter) > legacy_backend.SPLIT_MAXSEG >= max(spread), (quarter, spread)
+    want = torch_way(keys, lens_t, topk, monkeypatch)
     got, counts, hows = split(keys, lens_t, topk)
     assert unwritten_slots(got) == []
     assert hows.tolist() == [HOW_BINS] * 4, (hows, counts)
-    assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))
+    assert_same_bits(got, want)
+    monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 0)  # a quarter: the rows the model names search
+    got, counts, hows = split(keys, lens_t, topk)
+    assert [h == HOW_BINS for h in hows.tolist()] == [q <= legacy_backend.SPLIT_MAXSEG for q in quarter], hows
+    assert_same_bits(got, want)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,7 +160,8 @@ def main(argv=None) -> int:
             L = legacy_backend
             for fn, name, warps, const in (
                     (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
-                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS)),
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
+                          SPREAD=L.split_spread(a.topk))),
                     (gate_rows_kernel, "gate, 256 bins", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, GATE_BINS=256)),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,

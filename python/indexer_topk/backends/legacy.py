@@ -98,6 +98,14 @@ SPLIT_GATHER_WARPS = 4
 # one run; 13.8 at 64 x 128K in a later one, where the search and sort had taken 19.5
 # (split_decode.py, benchmark/results/NOTES.md).
 SPLIT_BINS = 4096
+# The bins the sample's scores from the gate up spread over: SPLIT_SPREAD_HALVES / 2 * topk, at
+# most half of SPLIT_BINS, where that is more than a quarter, else a quarter (split_spread).
+# About 2.5 * topk keys reach the gate, so at topk 2048 a quarter of 4,096 bins put more than
+# SPLIT_MAXSEG keys into a bin near the k-th in about a fifth of the rows of indexer-like scores
+# at 768K tokens (an fp64 recomputation of the finish's bins, test_split_topk.bins_from_kth),
+# and each such row took the finish's one-program search; topk bins, about one row in 80.
+# 0: a quarter at every topk.
+SPLIT_SPREAD_HALVES = 2
 SPLIT_MAXSEG = 16
 # By bins, a row's finish is shared by up to SPLIT_FINISH_PARTS programs (each ranks and writes
 # its share of the row's output slots) while the batch leaves SMs without a row: one program
@@ -135,6 +143,15 @@ SCORED_GATE_MIN_WIDTH = 196608
 # ... at these topks (None: any). It was timed faster at 8 x 768K at each of 512, 1024 and 2048
 # (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to those topks.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
+
+
+def split_spread(topk: int) -> int:
+    """Bins of the split finish's histogram that the sample's scores from the gate up fill
+    (``SPLIT_SPREAD_HALVES``), ``0`` for a quarter of ``SPLIT_BINS`` (the kernel's own rule)."""
+    if 2 * topk > SPLIT_BINS:  # bins too coarse for the topk: the kernel's quarter
+        return 0
+    spread = min(SPLIT_SPREAD_HALVES * topk // 2, SPLIT_BINS // 2)
+    return spread if spread > SPLIT_BINS // 4 else 0
 
 
 def score_span(groups: int, width: int, sm_count: int, one_row: bool = False) -> int:
@@ -348,7 +365,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
            TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
-           GATE_BINS=SPLIT_GATE_BINS, num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
+           GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
@@ -407,7 +424,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
            num_warps=tile_config(inputs.layout).num_warps)
     launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
            TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
-           GATE_BINS=SPLIT_GATE_BINS, num_warps=SPLIT_GATE_WARPS,
+           GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS,
            **pdl_options(pdl))
     _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
     _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl)

@@ -8,9 +8,8 @@ one SM's pace, so a row is split three ways, one launch each:
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
-   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``TOPK`` of
-   them where that is more and at most half); it also clears the row's candidate count and
-   histogram.
+   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``SPREAD``:
+   ``TOPK`` of them at topk 2048); it also clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
@@ -113,13 +112,14 @@ def _bin_of(key, gate, scale, BINS: tl.constexpr):
 def gate_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist,
     TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
-    SAMPLED: tl.constexpr = False, GATE_BINS: tl.constexpr = 0,
+    SAMPLED: tl.constexpr = False, GATE_BINS: tl.constexpr = 0, SPREAD: tl.constexpr = 0,
 ):
     """Program ``i``: row ``i``'s gate (rows longer than ``TILE`` only), its histogram's scale
     (fp32 bits) and cleared bins (``BINS > 0``), and a zero count. ``PDL``: this kernel and the
     next two are launched with programmatic dependent launch, each after the one before.
     ``GATE_BINS``: the gate from one histogram of the sample (:func:`binned_gate`), not the
-    sample's exact ``r``-th key (``0``).
+    sample's exact ``r``-th key (``0``). ``SPREAD``: the bins the sample's range from the gate up
+    fills (:func:`open_row`; ``backends.legacy.split_spread``).
 
     ``SAMPLED``: the row's sample is already scored, ``SAMPLE`` keys at the start of its
     candidate region (``src`` is then the candidate regions, ``stride_src`` the key matrix's
@@ -137,7 +137,7 @@ def gate_rows_kernel(
             key = tl.load(src + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK) + tl.arange(0, SAMPLE))
         else:
             key = row_sample(src + i.to(tl.int64) * stride_src, n, SAMPLE)
-        open_row(key, n, i, gates, scales, hist, TOPK, BINS, GATE_BINS)
+        open_row(key, n, i, gates, scales, hist, TOPK, BINS, GATE_BINS, SPREAD)
 
 
 @triton.jit
@@ -172,9 +172,11 @@ def binned_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, GATE_BINS: tl.
 
 
 @triton.jit
-def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.constexpr, GATE_BINS: tl.constexpr = 0):
+def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.constexpr, GATE_BINS: tl.constexpr = 0,
+             SPREAD: tl.constexpr = 0):
     """Row ``i``'s gate from its sample ``key`` (:func:`.row_topk.row_sample` of its ``n`` keys;
-    by :func:`binned_gate` where ``GATE_BINS > 0``), its histogram's scale (fp32 bits) and
+    by :func:`binned_gate` where ``GATE_BINS > 0``), its histogram's scale (fp32 bits: the
+    sample's range from the gate up over ``SPREAD`` bins, a quarter of ``BINS`` where ``0``) and
     cleared bins (``BINS > 0``)."""
     if GATE_BINS > 0:
         gate = binned_gate(key, n, TOPK, GATE_HALVES, GATE_BINS)
@@ -182,14 +184,10 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
         gate = sample_gate(key, n, TOPK, GATE_HALVES)
     tl.store(gates + i, gate)
     if BINS > 0:
-        # the sample's scores from the gate up fill a quarter of the bins, or TOPK bins where that
-        # is more and at most half: the row's scores past the sample's largest have the rest
-        # before the last bin. About 2.5 * TOPK keys reach the gate, so TOPK bins keep the keys
-        # a bin holds near the k-th at topk 2048 about where they are at 1024; a quarter of 4,096
-        # bins let more than MAXSEG into one bin near the k-th in about a fifth of the rows of
-        # indexer-like scores at 768K tokens, each then finished by the one-program search
-        if (TOPK > BINS // 4) and (2 * TOPK <= BINS):
-            scale = TOPK / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+        # the sample's scores from the gate up fill SPREAD bins (a quarter where 0): the row's
+        # scores past the sample's largest have the rest before the last bin
+        if SPREAD > 0:
+            scale = SPREAD / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
         else:
             scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
         tl.store(scales + i, scale.to(tl.int32, bitcast=True))
