@@ -85,7 +85,13 @@ SPLIT_SAMPLE = 2048
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
-SPLIT_GATE_WARPS = 16
+# The gate kernel's warps: 8 gated a row faster than 16 (and 4) in device time at 1 x 128K and
+# 1 x 768K on an H200 and at 1 x 128K and 8 x 128K on an H100, the same bits
+# (split_decode.py --configs SPLIT_GATE_WARPS=8; benchmark/results/NOTES.md). The gate ahead's
+# gate (scored_split), which runs beside the score kernel, keeps 16 (SCORED_GATE_WARPS): it was
+# not timed with 8.
+SPLIT_GATE_WARPS = 8
+SCORED_GATE_WARPS = 16
 # The gate from one histogram of SPLIT_GATE_BINS bins over the sample's scores, a few more
 # entrants than aimed at (kernels/split_topk.py, binned_gate); 0: the sample's exact r-th key
 # by a radix search of up to seven passes.
@@ -424,7 +430,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
            num_warps=tile_config(inputs.layout).num_warps)
     launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
            TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
-           GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS,
+           GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SCORED_GATE_WARPS,
            **pdl_options(pdl))
     _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
     _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl)
