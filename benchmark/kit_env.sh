@@ -27,3 +27,44 @@ start_kit_build() {
     [ -n "${KIT_BUILD_OUT:-}" ] && tar czf "$OUT/kit_build.tgz" -C /tmp dgsite dg_jit sgl_topk_v2_build ) &
   BUILD=$!
 }
+
+# The compile pass of a whole uncached mix, a process for each ';'-separated group of shapes
+# (serving_mix.py --shapes: label substrings), so that the kernel classes compile side by side
+# on the host's cores; a shape in two groups only compiles twice. WARM_GROUPS: other groups.
+WARM_GROUPS_MIX="prefill 128 x,prefill 1024 x 16K,prefill 1024 x 64K,prefill 8192 x 16K,prefill 8192 x 64K"
+WARM_GROUPS_MIX+=";prefill 1024 x 256K,prefill 1024 x 768K,prefill 8192 x 256K,prefill 8192 x 768K"
+WARM_GROUPS_MIX+=";decode 1 x,decode 8 x,decode 32 x;decode 64 x,decode 256 x;mxfp4;topk 512"
+
+# compile_pass LIMIT_S: serving_mix.py once over the shapes (MIX_ARGS) with one call each, so that
+# Triton compiles our kernels before anything is timed; with groups (WARM_GROUPS, or
+# WARM_GROUPS_MIX for a whole mix when no Triton cache is carried) a process per group, side by
+# side. Its log is $OUT/warm.log.
+compile_pass() {
+  local limit=$1 groups=${WARM_GROUPS:-} i pids=()
+  if [ -z "$groups" ] && [ ! -f .carry/tcache.tgz ] && [[ " ${MIX_ARGS:-} " != *" --shapes "* ]]; then
+    groups=$WARM_GROUPS_MIX
+  fi
+  if [ -z "$groups" ]; then
+    stamp "compile pass"
+    # shellcheck disable=SC2086
+    timeout "$limit" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
+      --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
+    stamp "compile pass rc $?"
+    return
+  fi
+  stamp "compile pass, a process per group of shapes: $groups"
+  local group
+  IFS=';' read -ra group <<< "$groups"
+  for i in "${!group[@]}"; do
+    # shellcheck disable=SC2086
+    timeout "$limit" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
+      --out "/tmp/warm_$i.json" ${MIX_ARGS:-} --shapes "${group[$i]}" > "/tmp/warm_$i.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!group[@]}"; do
+    wait "${pids[$i]}"
+    echo "== ${group[$i]}: rc $?"
+    tail -3 "/tmp/warm_$i.log"
+  done > "$OUT/warm.log"  # one file: a call brings back few
+  stamp "compile pass done ($(grep -c ': rc 0$' "$OUT/warm.log") of ${#group[@]} groups finished)"
+}

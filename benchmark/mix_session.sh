@@ -15,9 +15,13 @@
 # WARM_CMD: shell code run in this script's shell after the tests, while the kit still builds (its
 # exports reach the mix). NO_MIX=1 skips the NaN check and the mix; TCACHE_OUT=1 writes Triton's
 # cache to $OUT/tcache.tgz at the end (carry it as .carry/tcache.tgz to skip the compiles next time).
-# Without a carried cache the compile pass defaults to 150 s, and the whole mix does not fit one
-# device call (fbfd3ff: 28 of 33 shapes in 475 s): run it as two calls of one session,
-# MIX_ARGS="--retune --shapes prefill" then "--retune --shapes decode", joined by mix_reroute.py.
+# Without a carried cache the compile pass defaults to 150 s. In one process the whole mix did
+# not fit one device call (fbfd3ff: 28 of 33 shapes in 475 s), so a whole mix's compile pass now
+# runs a process per group of shapes, side by side (compile_pass in kit_env.sh: WARM_GROUPS_MIX,
+# or WARM_GROUPS); at 358479e the two halves of the mix timed in 122 s (decode) and 77 s
+# (prefill) after a 150 s pass each. If it still runs out, run two calls of one session,
+# MIX_ARGS="--retune --shapes prefill" then "--retune --shapes decode", joined by
+# mix_reroute.py.
 set -u -o pipefail
 export OUT=${OUT:-/tmp/mix_out}
 mkdir -p "$OUT"
@@ -36,10 +40,7 @@ else
     warm=150
     stamp "no Triton cache carried (.carry/tcache.tgz): our kernels compile in this pass and the mix"
   fi
-  stamp "compile pass"
-  timeout "${WARM_S:-$warm}" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
-    --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
-  stamp "compile pass rc $?"
+  compile_pass "${WARM_S:-$warm}"
 fi
 if [ -n "${WARM_CMD:-}" ]; then
   stamp "WARM_CMD: $WARM_CMD"
