@@ -40,31 +40,23 @@ WARM_GROUPS_MIX+=";decode 1 x,decode 8 x,decode 32 x;decode 64 x,decode 256 x;mx
 # WARM_GROUPS_MIX for a whole mix when no Triton cache is carried) a process per group, side by
 # side. Its log is $OUT/warm.log.
 compile_pass() {
-  local limit=$1 groups=${WARM_GROUPS:-} i pids=()
+  local limit=$1 groups=${WARM_GROUPS:-} i group pids=()
   if [ -z "$groups" ] && [ ! -f .carry/tcache.tgz ] && [[ " ${MIX_ARGS:-} " != *" --shapes "* ]]; then
     groups=$WARM_GROUPS_MIX
   fi
-  if [ -z "$groups" ]; then
-    stamp "compile pass"
-    # shellcheck disable=SC2086
-    timeout "$limit" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
-      --out /tmp/warm.json ${MIX_ARGS:-} > "$OUT/warm.log" 2>&1
-    stamp "compile pass rc $?"
-    return
-  fi
-  stamp "compile pass, a process per group of shapes: $groups"
-  local group
   IFS=';' read -ra group <<< "$groups"
+  [ ${#group[@]} -eq 0 ] && group=("")  # one process over MIX_ARGS's shapes
+  stamp "compile pass, ${#group[@]} process(es): ${groups:-the shapes of MIX_ARGS}"
   for i in "${!group[@]}"; do
     # shellcheck disable=SC2086
     timeout "$limit" python3 benchmark/serving_mix.py --iters 1 --host-calls 1 --candidates fused,legacy \
-      --out "/tmp/warm_$i.json" ${MIX_ARGS:-} --shapes "${group[$i]}" > "/tmp/warm_$i.log" 2>&1 &
+      --out "/tmp/warm_$i.json" ${MIX_ARGS:-} ${group[$i]:+--shapes "${group[$i]}"} > "/tmp/warm_$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!group[@]}"; do
     wait "${pids[$i]}"
-    echo "== ${group[$i]}: rc $?"
-    tail -3 "/tmp/warm_$i.log"
+    echo "== ${group[$i]:-MIX_ARGS}: rc $?"
+    tail -12 "/tmp/warm_$i.log"
   done > "$OUT/warm.log"  # one file: a call brings back few
-  stamp "compile pass done ($(grep -c ': rc 0$' "$OUT/warm.log") of ${#group[@]} groups finished)"
+  stamp "compile pass done ($(grep -c ': rc 0$' "$OUT/warm.log") of ${#group[@]} finished)"
 }

@@ -612,14 +612,13 @@ def test_auto_takes_the_way_select_way_names(monkeypatch, device):
         assert_same_bits(out, torch_way(keys, lens_t, TOPK, monkeypatch))
 
 
-def bins_from_kth(keys, n, topk, spread, bins=4096, sample=2048, halves=5):
+def bins_from_kth(keys, n, topk, spread, bins=4096, sample=2048):
     """The keys of the fullest bin from the k-th key's up, the split finish's bins recomputed in
     fp64 for one row of ``n`` keys: the sample's ``r``-th largest as the gate, the sample's range
     from it spread over ``spread`` of ``bins`` bins (:func:`split_topk.open_row`)."""
     s = scores_from_ordered_bits(keys[:n]).double()
     sampled = s[(torch.arange(sample) * n) // sample]
-    r = min(halves * topk * sample // (2 * n) + 1, sample - 1)
-    gate = sampled.sort(descending=True).values[r - 1]
+    gate = sampled.sort(descending=True).values[sample_rank(n, topk, sample) - 1]
     b = ((s[s >= gate] - gate) * (spread / (sampled.max() - gate))).floor().clamp(0, bins - 1).long()
     hist = torch.bincount(b, minlength=bins)
     at_or_above = hist.flip(0).cumsum(0).flip(0)

@@ -186,10 +186,11 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
     if BINS > 0:
         # the sample's scores from the gate up fill SPREAD bins (a quarter where 0): the row's
         # scores past the sample's largest have the rest before the last bin
+        rise = _score_of(tl.max(key, axis=0)) - _score_of(gate)
         if SPREAD > 0:
-            scale = SPREAD / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+            scale = SPREAD / rise
         else:
-            scale = (BINS / 4) / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+            scale = (BINS / 4) / rise
         tl.store(scales + i, scale.to(tl.int32, bitcast=True))
         tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
