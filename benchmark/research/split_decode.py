@@ -39,6 +39,7 @@ from indexer_topk import api  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
 from indexer_topk.bench.mix import MixShape, graph_ms  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
+from indexer_topk.envs import envs  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
 
 from decode_bench import parse_shape  # noqa: E402
@@ -46,9 +47,18 @@ from decode_probe import kernel_times  # noqa: E402
 
 
 def parse_config(text: str) -> dict:
-    """``NAME=value,...``: each value an integer, or ``None``."""
-    return {k.strip(): None if v.strip() == "None" else int(v) for k, v in (x.split("=") for x in text.split(",")
-                                                                            if x.strip())}
+    """``NAME=value,...``: each value an integer, or ``None``; ``ValueError`` naming an entry that
+    is neither."""
+    config = {}
+    for entry in (x.strip() for x in text.split(",") if x.strip()):
+        name, sep, value = (part.strip() for part in entry.partition("="))
+        try:
+            if not sep or not name:
+                raise ValueError
+            config[name] = None if value == "None" else int(value)
+        except ValueError:
+            raise ValueError(f"--configs: {entry!r} is not NAME=integer or NAME=None") from None
+    return config
 
 
 class Settings:
@@ -59,6 +69,10 @@ class Settings:
 
     def __init__(self, text: str):
         self.configs = [""] + [c for c in text.split(";") if c.strip()]
+        # a misspelt variable would be set, read by nothing, and its config measured as shipped
+        unknown = sorted({k for c in self.configs for k in parse_config(c) if _is_env(k)} - ENV_NAMES)
+        if unknown:
+            raise ValueError(f"--configs: {', '.join(unknown)}: not a variable of indexer_topk.envs")
         self.shipped = {k: os.environ.get(k) if _is_env(k) else getattr(legacy_backend, k)
                         for c in self.configs for k in parse_config(c)}
 
@@ -74,6 +88,9 @@ class Settings:
 
 def _is_env(name: str) -> bool:
     return name.startswith("INDEXER_TOPK_")
+
+
+ENV_NAMES = frozenset(f.name for f in envs.fields())
 
 
 def workloads(a, device):

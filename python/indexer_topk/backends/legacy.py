@@ -60,6 +60,7 @@ from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per
 # and 256 x 65,536 (where its three launches cost an eager call more host time), and loses from
 # 256 rows of 16,384 keys and at 512 rows and more.
 KTH_SEARCH = "auto"
+SELECT_WAYS = ("split", "rows", "torch", "radix")  # KTH_SEARCH's values besides "auto"
 ROWS_MIN_ROWS = 128
 SPLIT_ROWS_PER_SM = 1
 SPLIT_MIN_WIDTH = 16384
@@ -165,10 +166,23 @@ def score_span(groups: int, width: int, sm_count: int, one_row: bool = False) ->
     unless that leaves programs short of one wave of ``SCORE_PROGRAMS_PER_SM`` an SM; then whole
     pages, as many programs a group as the wave holds for every group, at least ``SCORE_MIN_SPAN``
     (``SCORE_MIN_SPAN_ONE_ROW`` for one-row groups, ``one_row``)."""
+    _check_spans()
     want = max(1, SCORE_PROGRAMS_PER_SM * sm_count // max(groups, 1))  # programs a row group may take
     span = -(-width // want)
     span = -(-span // PAGE_SIZE) * PAGE_SIZE
     return max(SCORE_MIN_SPAN_ONE_ROW if one_row else SCORE_MIN_SPAN, min(SCORE_SPAN, span))
+
+
+def _check_spans() -> None:
+    """``ValueError`` naming a span setting that is not a positive multiple of ``PAGE_SIZE``: the
+    score kernel scores a program's span page by page from its first position, which it takes as
+    a page's start (:func:`indexer_topk.kernels.score.score_page`), so a span of part of a page
+    would store each page's scores at the wrong positions."""
+    for name, value in (("SCORE_SPAN", SCORE_SPAN), ("SCORE_MIN_SPAN", SCORE_MIN_SPAN),
+                        ("SCORE_MIN_SPAN_ONE_ROW", SCORE_MIN_SPAN_ONE_ROW)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % PAGE_SIZE:
+            raise ValueError(f"indexer_topk.backends.legacy.{name}: expected a positive multiple of the page size "
+                             f"({PAGE_SIZE}), got {value!r}")
 
 
 @launches_kernels
@@ -249,8 +263,15 @@ def select_way(rows: int, width: int, sm_count: int) -> str:
 
 
 def _select_mode(rows: int, width: int, device) -> str:
-    """The way :func:`legacy_select` takes: ``KTH_SEARCH``, or :func:`select_way`'s under ``"auto"``."""
-    return select_way(rows, width, device_sm_count(device)) if KTH_SEARCH == "auto" else KTH_SEARCH
+    """The way :func:`legacy_select` takes: ``KTH_SEARCH``, or :func:`select_way`'s under ``"auto"``;
+    ``ValueError`` naming ``KTH_SEARCH`` where it is none of :data:`SELECT_WAYS` (its last branch
+    would otherwise take any other value for ``"radix"``)."""
+    if KTH_SEARCH == "auto":
+        return select_way(rows, width, device_sm_count(device))
+    if KTH_SEARCH not in SELECT_WAYS:
+        raise ValueError(f"indexer_topk.backends.legacy.KTH_SEARCH: unknown way {KTH_SEARCH!r}; expected one of "
+                         f"{('auto',) + SELECT_WAYS}")
+    return KTH_SEARCH
 
 
 @launches_kernels
