@@ -89,7 +89,7 @@ def assert_same_bits(got, want):
         assert torch.equal(a.view(torch.int32), b.view(torch.int32)), name
 
 
-@pytest.mark.parametrize("pattern", ["random", "increasing", "decreasing", "ties", "nan", "spikes"])
+@pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
 def test_rows_equal_torch_way(pattern, rows_way, monkeypatch, device):
     """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot."""
     width = 4160
@@ -222,7 +222,7 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("pattern", ["random", "increasing", "ties", "spikes"])
+@pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
 def test_rows_equal_torch_way_gpu(pattern, topk, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
@@ -233,3 +233,70 @@ def test_rows_equal_torch_way_gpu(pattern, topk, monkeypatch, device):
     got = select(keys, lens_t, topk, "rows", monkeypatch)
     assert unwritten_slots(got) == []
     assert_same_bits(got, select(keys, lens_t, topk, "torch", monkeypatch))
+
+
+def _no_sort(monkeypatch):
+    """Make the sorting network of :func:`indexer_topk.kernels.select.finalize_row` raise (under
+    the interpreter its kernels call the module's names at run time)."""
+    from indexer_topk.kernels import select as select_kernels
+
+    def no_sort(x, descending):
+        raise AssertionError("sorted by the network")
+
+    monkeypatch.setattr(select_kernels, "sort1d", no_sort)
+
+
+@pytest.mark.parametrize("topk", [512, 1024])
+def test_rows_order_by_bins_without_the_network(topk, rows_way, monkeypatch, device):
+    """On fp32 scores spread as an indexer's, every long row's selection is ordered by bins
+    (the network is never called) and the bits are the torch way's, over more rows than the
+    persistent grid has programs, so that each program's histogram serves several rows and must
+    be left cleared by each."""
+    if device != "cpu":
+        pytest.skip("the network is replaced under the interpreter only")
+    monkeypatch.setattr(legacy_backend, "ROWS_PROGRAMS_PER_SM", 1)
+    monkeypatch.setattr(legacy_backend, "device_sm_count", lambda dev: 2)
+    width = 2560
+    lens = [width, width - 1, 1100, topk + 1, width - 7, 2000, topk + 3]
+    keys, lens_t = key_matrix("scores", lens, width, device, seed=11)
+    want = select(keys, lens_t, topk, "torch", monkeypatch)
+    _no_sort(monkeypatch)
+    got = select(keys, lens_t, topk, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, want)
+
+
+@pytest.mark.parametrize("pattern", ["ties", "crowded"])
+def test_rows_order_falls_back_to_the_network(pattern, rows_way, monkeypatch, device):
+    """Where a bin would hold more than ``ROWS_ORDER_MAXSEG`` of the selection (equal keys; one
+    score far above the rest, which crowds the others into the lowest bins) the selection is
+    sorted by the network instead, with the same bits as without bins."""
+    if device != "cpu":
+        pytest.skip("the network is replaced under the interpreter only")
+    width = 2048
+    keys, lens_t = key_matrix("scores" if pattern == "crowded" else pattern, [width, width], width, device, seed=2)
+    if pattern == "crowded":
+        keys[:, 77] = ordered_score_bits(torch.tensor([1e30]))
+    monkeypatch.setattr(legacy_backend, "ROWS_ORDER_BINS", 0)
+    want = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    monkeypatch.setattr(legacy_backend, "ROWS_ORDER_BINS", 4096)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    assert_same_bits(got, want)
+    _no_sort(monkeypatch)
+    with pytest.raises(Exception, match="sorted by the network"):
+        select(keys, lens_t, TOPK, "rows", monkeypatch)
+
+
+@pytest.mark.parametrize("bins,maxseg", [(4096, 16), (64, 16), (4096, 1), (16, 64)])
+def test_rows_order_bins_settings_keep_the_bits(bins, maxseg, rows_way, monkeypatch, device):
+    """Any number of bins and any run bound give the torch way's bits, by bins or by the
+    network: few bins or a bound of one send rows to the network, a bound past the bins' fill
+    keeps them on the bins with long runs to rank."""
+    monkeypatch.setattr(legacy_backend, "ROWS_ORDER_BINS", bins)
+    monkeypatch.setattr(legacy_backend, "ROWS_ORDER_MAXSEG", maxseg)
+    width = 2560
+    lens = [width, 1500, TOPK + 1, TOPK, 3]
+    keys, lens_t = key_matrix("scores", lens, width, device, seed=bins + maxseg)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))

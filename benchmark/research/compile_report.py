@@ -37,6 +37,7 @@ from indexer_topk.contract import Layout  # noqa: E402
 from indexer_topk.kernels.fused import fused_topk_kernel  # noqa: E402
 from indexer_topk.kernels.launch import SELECT_CHUNK, SELECT_WARPS, pack_args, tile_config  # noqa: E402
 from indexer_topk.kernels.logits import gather_logits_kernel, logits_kernel  # noqa: E402
+from indexer_topk.kernels.row_topk import topk_rows_kernel  # noqa: E402
 from indexer_topk.kernels.scored_gate import score_sample_kernel  # noqa: E402
 from indexer_topk.kernels.select import MODE_KEYS, MODE_SEGMENTS, select_rows_kernel  # noqa: E402
 from indexer_topk.kernels.split_topk import finish_rows_kernel, gate_rows_kernel, gather_rows_kernel  # noqa: E402
@@ -179,6 +180,11 @@ def main(argv=None) -> int:
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
                           MAXSEG=L.SPLIT_MAXSEG, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
+                print(f"{'any':13s} {name:15s} {_report(k)}")
+            for bins, name in ((L.ROWS_ORDER_BINS, "row select"), (0, "rows, sorted")):
+                const = dict(TOPK=a.topk, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, BINS=bins, MAXSEG=L.ROWS_ORDER_MAXSEG)
+                sig = dict(_signature(topk_rows_kernel, {}, constexprs=const), rows="i32")
+                k = _compile(topk_rows_kernel, sig, const, a.arch, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
         if a.split_only:
             return 0

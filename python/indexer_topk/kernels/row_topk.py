@@ -30,7 +30,8 @@ The selection is the contract's and :func:`.select.finalize_row` sorts and write
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, wait_for_producer
+from .bins import bin_slots
+from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, key_to_score_bits, wait_for_producer
 from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
@@ -265,20 +266,59 @@ def row_length(seq_lens, row, stride_src):
     return tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
 
 
+@triton.jit
+def finalize_row_binned(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row,
+                        out_cnt_ptr, hist, TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr):
+    """:func:`.select.finalize_row`, a long row's selection ordered by bins
+    (:func:`.bins.bin_slots`, ``hist``: ``BINS`` int32 of zeros, left zero) where they resolve
+    it, and sorted where they do not (or ``BINS == 0``). The runs are staged in the output row
+    the selection is read from."""
+    ordered = tl.zeros([], dtype=tl.int1)
+    if BINS > 0:
+        if seq_len > TOPK:
+            offs = tl.arange(0, TOPK)
+            cnt = tl.maximum(count, 0)
+            m = offs < cnt
+            key = tl.load(src_key + offs, mask=m, other=0)
+            pos = tl.load(src_pos + offs, mask=m, other=0)
+            slot, ordered = bin_slots(key, pos, m, cnt, hist, out_bits_row, out_raw_row, BINS, MAXSEG)
+            if ordered:
+                page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
+                tl.debug_barrier()  # every rank taken before the outputs overwrite the staged runs
+                tl.store(out_bits_row + slot, key_to_score_bits(key), mask=m)
+                tl.store(out_raw_row + slot, pos, mask=m)
+                tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=m)
+                pad = offs >= cnt  # slots no entry takes (an unchecked length past the page table)
+                tl.store(out_bits_row + offs, tl.full([TOPK], NEG_INF_BITS, tl.int32), mask=pad)
+                tl.store(out_raw_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)
+                tl.store(out_phys_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)
+                tl.store(out_cnt_ptr, cnt)
+    if ordered == 0:
+        finalize_row(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row,
+                     out_cnt_ptr, TOPK)
+
+
 @triton.jit(do_not_specialize=["stride_src", "rows", "row_start"])
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
+    scratch, hist, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
+    BINS: tl.constexpr = 0, MAXSEG: tl.constexpr = 16,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
-    launched with programmatic dependent launch after the kernel that wrote ``src``."""
+    launched with programmatic dependent launch after the kernel that wrote ``src``. ``BINS``:
+    a row's selection is ordered by that many bins where no bin holds more than ``MAXSEG`` of
+    it (``hist``: ``BINS`` int32 per program, cleared here), else sorted (``0``: always)."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)
     pool_pos = pool_key + 2 * TOPK
+    hist_p = hist + pid.to(tl.int64) * BINS
+    if BINS > 0:
+        tl.store(hist_p + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
+        tl.debug_barrier()  # the bins cleared before a row counts in them
     programs = tl.num_programs(0)
     for j in range(0, tl.cdiv(rows - pid, programs)):
         i = pid + j * programs
@@ -287,8 +327,8 @@ def topk_rows_kernel(
         orow = row.to(tl.int64) * TOPK
         select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
         tl.debug_barrier()
-        finalize_row(
+        finalize_row_binned(
             out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
-            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
+            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, hist_p, TOPK, BINS, MAXSEG,
         )
-        tl.debug_barrier()  # the pool and the output row are reused by the program's next row
+        tl.debug_barrier()  # the pool, the bins and the output row are reused by the program's next row
