@@ -77,7 +77,7 @@ ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # A row's selection is ordered by ROWS_ORDER_BINS bins linear in the score where no bin holds
 # more than ROWS_ORDER_MAXSEG of it (kernels/bins.py: a counting sort by bin, then a rank inside
 # the bin), else sorted by tl.sort's network over 64-bit composites; 0: always sorted.
-ROWS_ORDER_BINS = 4096
+ROWS_ORDER_BINS = 0
 ROWS_ORDER_MAXSEG = 16
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
