@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call: Nsight Compute on the legacy row select (the select stage of prefill chunks of
+# 128 rows and more, and of decode batches of 256), where SGLang's topk_v2 is 5-7x faster
+# (benchmark/results/NOTES.md): its duration, throughput, occupancy and warp states, then where
+# its warps stall by source line (research/ncu_source_summary.py, regions: row_topk.py's
+# functions; select.py's lines, the network's, are listed by file), with the selection sorted by
+# the network (shipped) and ordered by bins (ROWS_ORDER_BINS, off: slower on normal scores).
+#
+#   SHAPES="8192x4096" BINS="0 2048" bash benchmark/research/ncu_rows.sh        (logs under $OUT)
+set -u
+export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+OUT=${OUT:-/tmp/ncu_rows}
+mkdir -p "$OUT" "$TRITON_CACHE_DIR"
+SAMPLING=""
+NCU_HELP=$(ncu --help 2>/dev/null)
+if grep -q -- "--warp-sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--warp-sampling-interval 2"
+elif grep -qE -- "(^|[[:space:]])--sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--sampling-interval 2"; fi
+for shape in ${SHAPES:-8192x4096}; do
+  for bins in ${BINS:-0 2048}; do
+    tag="${shape}_bins$bins"
+    timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      python3 benchmark/research/ncu_rows.py --shape "$shape" --bins "$bins" > "$OUT/ncu_rows_$tag.txt" 2>&1
+    echo "== $tag rc $?"
+    grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local" \
+      "$OUT/ncu_rows_$tag.txt" | head -12
+    # shellcheck disable=SC2086
+    timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
+      $SAMPLING --section WarpStateStats --section SourceCounters --import-source yes -f -o "$OUT/rows_src" \
+      python3 benchmark/research/ncu_rows.py --shape "$shape" --bins "$bins" > /dev/null 2>&1 \
+      && ncu -i "$OUT/rows_src.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/rows_src.csv" \
+      && python3 benchmark/research/ncu_source_summary.py "$OUT/rows_src.csv" \
+           --regions python/indexer_topk/kernels/row_topk.py > "$OUT/ncu_rows_source_$tag.txt" \
+      && head -40 "$OUT/ncu_rows_source_$tag.txt"
+    echo "== $tag source rc $?"
+    rm -f "$OUT/rows_src.ncu-rep" "$OUT/rows_src.csv"
+  done
+done
