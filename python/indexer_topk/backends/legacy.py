@@ -76,7 +76,9 @@ ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # A row's selection is ordered by ROWS_ORDER_BINS bins linear in the score where no bin holds
 # more than ROWS_ORDER_MAXSEG of it (kernels/bins.py: a counting sort by bin, then a rank inside
-# the bin), else sorted by tl.sort's network over 64-bit composites; 0: always sorted.
+# the bin), else sorted by tl.sort's network over 64-bit composites; 0: always sorted. Off: on
+# normal scores it lost to the network on an H100 at every shape measured (5-29%; it won only on
+# rising scores), benchmark/results/NOTES.md. 0 or a power of two (a tl.arange), rows_order_bins.
 ROWS_ORDER_BINS = 0
 ROWS_ORDER_MAXSEG = 16
 
@@ -351,8 +353,16 @@ def split_scratch_size(rows: int, topk: int) -> int:
 
 def rows_order_bins(width: int, topk: int) -> int:
     """Bins the row select orders a row's selection by (``ROWS_ORDER_BINS``; 0, no histogram,
-    where no row of ``width`` keys is longer than ``topk``: every row keeps position order)."""
-    return ROWS_ORDER_BINS if width > topk else 0
+    where no row of ``width`` keys is longer than ``topk``: every row keeps position order).
+    ``ValueError`` naming ``ROWS_ORDER_BINS`` or ``ROWS_ORDER_MAXSEG`` where it is not a setting
+    the kernel takes: the bins are a ``tl.arange`` (0 or a power of two), the bound a count of
+    comparisons (a positive integer)."""
+    bins, maxseg = ROWS_ORDER_BINS, ROWS_ORDER_MAXSEG
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 0 or bins & (bins - 1):
+        raise ValueError(f"indexer_topk.backends.legacy.ROWS_ORDER_BINS: expected 0 or a power of two, got {bins!r}")
+    if isinstance(maxseg, bool) or not isinstance(maxseg, int) or maxseg < 1:
+        raise ValueError(f"indexer_topk.backends.legacy.ROWS_ORDER_MAXSEG: expected a positive integer, got {maxseg!r}")
+    return bins if width > topk else 0
 
 
 def row_hist_size(rows: int, width: int, topk: int, sm_count: int) -> int:
@@ -374,10 +384,11 @@ def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count
     over a page table of ``page_table_columns`` pages, with ``topk``, on a device of ``sm_count``
     SMs: the key matrix (a chunk of rows under the logits budget, ``budget_bytes`` or
     ``INDEXER_TOPK_LOGITS_BUDGET_MB``) and the largest chunk's select scratch (the split select's
-    buffers, or the row select's candidate pools for rows longer than its tile), the way
-    ``select_way`` picks. For a call of one chunk (a decode batch under the default budget) it is
-    what a replay allocates, each buffer in its own 512-byte-aligned place of one block (not
-    counted here), and what a graph capturing the call holds in its pool."""
+    buffers, or the row select's candidate pools for rows longer than its tile and its histograms
+    under ``ROWS_ORDER_BINS``), the way ``select_way`` picks. For a call of one chunk (a decode
+    batch under the default budget) it is what a replay allocates, each buffer in its own
+    512-byte-aligned place of one block (not counted here), and what a graph capturing the call
+    holds in its pool."""
     if rows == 0:
         return 0
     width = page_table_columns * PAGE_SIZE

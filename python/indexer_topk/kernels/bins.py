@@ -47,12 +47,17 @@ def bin_slots(key, pos, valid, count, hist, stage_key, stage_pos, BINS: tl.const
     """Output slots of the ``count`` valid entries ``(key, pos)`` of a register tile under the
     contract's order, by bins over the keys' range (see the module docstring).
 
+    ``key`` / ``pos``: int32 ``[N]`` (order keys, positions distinct among the valid entries);
+    ``valid``: int1 ``[N]``; ``count``: int32, exactly the number of valid entries (the runs'
+    starts are counted down from it, so a larger one would place slots past ``count - 1``), at
+    most ``N <= 2 ** 15`` (a run is packed as ``start << 16 | length`` in an int32).
     ``hist``: ``BINS`` int32 of scratch, all zero on entry, and zero again on return.
     ``stage_key`` / ``stage_pos``: ``count`` int32 each of scratch (they may be the rows the
     entries were loaded from: every thread's loads come before this call's first barrier).
-    Returns ``(slot, ordered)``: where ``ordered`` (no bin holds more than ``MAXSEG`` entries),
-    ``slot`` is each valid entry's place ``0 .. count - 1``, a permutation; otherwise nothing is
-    known and the stage is not written."""
+    Returns ``(slot, ordered)``, int32 ``[N]`` and int1: where ``ordered`` (no bin holds more
+    than ``MAXSEG`` entries), ``slot`` is each valid entry's place ``0 .. count - 1``, a
+    permutation; otherwise nothing is known and the stage is not written."""
+    tl.static_assert(key.shape[0] <= 32768, "bin_slots: a run's start must fit 15 bits of its packed counter")
     lo = tl.min(tl.where(valid, key, INT32_MAX), axis=0)
     hi = tl.max(tl.where(valid, key, KEY_MIN), axis=0)
     scale = BINS / (score_of(hi) - score_of(lo))
@@ -64,8 +69,9 @@ def bin_slots(key, pos, valid, count, hist, stage_key, stage_pos, BINS: tl.const
     run_max = tl.max(filled, axis=0)
     start = count - tl.cumsum(filled, axis=0)  # entries in higher bins: where the bin's run starts
     tl.debug_barrier()  # every count read before the runs are written over them
-    # a run as (start << 16 | length) in its bin's counter (count <= 2 ** 15 - 1, the largest
-    # tile), on filled bins only: the others stay zero
+    # a run as (start << 16 | length) in its bin's counter: a filled bin's start is below
+    # count <= 2 ** 15, so the packed value stays positive and the length fits its 16 bits.
+    # Filled bins only: the others must stay zero for the next call.
     tl.store(hist + bins, (start << 16) | filled, mask=filled > 0)
     tl.debug_barrier()
     run = tl.load(hist + b, mask=valid, other=0)

@@ -24,7 +24,10 @@ with the bins, and seven passes of 32 bins cost a third of four passes of 256.
 Storage order is position order everywhere (tiles are read in order, cuts keep order), so the
 tie rule is the select stage's: every key above the k-th, then the first keys equal to it. A
 later entry enters a cut pool only if it beats the k-th strictly (:func:`.select.next_gate`).
-The selection is the contract's and :func:`.select.finalize_row` sorts and writes it.
+The selection is the contract's and :func:`finalize_row_binned` writes it, best first for a row
+longer than ``TOPK``: ordered by bins (:func:`.bins.bin_slots`) where ``BINS > 0`` (off by
+default, ``backends.legacy.ROWS_ORDER_BINS``) and no bin holds more than ``MAXSEG`` of it,
+otherwise sorted by :func:`.select.finalize_row`'s network.
 """
 
 import triton
@@ -269,10 +272,11 @@ def row_length(seq_lens, row, stride_src):
 @triton.jit
 def finalize_row_binned(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row,
                         out_cnt_ptr, hist, TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr):
-    """:func:`.select.finalize_row`, a long row's selection ordered by bins
-    (:func:`.bins.bin_slots`, ``hist``: ``BINS`` int32 of zeros, left zero) where they resolve
-    it, and sorted where they do not (or ``BINS == 0``). The runs are staged in the output row
-    the selection is read from."""
+    """:func:`.select.finalize_row` (its arguments and outputs, bit for bit), a long row's
+    selection ordered by bins (:func:`.bins.bin_slots`, ``hist``: ``BINS`` int32 of zeros, left
+    zero) where they resolve it, and sorted where they do not (or ``BINS == 0``). The runs are
+    staged in ``out_bits_row`` / ``out_raw_row``, which may be ``src_key`` / ``src_pos``: the
+    selection is loaded first, and a selection left to the sort is not staged."""
     ordered = tl.zeros([], dtype=tl.int1)
     if BINS > 0:
         if seq_len > TOPK:
@@ -281,14 +285,17 @@ def finalize_row_binned(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_r
             m = offs < cnt
             key = tl.load(src_key + offs, mask=m, other=0)
             pos = tl.load(src_pos + offs, mask=m, other=0)
-            slot, ordered = bin_slots(key, pos, m, cnt, hist, out_bits_row, out_raw_row, BINS, MAXSEG)
+            # bin_slots counts its runs down from the count it is given: past TOPK (an unchecked
+            # count; finalize_row writes TOPK entries and stores it) they would start past the row
+            slot, ordered = bin_slots(key, pos, m, tl.minimum(cnt, TOPK), hist, out_bits_row, out_raw_row, BINS,
+                                      MAXSEG)
             if ordered:
                 page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
                 tl.debug_barrier()  # every rank taken before the outputs overwrite the staged runs
                 tl.store(out_bits_row + slot, key_to_score_bits(key), mask=m)
                 tl.store(out_raw_row + slot, pos, mask=m)
                 tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=m)
-                pad = offs >= cnt  # slots no entry takes (an unchecked length past the page table)
+                pad = offs >= cnt  # slots no entry takes (a count below TOPK from an unchecked caller)
                 tl.store(out_bits_row + offs, tl.full([TOPK], NEG_INF_BITS, tl.int32), mask=pad)
                 tl.store(out_raw_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)
                 tl.store(out_phys_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)

@@ -8,8 +8,9 @@ one SM's pace, so a row is split three ways, one launch each:
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
-   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``SPREAD``:
-   ``TOPK`` of them at topk 2048); it also clears the row's candidate count and histogram.
+   (``BINS`` bins of equal width, :func:`.bins.bin_of`, the sample's range filling a quarter of
+   them, or ``SPREAD``: ``TOPK`` of them at topk 2048); it also clears the row's candidate count
+   and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
