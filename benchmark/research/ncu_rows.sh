@@ -11,10 +11,7 @@ set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/ncu_rows}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
-SAMPLING=""
-NCU_HELP=$(ncu --help 2>/dev/null)
-if grep -q -- "--warp-sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--warp-sampling-interval 2"
-elif grep -qE -- "(^|[[:space:]])--sampling-interval" <<< "$NCU_HELP"; then SAMPLING="--sampling-interval 2"; fi
+NCU_INTERVAL=${NCU_INTERVAL:-2} source benchmark/research/ncu_source.sh  # SAMPLING, source_view
 for shape in ${SHAPES:-8192x4096}; do
   for bins in ${BINS:-0 2048}; do
     tag="${shape}_bins$bins"
@@ -24,15 +21,8 @@ for shape in ${SHAPES:-8192x4096}; do
     echo "== $tag rc $?"
     grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local" \
       "$OUT/ncu_rows_$tag.txt" | head -12
-    # shellcheck disable=SC2086
-    timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
-      $SAMPLING --section WarpStateStats --section SourceCounters --import-source yes -f -o "$OUT/rows_src" \
-      python3 benchmark/research/ncu_rows.py --shape "$shape" --bins "$bins" > /dev/null 2>&1 \
-      && ncu -i "$OUT/rows_src.ncu-rep" --page source --csv --print-source cuda,sass > "$OUT/rows_src.csv" \
-      && python3 benchmark/research/ncu_source_summary.py "$OUT/rows_src.csv" \
-           --regions python/indexer_topk/kernels/row_topk.py > "$OUT/ncu_rows_source_$tag.txt" \
-      && head -40 "$OUT/ncu_rows_source_$tag.txt"
+    source_view topk_rows_kernel 1 python/indexer_topk/kernels/row_topk.py "$OUT/ncu_rows_source_$tag.txt" \
+      python3 benchmark/research/ncu_rows.py --shape "$shape" --bins "$bins"
     echo "== $tag source rc $?"
-    rm -f "$OUT/rows_src.ncu-rep" "$OUT/rows_src.csv"
   done
 done
