@@ -273,15 +273,11 @@ def test_gpu_deterministic(device):
     dict(requests=3, rows=1, tokens=5000),
     dict(requests=1, rows=3, tokens=18000, row_select=True),  # the row select's pools: rows past its tile
     dict(requests=1, rows=3, tokens=900, row_select=True),  # one tile a row: no pools
-    dict(requests=1, rows=3, tokens=18000, row_select=True, bins=64, hist=True),  # pools and each program's histogram
-    dict(requests=1, rows=3, tokens=8000, row_select=True, bins=64, hist=True),  # rows past topk, one tile: histograms
-    dict(requests=1, rows=3, tokens=900, row_select=True, bins=64),  # no row past topk: no histogram
 ])
 def test_legacy_scratch_bytes_is_what_a_call_allocates(case, monkeypatch):
     """legacy_scratch_bytes (the memory a legacy call, or a graph capturing it, holds) against the
     allocations a recording of the call sees (a call of one chunk: the chunks of a longer one
-    may reuse each other's scratch, which a recording refuses), also with the row select's
-    selection ordered by bins (``ROWS_ORDER_BINS``, off as shipped)."""
+    may reuse each other's scratch, which a recording refuses)."""
     from indexer_topk.backends import legacy
     from indexer_topk.contract import allocate_result
     from indexer_topk.replay import Recorder, _Alloc
@@ -289,7 +285,6 @@ def test_legacy_scratch_bytes_is_what_a_call_allocates(case, monkeypatch):
 
     if case.get("row_select"):
         monkeypatch.setattr(legacy, "ROWS_MIN_ROWS", 2)
-    monkeypatch.setattr(legacy, "ROWS_ORDER_BINS", case.get("bins", 0))
     w = make_workload("sglang_fp8", context_tokens=[case["tokens"]] * case["requests"],
                       rows_per_request=[case["rows"]] * case["requests"], topk=512, seed=3)
     out = allocate_result(w.rows, w.topk, "cpu")
@@ -298,5 +293,3 @@ def test_legacy_scratch_bytes_is_what_a_call_allocates(case, monkeypatch):
     allocated = sum(s.nbytes for s in rec.steps if isinstance(s, _Alloc))
     assert rec.why_not is None
     assert legacy.legacy_scratch_bytes(w.rows, w.page_table.shape[1], w.topk, 4) == allocated
-    hist = legacy.row_hist_size(w.rows, w.page_table.shape[1] * legacy.PAGE_SIZE, w.topk, 4)
-    assert bool(hist) == case.get("hist", False)  # the case allocates the histograms it is meant to

@@ -288,44 +288,6 @@ def test_span_settings_of_part_of_a_page_are_refused(name, value, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# The row select's order by bins: a setting the kernel takes or refused
-# ---------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("name,value", [("ROWS_ORDER_BINS", 3), ("ROWS_ORDER_BINS", -4096),
-                                        ("ROWS_ORDER_BINS", 4096.0), ("ROWS_ORDER_BINS", True),
-                                        ("ROWS_ORDER_BINS", None), ("ROWS_ORDER_MAXSEG", 0),
-                                        ("ROWS_ORDER_MAXSEG", -16), ("ROWS_ORDER_MAXSEG", 16.5)])
-def test_rows_order_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
-    """Bins that are no ``tl.arange`` (not 0 or a power of two) or a run bound below one are
-    refused naming the setting, by the row select before it launches (the outputs untouched)
-    and by the scratch count, where the allocation or the compiler failed without naming it."""
-    monkeypatch.setattr(legacy_backend, "ROWS_ORDER_BINS", 4096)
-    monkeypatch.setattr(legacy_backend, name, value)
-    with pytest.raises(ValueError, match=name):
-        legacy_backend.rows_order_bins(8192, 512)
-    with pytest.raises(ValueError, match=name):
-        legacy_backend.legacy_scratch_bytes(256, 64, 512, 4)  # 256 rows of 4,096 keys: the row select
-    keys = torch.zeros((2, 1024), dtype=torch.int32)
-    out = poisoned_result(2, 512, "cpu")
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "rows")
-    with pytest.raises(ValueError, match=name):
-        legacy_backend.legacy_select(keys, torch.full((2,), 1024, dtype=torch.int32),
-                                     torch.zeros((2, 16), dtype=torch.int32), topk=512, out=out)
-    assert_bitwise(out, poisoned_result(2, 512, "cpu"), "outputs of a refused call")
-
-
-def test_rows_order_settings_the_kernel_takes_are_taken(monkeypatch):
-    """0 (off) and every power of two, with any positive bound; 0 bins wherever no row is
-    longer than topk."""
-    for bins in (0, 1, 2, 64, 4096, 2 ** 16):
-        for maxseg in (1, 16, 2048):
-            monkeypatch.setattr(legacy_backend, "ROWS_ORDER_BINS", bins)
-            monkeypatch.setattr(legacy_backend, "ROWS_ORDER_MAXSEG", maxseg)
-            assert legacy_backend.rows_order_bins(8192, 512) == bins
-            assert legacy_backend.rows_order_bins(512, 512) == 0
-
-
-# ---------------------------------------------------------------------------------------------
 # KTH_SEARCH: a way of its list or refused
 # ---------------------------------------------------------------------------------------------
 

@@ -5,7 +5,7 @@
 
 For the fused kernel, the legacy logits kernel (two-row and one-row tiles), the selection kernel
 (legacy top-k and split merge), the split select's three kernels (legacy decode) and the row
-select (its selection sorted, and ordered by bins), it prints registers per thread, stack
+select, it prints registers per thread, stack
 (spilled registers), shared memory, counts of a few instructions in the PTX (barriers, atomics,
 wgmma, cp.async, bulk tensor copies) and the local-memory loads and stores in the machine code,
 also those between the first and the last warpgroup MMA (the scoring part of the streaming loop,
@@ -182,13 +182,10 @@ def main(argv=None) -> int:
                           MAXSEG=L.SPLIT_MAXSEG, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
-            # the shipped order first, then the other (ROWS_ORDER_BINS = 0 would compile one kernel twice)
-            for bins in (L.ROWS_ORDER_BINS, 0 if L.ROWS_ORDER_BINS else 4096):
-                name = f"rows, {bins} bins" if bins else "rows, sorted"
-                const = dict(TOPK=a.topk, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, BINS=bins, MAXSEG=L.ROWS_ORDER_MAXSEG)
-                sig = dict(_signature(topk_rows_kernel, {}, constexprs=const), rows="i32")
-                k = _compile(topk_rows_kernel, sig, const, a.arch, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
-                print(f"{'any':13s} {name:15s} {_report(k)}")
+            const = dict(TOPK=a.topk, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE)
+            sig = dict(_signature(topk_rows_kernel, {}, constexprs=const), rows="i32")
+            k = _compile(topk_rows_kernel, sig, const, a.arch, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
+            print(f"{'any':13s} {'row select':15s} {_report(k)}")
         if a.split_only:
             return 0
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout

@@ -11,7 +11,6 @@
 #    1 and 8 requests of 128K and 768K (the gate kernel was 1.1-1.6 us faster with the smaller
 #    samples at 1 x 128K; the 768K rows were not reached).
 # 2. The one-row span floor of 512 (shipped: 256) at 8 x 128K.
-# 3. The bins a row's selection is ordered by in the row select (off) at 256 x 32K.
 # The first step is run twice, in two processes: one replay of a 25 us step reads up to 8 us apart
 # between configs of one process while the kernels' device times agree to 0.1 us.
 #
@@ -24,7 +23,6 @@ SD="python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0"
 STEPS=(
   "sample|--shapes 1x128K,8x128K,1x768K,8x768K --configs SPLIT_SAMPLE=1024;SPLIT_SAMPLE=512;SPLIT_WARPS=8;SCORED_GATE_WARPS=8"
   "span|--shapes 8x128K --configs SCORE_MIN_SPAN_ONE_ROW=512"
-  "order|--shapes 256x32K --configs ROWS_ORDER_BINS=2048"
 )
 
 pids=()

@@ -5,10 +5,9 @@
 
     ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \\
         --section SpeedOfLight --section Occupancy --section WarpStateStats \\
-        python3 benchmark/research/ncu_rows.py [--shape 8192x4096] [--topk 1024] [--bins 0]
+        python3 benchmark/research/ncu_rows.py [--shape 8192x4096] [--topk 1024]
 
-``--bins``: ``ROWS_ORDER_BINS`` (0, the shipped network; 2048 or 4096, the selection ordered by
-bins). ``benchmark/research/ncu_rows.sh`` runs it with the source view.
+``benchmark/research/ncu_rows.sh`` runs it with the source view.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="8192x4096", help="ROWSxKEYS")
     p.add_argument("--topk", type=int, default=1024)
-    p.add_argument("--bins", type=int, default=0)
     p.add_argument("--pattern", default="random", choices=("random", "increasing"))
     p.add_argument("--device", default="cuda", help="cpu: under Triton's interpreter (a check of the script)")
     a = p.parse_args(argv)
@@ -38,7 +36,6 @@ def main(argv=None) -> int:
 
     rows, width = (int(x) for x in a.shape.split("x"))
     legacy_backend.KTH_SEARCH = "rows"
-    legacy_backend.ROWS_ORDER_BINS = a.bins
     dev = a.device
     keys, _scores = key_matrix(rows, width, a.pattern, dev)
     seq_lens = torch.full((rows,), width, dtype=torch.int32, device=dev)
@@ -48,7 +45,7 @@ def main(argv=None) -> int:
         legacy_backend.legacy_select(keys, seq_lens, page_table, topk=a.topk, out=out)
     if dev != "cpu":
         torch.cuda.synchronize()
-    print(f"row select {a.shape} topk {a.topk} bins {a.bins}: counts {out.counts.min().item()}..{out.counts.max().item()}")
+    print(f"row select {a.shape} topk {a.topk} counts {out.counts.min().item()}..{out.counts.max().item()}")
     return 0
 
 

@@ -74,13 +74,6 @@ ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer tha
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
-# A row's selection is ordered by ROWS_ORDER_BINS bins linear in the score where no bin holds
-# more than ROWS_ORDER_MAXSEG of it (kernels/bins.py: a counting sort by bin, then a rank inside
-# the bin), else sorted by tl.sort's network over 64-bit composites; 0: always sorted. Off: on
-# normal scores it lost to the network on an H100 at every shape measured (5-29%; it won only on
-# rising scores), benchmark/results/NOTES.md. 0 or a power of two (a tl.arange), rows_order_bins.
-ROWS_ORDER_BINS = 0
-ROWS_ORDER_MAXSEG = 16
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
@@ -306,13 +299,10 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         # allocation the replay repeats, indexer_topk.replay)
         need = row_pool_size(row_count, keys.shape[1], topk, sm_count)
         pools = torch.empty(need, dtype=torch.int32, device=keys.device) if need else keys
-        bins = rows_order_bins(keys.shape[1], topk)
-        hist = torch.empty(programs * bins, dtype=torch.int32, device=keys.device) if bins else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
-            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools, hist,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, BINS=bins, MAXSEG=ROWS_ORDER_MAXSEG,
-            num_warps=ROWS_WARPS,
+            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, num_warps=ROWS_WARPS,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return
@@ -351,26 +341,6 @@ def split_scratch_size(rows: int, topk: int) -> int:
     return rows * (HEADER_FIELDS + CAND_PER_TOPK * topk + 2 * SPLIT_BINS)
 
 
-def rows_order_bins(width: int, topk: int) -> int:
-    """Bins the row select orders a row's selection by (``ROWS_ORDER_BINS``; 0, no histogram,
-    where no row of ``width`` keys is longer than ``topk``: every row keeps position order).
-    ``ValueError`` naming ``ROWS_ORDER_BINS`` or ``ROWS_ORDER_MAXSEG`` where it is not a setting
-    the kernel takes: the bins are a ``tl.arange`` (0 or a power of two), the bound a count of
-    comparisons (a positive integer)."""
-    bins, maxseg = ROWS_ORDER_BINS, ROWS_ORDER_MAXSEG
-    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 0 or bins & (bins - 1):
-        raise ValueError(f"indexer_topk.backends.legacy.ROWS_ORDER_BINS: expected 0 or a power of two, got {bins!r}")
-    if isinstance(maxseg, bool) or not isinstance(maxseg, int) or maxseg < 1:
-        raise ValueError(f"indexer_topk.backends.legacy.ROWS_ORDER_MAXSEG: expected a positive integer, got {maxseg!r}")
-    return bins if width > topk else 0
-
-
-def row_hist_size(rows: int, width: int, topk: int, sm_count: int) -> int:
-    """int32 entries of the row select's histograms for ``rows`` rows of ``width`` keys: one of
-    :func:`rows_order_bins` bins for each of its programs."""
-    return min(rows, sm_count * ROWS_PROGRAMS_PER_SM) * rows_order_bins(width, topk)
-
-
 def row_pool_size(rows: int, width: int, topk: int, sm_count: int) -> int:
     """int32 entries of the row select's candidate pools for ``rows`` rows of ``width`` keys: a
     pool of ``2 * topk`` keys and as many positions for each of its programs, where rows are
@@ -384,17 +354,16 @@ def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count
     over a page table of ``page_table_columns`` pages, with ``topk``, on a device of ``sm_count``
     SMs: the key matrix (a chunk of rows under the logits budget, ``budget_bytes`` or
     ``INDEXER_TOPK_LOGITS_BUDGET_MB``) and the largest chunk's select scratch (the split select's
-    buffers, or the row select's candidate pools for rows longer than its tile and its histograms
-    under ``ROWS_ORDER_BINS``), the way ``select_way`` picks. For a call of one chunk (a decode
-    batch under the default budget) it is what a replay allocates, each buffer in its own
-    512-byte-aligned place of one block (not counted here), and what a graph capturing the call
-    holds in its pool."""
+    buffers, or the row select's candidate pools for rows longer than its tile), the way
+    ``select_way`` picks. For a call of one chunk (a decode batch under the default budget) it is
+    what a replay allocates, each buffer in its own 512-byte-aligned place of one block (not
+    counted here), and what a graph capturing the call holds in its pool."""
     if rows == 0:
         return 0
     width = page_table_columns * PAGE_SIZE
     chunk = chunk_rows(rows, width, budget_bytes)
     select = max(split_scratch_size(n, topk) if select_way(n, width, sm_count) == "split"
-                 else row_pool_size(n, width, topk, sm_count) + row_hist_size(n, width, topk, sm_count)
+                 else row_pool_size(n, width, topk, sm_count)
                  for n in {min(chunk, rows), rows % chunk or chunk})  # a full chunk and the last
     return key_matrix_bytes(rows, page_table_columns, budget_bytes) + 4 * select
 

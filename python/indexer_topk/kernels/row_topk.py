@@ -24,17 +24,13 @@ with the bins, and seven passes of 32 bins cost a third of four passes of 256.
 Storage order is position order everywhere (tiles are read in order, cuts keep order), so the
 tie rule is the select stage's: every key above the k-th, then the first keys equal to it. A
 later entry enters a cut pool only if it beats the k-th strictly (:func:`.select.next_gate`).
-The selection is the contract's and :func:`finalize_row_binned` writes it, best first for a row
-longer than ``TOPK``: ordered by bins (:func:`.bins.bin_slots`) where ``BINS > 0`` (off by
-default, ``backends.legacy.ROWS_ORDER_BINS``) and no bin holds more than ``MAXSEG`` of it,
-otherwise sorted by :func:`.select.finalize_row`'s network.
+The selection is the contract's and :func:`.select.finalize_row` sorts and writes it.
 """
 
 import triton
 import triton.language as tl
 
-from .bins import bin_slots
-from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, key_to_score_bits, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, wait_for_producer
 from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
@@ -269,63 +265,20 @@ def row_length(seq_lens, row, stride_src):
     return tl.minimum(tl.maximum(tl.load(seq_lens + row), 0), stride_src)
 
 
-@triton.jit
-def finalize_row_binned(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row,
-                        out_cnt_ptr, hist, TOPK: tl.constexpr, BINS: tl.constexpr, MAXSEG: tl.constexpr):
-    """:func:`.select.finalize_row` (its arguments and outputs, bit for bit), a long row's
-    selection ordered by bins (:func:`.bins.bin_slots`, ``hist``: ``BINS`` int32 of zeros, left
-    zero) where they resolve it, and sorted where they do not (or ``BINS == 0``). The runs are
-    staged in ``out_bits_row`` / ``out_raw_row``, which may be ``src_key`` / ``src_pos``: the
-    selection is loaded first, and a selection left to the sort is not staged."""
-    ordered = tl.zeros([], dtype=tl.int1)
-    if BINS > 0:
-        if seq_len > TOPK:
-            offs = tl.arange(0, TOPK)
-            cnt = tl.maximum(count, 0)
-            m = offs < cnt
-            key = tl.load(src_key + offs, mask=m, other=0)
-            pos = tl.load(src_pos + offs, mask=m, other=0)
-            # bin_slots counts its runs down from the count it is given: past TOPK (an unchecked
-            # count; finalize_row writes TOPK entries and stores it) they would start past the row
-            slot, ordered = bin_slots(key, pos, m, tl.minimum(cnt, TOPK), hist, out_bits_row, out_raw_row, BINS,
-                                      MAXSEG)
-            if ordered:
-                page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
-                tl.debug_barrier()  # every rank taken before the outputs overwrite the staged runs
-                tl.store(out_bits_row + slot, key_to_score_bits(key), mask=m)
-                tl.store(out_raw_row + slot, pos, mask=m)
-                tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=m)
-                pad = offs >= cnt  # slots no entry takes (a count below TOPK from an unchecked caller)
-                tl.store(out_bits_row + offs, tl.full([TOPK], NEG_INF_BITS, tl.int32), mask=pad)
-                tl.store(out_raw_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)
-                tl.store(out_phys_row + offs, tl.full([TOPK], -1, tl.int32), mask=pad)
-                tl.store(out_cnt_ptr, cnt)
-    if ordered == 0:
-        finalize_row(src_key, src_pos, count, seq_len, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row,
-                     out_cnt_ptr, TOPK)
-
-
 @triton.jit(do_not_specialize=["stride_src", "rows", "row_start"])
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
-    scratch, hist, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
-    BINS: tl.constexpr = 0, MAXSEG: tl.constexpr = 16,
+    scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
-    launched with programmatic dependent launch after the kernel that wrote ``src``. ``BINS``:
-    a row's selection is ordered by that many bins where no bin holds more than ``MAXSEG`` of
-    it (``hist``: ``BINS`` int32 per program, cleared here), else sorted (``0``: always)."""
+    launched with programmatic dependent launch after the kernel that wrote ``src``."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)
     pool_pos = pool_key + 2 * TOPK
-    hist_p = hist + pid.to(tl.int64) * BINS
-    if BINS > 0:
-        tl.store(hist_p + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
-        tl.debug_barrier()  # the bins cleared before a row counts in them
     programs = tl.num_programs(0)
     for j in range(0, tl.cdiv(rows - pid, programs)):
         i = pid + j * programs
@@ -334,8 +287,8 @@ def topk_rows_kernel(
         orow = row.to(tl.int64) * TOPK
         select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
         tl.debug_barrier()
-        finalize_row_binned(
+        finalize_row(
             out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
-            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, hist_p, TOPK, BINS, MAXSEG,
+            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
         )
-        tl.debug_barrier()  # the pool, the bins and the output row are reused by the program's next row
+        tl.debug_barrier()  # the pool and the output row are reused by the program's next row

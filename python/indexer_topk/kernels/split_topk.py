@@ -8,9 +8,8 @@ one SM's pace, so a row is split three ways, one launch each:
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
-   (``BINS`` bins of equal width, :func:`.bins.bin_of`, the sample's range filling a quarter of
-   them, or ``SPREAD``: ``TOPK`` of them at topk 2048); it also clears the row's candidate count
-   and histogram.
+   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``SPREAD``:
+   ``TOPK`` of them at topk 2048); it also clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
@@ -51,7 +50,6 @@ the row by one program costs more than the row select.
 import triton
 import triton.language as tl
 
-from .bins import bin_of as _bin_of, score_of as _score_of
 from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
 from .row_topk import append, row_length, row_sample, sample_gate, sample_rank, select_row, span_kth, tile_kth
 from .select import composite, finalize_row, radix_digit, take_mask
@@ -87,6 +85,27 @@ def _stamp(prof_row, field: tl.constexpr, t0, lead):
     since ``t0`` stored as counter ``field`` of the row (by its first part only, ``lead``)."""
     tl.debug_barrier()
     tl.store(prof_row + field, _clock() - t0, mask=lead)
+
+
+@triton.jit
+def _score_of(key):
+    """The fp32 score of an order key (:func:`.common.key_to_score_bits`)."""
+    return key_to_score_bits(key).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _bin_of(key, gate, scale, BINS: tl.constexpr):
+    """The histogram bin of keys at or above ``gate``: ``floor((score - gate's score) * scale)``
+    in fp32, clamped to the bins (the last bin also holds every key past it). Rounded fp32
+    steps never invert an order, so a higher key never has a lower bin; a step with no value
+    (``inf - inf``, ``0 * inf``: a gate or range at infinity; keys past +inf's, which no score
+    has) counts in the last bin for a positive key, the first for the rest: that only merges
+    bins, in order. Bins linear in the score, not in the key's bits: the bits' order is
+    logarithmic in the magnitude and would crowd the keys of a range that spans zero into a few
+    bins."""
+    d = (_score_of(key) - _score_of(gate)) * scale
+    d = tl.where(d == d, d, tl.where(key > 0, BINS - 1.0, 0.0))
+    return tl.minimum(tl.maximum(d, 0.0), BINS - 1.0).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
