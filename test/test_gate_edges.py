@@ -125,7 +125,7 @@ def test_binned_gate_is_its_specification(kind, device):
     counts, scales = torch.zeros_like(gates), torch.zeros_like(gates)
     hist = torch.zeros(rows * 2 * 64, dtype=torch.int32, device=device)
     gate_rows_kernel[(rows,)](keys.to(device), width, lens.to(device), 0, gates, counts, scales, hist, TOPK=topk,
-                              TILE=tile, SAMPLE=sample, BINS=64, GATE_BINS=gate_bins, num_warps=4)
+                              TILE=tile, SAMPLE=sample, BINS=64, GATE_BINS=gate_bins, SPREAD=16, num_warps=4)
     gates = gates.cpu()
     assert all(n > tile for n in lens.tolist())
     how = []

@@ -60,7 +60,7 @@ def where(ptx, pattern):
     return m.start() if m else -1
 def show(name, ptx):
     print(name, where(ptx, r"griddepcontrol\\.wait"), where(ptx, r"griddepcontrol\\.launch_dependents"), where(ptx, MEM))
-for fn, const in ((gate_rows_kernel, dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64)),
+for fn, const in ((gate_rows_kernel, dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64, SPREAD=16)),
                   (gather_rows_kernel, dict(TOPK=64, TILE=1024, BLOCK=256, BINS=64)),
                   (topk_rows_kernel, dict(TOPK=64, TILE=256, SAMPLE=256))):
     for pdl in (False, True):
@@ -81,7 +81,7 @@ from indexer_topk.kernels.scored_gate import score_sample_kernel
 c = dict(TOPK=64, TILE=1024, SAMPLE=256, INTERPRET=False, PDL=True)
 show("score_sample_kernel:True", report._compile(
     score_sample_kernel, report._signature(score_sample_kernel, tensors, constexprs=c), c, 90, 4, 1).asm["ptx"])
-c = dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64, PDL=True, SAMPLED=True)
+c = dict(TOPK=64, TILE=1024, SAMPLE=256, BINS=64, SPREAD=16, PDL=True, SAMPLED=True)
 show("gate_rows_kernel:sampled", report._compile(
     gate_rows_kernel, report._signature(gate_rows_kernel, {}, constexprs=c), c, 90, 4, 1).asm["ptx"])
 c = dict(LAYOUT=ka.layout, TMA=True, INTERPRET=False, STAGES=1, TOPK=64, TILE=1024, BLOCK=256, BINS=64, PDL=True)

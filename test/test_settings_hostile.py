@@ -110,38 +110,40 @@ class Spy:
 
 def test_split_spread_bounds_under_any_setting(monkeypatch):
     """Over bins 0..16,384, halves from negative to absurd and topk 1..16,384 (with the supported
-    ones): the spread is 0 (the kernel's quarter) or more than a quarter and at most half of the
-    bins, never for a topk the bins are too coarse for, never where halves or bins are 0, exactly
-    ``halves / 2 * topk`` capped at half; it grows with the halves; and absurd halves take half
-    the bins at every topk they serve (never 0 there)."""
+    ones): the spread is the quarter (at least one bin; 0 without bins) or more than a quarter
+    and at most half of the bins, never more for a topk the bins are too coarse for, nor where
+    halves or bins are 0, exactly ``halves / 2 * topk`` capped at half; it grows with the halves;
+    and absurd halves take half the bins at every topk they serve."""
     topks = sorted({2 ** i for i in range(15)} | set(SUPPORTED_TOPK) | {3, 1000, 1500})
     for bins in (0, 2, 4, 64, 1024, 4096, 8192, 16384):
         monkeypatch.setattr(legacy_backend, "SPLIT_BINS", bins)
+        quarter = max(1, bins // 4) if bins else 0
         previous = {}
         for halves in (-(10 ** 9), -3, -1, 0, 1, 2, 3, 4, 7, 10 ** 9):
             monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", halves)
             for topk in topks:
                 s = legacy_backend.split_spread(topk)
                 where = (bins, halves, topk, s)
-                assert type(s) is int and 0 <= s <= bins // 2, where
-                assert s == 0 or s > bins // 4, where  # a spread at or below the quarter would narrow the bins
+                assert type(s) is int and quarter <= s <= max(quarter, bins // 2), where
+                assert s == quarter or s > bins // 4, where  # a spread at or below the quarter would narrow the bins
                 if halves <= 0 or bins == 0 or 2 * topk > bins:
-                    assert s == 0, where
-                elif s:
+                    assert s == quarter, where
+                elif s != quarter:
                     assert s == min(halves * topk // 2, bins // 2), where
                 if halves == 10 ** 9 and 2 * topk <= bins and bins >= 4:
                     assert s == bins // 2, where
-                assert s >= previous.get(topk, 0), where  # more halves never narrow the spread
+                assert s >= previous.get(topk, quarter), where  # more halves never narrow the spread
                 previous[topk] = s
 
 
 def test_split_spread_at_the_supported_topks_as_launched():
-    """With the shipped settings: every topk the public API accepts gets the quarter or topk bins
-    (2,048 at topk 2048, half of 4,096), and no more than the finish's histogram holds."""
+    """With the shipped settings: every topk the public API accepts gets the quarter (1,024 bins)
+    or topk bins (2,048 at topk 2048, half of 4,096), and no more than the finish's histogram
+    holds."""
     assert legacy_backend.SPLIT_BINS == 4096 and legacy_backend.SPLIT_SPREAD_HALVES == 2
     for topk in SUPPORTED_TOPK:
         s = legacy_backend.split_spread(topk)
-        assert s in (0, topk) and s <= legacy_backend.SPLIT_BINS // 2
+        assert s in (1024, topk) and s <= legacy_backend.SPLIT_BINS // 2
     assert legacy_backend.split_spread(2048) == 2048
 
 
@@ -173,12 +175,12 @@ def test_decode_topk_2048_shipped_settings(monkeypatch):
 
 
 @pytest.mark.parametrize("settings,spread", [
-    ({"SPLIT_SPREAD_HALVES": 0}, 0),  # the quarter
-    ({"SPLIT_SPREAD_HALVES": -7}, 0),
+    ({"SPLIT_SPREAD_HALVES": 0}, 1024),  # the quarter
+    ({"SPLIT_SPREAD_HALVES": -7}, 1024),
     ({"SPLIT_BINS": 8192, "SPLIT_SPREAD_HALVES": 3}, 3072),  # a spread of no power of two
     ({"SPLIT_BINS": 8192, "SPLIT_SPREAD_HALVES": 10 ** 9}, 4096),  # capped at half the bins
-    ({"SPLIT_BINS": 64}, 0),  # bins too coarse for the topk: the quarter, rows sent to the search
-    ({"SPLIT_BINS": 0}, 0),  # no bins: every row by the search
+    ({"SPLIT_BINS": 64}, 16),  # bins too coarse for the topk: the quarter, rows sent to the search
+    ({"SPLIT_BINS": 0}, 0),  # no bins (no spread): every row by the search
 ], ids=["halves0", "halves-7", "bins8192-halves3", "bins8192-halves1e9", "bins64", "bins0"])
 def test_decode_topk_2048_under_spread_settings(settings, spread, monkeypatch):
     """Each setting reaches the gate kernel as documented, the long rows still finish from their
@@ -371,7 +373,7 @@ def test_configs_apply_one_at_a_time_and_restore(monkeypatch):
                         "SCORE_MIN_SPAN_ONE_ROW=64")
     assert s.configs[0] == ""
     s.apply(s.configs[1])
-    assert legacy_backend.SPLIT_SPREAD_HALVES == 0 and legacy_backend.split_spread(2048) == 0
+    assert legacy_backend.SPLIT_SPREAD_HALVES == 0 and legacy_backend.split_spread(2048) == 1024
     assert envs.INDEXER_TOPK_PDL.raw() == "0" and envs.INDEXER_TOPK_PDL.get() is False
     assert legacy_backend.SCORED_GATE_WARPS == shipped[1]
     s.apply(s.configs[2])

@@ -382,7 +382,7 @@ def test_split_finish_ignores_buffer_order(parts, split_bins, monkeypatch, devic
     hist = scratch[cand_end:] if bins else cand
     runs = L.split_runs(rows, width, device_sm_count(device))
     gate_rows_kernel[(rows,)](keys, width, lens_t, 0, gates, counts, scales, hist, TOPK=topk, TILE=L.SPLIT_TILE,
-                              SAMPLE=L.SPLIT_SAMPLE, BINS=bins, num_warps=L.SPLIT_WARPS)
+                              SAMPLE=L.SPLIT_SAMPLE, BINS=bins, SPREAD=bins // 4, num_warps=L.SPLIT_WARPS)
     gather_rows_kernel[(rows, runs)](keys, width, lens_t, 0, gates, counts, scales, hist, cand, runs, TOPK=topk,
                                      TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=bins, num_warps=L.SPLIT_GATHER_WARPS)
     assert took_candidates(counts.cpu(), lens_t.cpu(), topk) == [0, 1, 2]
@@ -627,19 +627,19 @@ def bins_from_kth(keys, n, topk, spread, bins=4096, sample=2048):
 
 
 def test_split_spread(monkeypatch):
-    """``topk`` bins at topk 2048 of 4,096, a quarter (``0``) at 512 and 1024; more halves widen
+    """``topk`` bins at topk 2048 of 4,096, a quarter (1,024) at 512 and 1024; more halves widen
     it up to half the bins; bins too coarse for the topk and ``SPLIT_SPREAD_HALVES = 0`` keep a
     quarter."""
     spread = legacy_backend.split_spread
     assert legacy_backend.SPLIT_BINS == 4096
-    assert [spread(k) for k in (512, 1024, 2048)] == [0, 0, 2048]
+    assert [spread(k) for k in (512, 1024, 2048)] == [1024, 1024, 2048]
     monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 3)
-    assert [spread(k) for k in (512, 1024, 2048)] == [0, 1536, 2048]
+    assert [spread(k) for k in (512, 1024, 2048)] == [1024, 1536, 2048]
     monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 0)
-    assert [spread(k) for k in (512, 1024, 2048)] == [0, 0, 0]
+    assert [spread(k) for k in (512, 1024, 2048)] == [1024, 1024, 1024]
     monkeypatch.setattr(legacy_backend, "SPLIT_SPREAD_HALVES", 2)
     monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 64)
-    assert [spread(k) for k in (16, 32, 512)] == [0, 32, 0]
+    assert [spread(k) for k in (16, 32, 512)] == [16, 32, 16]
 
 
 def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):

@@ -153,12 +153,13 @@ SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 
 
 def split_spread(topk: int) -> int:
-    """Bins of the split finish's histogram that the sample's scores from the gate up fill
-    (``SPLIT_SPREAD_HALVES``), ``0`` for a quarter of ``SPLIT_BINS`` (the kernel's own rule)."""
-    if 2 * topk > SPLIT_BINS:  # bins too coarse for the topk: the kernel's quarter
-        return 0
-    spread = min(SPLIT_SPREAD_HALVES * topk // 2, SPLIT_BINS // 2)
-    return spread if spread > SPLIT_BINS // 4 else 0
+    """Bins of the split finish's histogram that the sample's scores from the gate up fill:
+    ``SPLIT_SPREAD_HALVES / 2 * topk``, at most half of ``SPLIT_BINS``, where that is more than a
+    quarter of them, else a quarter (at least one bin; 0 without bins)."""
+    quarter = max(1, SPLIT_BINS // 4) if SPLIT_BINS else 0
+    if 2 * topk > SPLIT_BINS:  # bins too coarse for the topk
+        return quarter
+    return max(min(SPLIT_SPREAD_HALVES * topk // 2, SPLIT_BINS // 2), quarter)
 
 
 def score_span(groups: int, width: int, sm_count: int, one_row: bool = False) -> int:

@@ -8,8 +8,8 @@ one SM's pace, so a row is split three ways, one launch each:
 1. :func:`gate_rows_kernel`, a program per row: a gate that about ``2.5 * TOPK`` of the row's
    keys reach, the ``r``-th largest of ``SAMPLE`` keys spread evenly over the row
    (:func:`.row_topk.sample_gate`), and the bins of a histogram over the scores from the gate up
-   (``BINS`` bins of equal width, the sample's range filling a quarter of them, or ``SPREAD``:
-   ``TOPK`` of them at topk 2048); it also clears the row's candidate count and histogram.
+   (``BINS`` bins of equal width, the sample's range filling ``SPREAD`` of them: a quarter, or
+   ``TOPK`` at topk 2048); it also clears the row's candidate count and histogram.
 2. :func:`gather_rows_kernel`, ``splits`` programs per row: each reads its run of the row and
    appends the keys that reach the gate (key and position) to the row's candidate buffer of
    ``BUF = 8 * TOPK`` entries, at an offset taken with one atomic add per block of keys, and
@@ -119,7 +119,7 @@ def gate_rows_kernel(
     next two are launched with programmatic dependent launch, each after the one before.
     ``GATE_BINS``: the gate from one histogram of the sample (:func:`binned_gate`), not the
     sample's exact ``r``-th key (``0``). ``SPREAD``: the bins the sample's range from the gate up
-    fills (:func:`open_row`; ``backends.legacy.split_spread``).
+    fills (:func:`open_row`; ``backends.legacy.split_spread``), at least one where ``BINS > 0``.
 
     ``SAMPLED``: the row's sample is already scored, ``SAMPLE`` keys at the start of its
     candidate region (``src`` is then the candidate regions, ``stride_src`` the key matrix's
@@ -176,7 +176,7 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
              SPREAD: tl.constexpr = 0):
     """Row ``i``'s gate from its sample ``key`` (:func:`.row_topk.row_sample` of its ``n`` keys;
     by :func:`binned_gate` where ``GATE_BINS > 0``), its histogram's scale (fp32 bits: the
-    sample's range from the gate up over ``SPREAD`` bins, a quarter of ``BINS`` where ``0``) and
+    sample's range from the gate up over ``SPREAD`` bins) and
     cleared bins (``BINS > 0``)."""
     if GATE_BINS > 0:
         gate = binned_gate(key, n, TOPK, GATE_HALVES, GATE_BINS)
@@ -184,13 +184,10 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
         gate = sample_gate(key, n, TOPK, GATE_HALVES)
     tl.store(gates + i, gate)
     if BINS > 0:
-        # the sample's scores from the gate up fill SPREAD bins (a quarter where 0): the row's
-        # scores past the sample's largest have the rest before the last bin
-        rise = _score_of(tl.max(key, axis=0)) - _score_of(gate)
-        if SPREAD > 0:
-            scale = SPREAD / rise
-        else:
-            scale = (BINS / 4) / rise
+        # the sample's scores from the gate up fill SPREAD bins: the row's scores past the
+        # sample's largest have the rest before the last bin
+        tl.static_assert(SPREAD > 0, "the sample's range must fill at least one bin")
+        scale = SPREAD / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
         tl.store(scales + i, scale.to(tl.int32, bitcast=True))
         tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
