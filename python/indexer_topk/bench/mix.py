@@ -238,6 +238,12 @@ def _auto_route(shape: MixShape, c4_len: int) -> str:
 INTERLEAVE_ROUNDS = 4  # rounds of eager timings that take a shape's paths in turn
 
 
+def timed_in_graphs(shape: MixShape, device) -> bool:
+    """Whether the mix times ``shape`` as CUDA-graph replays (a decode step on a GPU, as a server
+    runs it) rather than as eager calls."""
+    return shape.kind == "decode" and torch.device(device).type == "cuda"
+
+
 def interleaved_ms(steps: Dict[str, Callable[[], None]], *, iters: int, device,
                    rounds: int = INTERLEAVE_ROUNDS) -> Dict[str, float]:
     """Median per-call time in ms (:func:`time_call`) of each of ``steps``, timed in ``rounds``
@@ -261,7 +267,7 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     from .. import api
 
     dev = path.device
-    if shape.kind == "decode" and torch.device(dev).type == "cuda":
+    if timed_in_graphs(shape, dev):
         path.step()  # compiles and records outside the capture
         return {"ms": graph_ms(path.step, iters=iters, device=dev)}
     if ms is None:
@@ -313,7 +319,7 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
     w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
     path = OurPath(w, "auto", workspace, device, hint)
     eager = None
-    if shape.kind != "decode" or torch.device(device).type != "cuda":
+    if not timed_in_graphs(shape, device):
         path.step()  # compiles and records, outside the timing
         eager = interleaved_ms({"auto": path.step, "legacy": base.step}, iters=iters, device=device)["auto"]
     fields = time_ours(path, shape, iters=iters, host_calls=host_calls, ms=eager)
@@ -362,7 +368,7 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
     for i, shape in enumerate(shapes):
         if progress is not None:
             progress(i, len(shapes), shape)
-        graphs = shape.kind == "decode" and torch.device(device).type == "cuda"
+        graphs = timed_in_graphs(shape, device)
         rec = {**asdict(shape), "rows": shape.rows, "timing": "graph" if graphs else "eager",
                "route": None, "ours_ms": None, "host_us": None, "matches_legacy": None,
                "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape)}
