@@ -209,7 +209,8 @@ def test_split_bins_at_their_edges(split_way, finish_parts, monkeypatch, device)
     monkeypatch.setattr(legacy_backend, "SPLIT_BINS", 4096)
     width = 5120
     keys, lens_t = key_matrix("scores", [width] * 4, width, device, seed=13)
-    sampled = set(((torch.arange(legacy_backend.SPLIT_SAMPLE) * width) // legacy_backend.SPLIT_SAMPLE).tolist())
+    sample = legacy_backend.split_sample(width, TOPK)
+    sampled = set(((torch.arange(sample) * width) // sample).tolist())
     free = torch.tensor([p for p in range(width) if p not in sampled])
     gen = torch.Generator().manual_seed(13)
     for row, (many, equal) in enumerate([(12, False), (10, True), (40, False), (0, False)]):
@@ -251,12 +252,12 @@ def test_split_bins_on_scores_no_range_resolves(kind, split_way, finish_parts, m
     hows_expected(hows, counts, lens.cpu(), TOPK, 4096)
 
 
-def dipped_scores(lens, width, device, seed=21, dip=4.0):
+def dipped_scores(lens, width, device, seed=21, dip=4.0, topk=TOPK):
     """The "scores" pattern (standard deviation 8), ``dip`` lower where the split select samples
-    each row: its gate lets in more keys than it aims at."""
+    each row at ``topk``: its gate lets in more keys than it aims at."""
     keys, lens_t = key_matrix("scores", lens, width, "cpu", seed=seed)
     scores = scores_from_ordered_bits(keys)
-    sample = legacy_backend.SPLIT_SAMPLE
+    sample = legacy_backend.split_sample(width, topk)
     for r, n in enumerate(lens):
         if n >= sample:
             scores[r, (torch.arange(sample) * n) // sample] -= dip
@@ -276,7 +277,8 @@ def test_split_candidates_past_the_registers(split_bins, finish_parts, monkeypat
     width = 5120
     lens = [width, 5000, 4097, 3000]
     keys, lens_t = dipped_scores(lens, width, device)
-    sampled = set(((torch.arange(legacy_backend.SPLIT_SAMPLE) * width) // legacy_backend.SPLIT_SAMPLE).tolist())
+    sample = legacy_backend.split_sample(width, TOPK)
+    sampled = set(((torch.arange(sample) * width) // sample).tolist())
     gen = torch.Generator().manual_seed(5)
     for row in (1, 3):  # a plateau at the row's 20th best key, off the sample
         n = lens[row]
@@ -435,6 +437,7 @@ def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypat
     topk = 128
     sample = legacy_backend.SPLIT_SAMPLE
     width = max(5120, 4 * sample)  # the gate's rank (about 2.5 * topk * sample / width) below topk - 1
+    assert legacy_backend.split_sample(width, topk) == sample  # the gate's sample at this width
     targets = [topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1, 8 * topk, 8 * topk + 1]
     gen = torch.Generator().manual_seed(3)
     keys = torch.randint(-1000, 0, (len(targets), width), generator=gen, dtype=torch.int32)
@@ -477,7 +480,7 @@ def gates_and_reach(keys, lens, topk, monkeypatch, gate_bins):
     scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=keys.device)
     got, counts, hows = split(keys, lens, topk, scratch=scratch)
     gates = scratch[:rows].cpu()
-    sample = legacy_backend.SPLIT_SAMPLE
+    sample = legacy_backend.split_sample(width, topk)
     reach = []
     for r, n in enumerate(lens.tolist()):
         if n > legacy_backend.SPLIT_TILE:
@@ -642,6 +645,45 @@ def test_split_spread(monkeypatch):
     assert [spread(k) for k in (16, 32, 512)] == [16, 32, 16]
 
 
+def test_split_sample_by_width(monkeypatch):
+    """The gate kernel's sample: ``SPLIT_SAMPLE_SHORT`` keys where a row's best topk hold at
+    least ``SPLIT_SAMPLE_HITS`` of them on average (128K tokens at topk 1024, 256K at the edge),
+    ``SPLIT_SAMPLE`` past that (768K), never more than ``SPLIT_SAMPLE``; ``None`` turns it off."""
+    sample = legacy_backend.split_sample
+    assert (legacy_backend.SPLIT_SAMPLE, legacy_backend.SPLIT_SAMPLE_SHORT, legacy_backend.SPLIT_SAMPLE_HITS) == (
+        2048, 1024, 16)
+    assert [sample(w, 1024) for w in (4097, 32768, 65536, 65537, 196608)] == [1024, 1024, 1024, 2048, 2048]
+    assert [sample(w, 512) for w in (32768, 32769)] == [1024, 2048]
+    assert [sample(w, 2048) for w in (131072, 131073, 196608)] == [1024, 2048, 2048]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", None)
+    assert sample(4097, 1024) == 2048
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", 4096)
+    assert sample(4097, 1024) == 2048
+
+
+def test_split_gate_from_the_short_sample(split_way, monkeypatch, device):
+    """Where ``split_sample`` names the short sample, the gate kernel samples that many keys: each
+    long row's gate is the aimed rank's key of the short sample (the search's gate), which is not
+    the longer sample's, and the bits are the torch way's."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", 256)
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_HITS", 4)
+    width = 5120
+    assert legacy_backend.split_sample(width, TOPK) == 256
+    lens = [width, 4500, 3000, 1500]
+    keys, lens_t = key_matrix("scores", lens, width, device, seed=7)
+    got, counts, hows, reach = gates_and_reach(keys, lens_t, TOPK, monkeypatch, 0)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, torch_way(keys, lens_t, TOPK, monkeypatch))
+    long_rows = [(r, n) for r, n in enumerate(lens) if n > legacy_backend.SPLIT_TILE]
+    assert len(reach) == len(long_rows) == 4, reach
+    cpu = keys.cpu()
+    for (gate, _n, _r), (r, n) in zip(reach, long_rows):
+        short = cpu[r, (torch.arange(256) * n) // 256].sort(descending=True).values
+        longer = cpu[r, (torch.arange(1024) * n) // 1024].sort(descending=True).values
+        assert gate == int(short[sample_rank(n, TOPK, 256) - 1]), (r, gate)
+        assert gate != int(longer[sample_rank(n, TOPK, 1024) - 1]), (r, gate)
+
+
 def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):
     """At topk 2048 the sample's range from the gate up spreads over ``TOPK`` bins, not a quarter
     of 4,096: about 2.5 * TOPK keys reach the gate, and a quarter put more than ``MAXSEG`` into a
@@ -726,7 +768,7 @@ def test_split_candidates_past_the_registers_gpu(topk, split_way, monkeypatch, d
     finished by its bins from the whole buffer, the torch way's bits."""
     width = 196608
     lens = [width, width - 1, 100000, 32768, 4097, 4096, topk + 1, 0]
-    keys, lens_t = dipped_scores(lens, width, device, seed=topk, dip=3.0)
+    keys, lens_t = dipped_scores(lens, width, device, seed=topk, dip=3.0, topk=topk)
     got, counts, hows = split(keys, lens_t, topk)
     assert unwritten_slots(got) == []
     assert_same_bits(got, torch_way(keys, lens_t, topk, monkeypatch))

@@ -83,6 +83,16 @@ ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # against 6.7-10.0 for 4,096 (kernels/split_topk.py's gate then aims at 2.5 * topk entrants).
 SPLIT_TILE = 4096
 SPLIT_SAMPLE = 2048
+# ... and the gate kernel's smaller sample, where a row's best topk still hold about
+# SPLIT_SAMPLE_HITS of its keys (split_sample): the gate's r-th sampled key is then a quantile
+# as steady as 2,048 sampled keys give at 768K tokens (10.7 among the best 1,024), and the gate
+# kernel searches half the keys. On an H100 it gated 1 x 128K in 4.8 us against 6.4, 8 x 128K in
+# 6.3 against 7.2, the same bits and finish times (decode_ab_round.sh; benchmark/results/NOTES.md);
+# at 768K, where 1,024 sampled keys hold about 5 of the best 1,024, the step kept its time but
+# a row's odds of too few or too many entrants grow tenfold, so long rows keep SPLIT_SAMPLE.
+# None: SPLIT_SAMPLE at every width.
+SPLIT_SAMPLE_SHORT = 1024
+SPLIT_SAMPLE_HITS = 16
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
@@ -150,6 +160,18 @@ SCORED_GATE_MIN_WIDTH = 196608
 # ... at these topks (None: any). It was timed faster at 8 x 768K at each of 512, 1024 and 2048
 # (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to those topks.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
+
+
+def split_sample(width: int, topk: int) -> int:
+    """Keys the split select's gate kernel samples from each row of a ``width``-key matrix at
+    ``topk``: ``SPLIT_SAMPLE_SHORT`` (at most ``SPLIT_SAMPLE``) where ``width`` is short enough
+    that a row's best ``topk`` hold at least ``SPLIT_SAMPLE_HITS`` of them on average
+    (``sample * topk >= SPLIT_SAMPLE_HITS * width``; shorter rows of the batch hold more), else
+    ``SPLIT_SAMPLE``. The gate aims at about ``2.5 * topk`` entrants either way
+    (:mod:`indexer_topk.kernels.split_topk`); a gate from fewer sampled keys is a noisier
+    quantile, and the finish's checks keep any gate exact."""
+    short = SPLIT_SAMPLE if SPLIT_SAMPLE_SHORT is None else min(SPLIT_SAMPLE_SHORT, SPLIT_SAMPLE)
+    return short if short * topk >= SPLIT_SAMPLE_HITS * width else SPLIT_SAMPLE
 
 
 def split_spread(topk: int) -> int:
@@ -392,7 +414,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     gates, counts, scales, _hows, cand, hist = bufs
     runs = split_runs(rows, width, device_sm_count(keys.device))
     launch(gate_rows_kernel, (rows,), keys, width, seq_lens, row_start, gates, counts, scales, hist,
-           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
+           TOPK=topk, TILE=SPLIT_TILE, SAMPLE=split_sample(width, topk), BINS=SPLIT_BINS, PDL=pdl, SAMPLED=False,
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
@@ -405,11 +427,11 @@ def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows
     :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys at least
     ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, at a ``topk`` of
     ``SCORED_GATE_TOPKS``, while ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region
-    holds the gate's sample (a ``topk`` of at least ``SPLIT_SAMPLE / CAND_PER_TOPK``: 103 with the
-    shipped sample)."""
+    holds the gate's sample (a ``topk`` of at least ``split_sample(width, topk) / CAND_PER_TOPK``:
+    103 with the shipped sample at the widths the gate ahead serves)."""
     if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
             or width < SCORED_GATE_MIN_WIDTH or (SCORED_GATE_TOPKS is not None and inputs.topk not in SCORED_GATE_TOPKS)
-            or SPLIT_SAMPLE > CAND_PER_TOPK * inputs.topk):
+            or split_sample(width, inputs.topk) > CAND_PER_TOPK * inputs.topk):
         return False
     return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
 
@@ -443,15 +465,16 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
     bufs = _split_scratch(keys, topk, scratch, prof)
     gates, counts, scales, _hows, cand, hist = bufs
     ka = pack_args(inputs)
+    sample = split_sample(width, topk)
     # the first kernel of the call: a plain launch, after the caller's work and the previous
     # chunk's or call's finish; the score kernel's stores before its wait rely on it (they may
     # land while the sample is scored, never while a finish still reads the matrix)
-    launch(score_sample_kernel, (rows, triton.cdiv(SPLIT_SAMPLE, PAGE_SIZE)), ka.q, ka.w, ka.kc, ka.kf, ka.pages,
+    launch(score_sample_kernel, (rows, triton.cdiv(sample, PAGE_SIZE)), ka.q, ka.w, ka.kc, ka.kf, ka.pages,
            ka.page_table, ka.page_table.stride(0), ka.seq_lens, row_start + rows, row_start, inputs.weight_scale, width,
-           cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, INTERPRET=ka.interpret, PDL=pdl,
+           cand, TOPK=topk, TILE=SPLIT_TILE, SAMPLE=sample, INTERPRET=ka.interpret, PDL=pdl,
            num_warps=tile_config(inputs.layout).num_warps)
     launch(gate_rows_kernel, (rows,), cand, width, ka.seq_lens, row_start, gates, counts, scales, hist, TOPK=topk,
-           TILE=SPLIT_TILE, SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
+           TILE=SPLIT_TILE, SAMPLE=sample, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SCORED_GATE_WARPS,
            **pdl_options(pdl))
     _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
