@@ -1,6 +1,7 @@
 """Hostile settings of the legacy decode step: the split select's spread (``split_spread``,
-``SPLIT_SPREAD_HALVES``), the one-row score span (``SCORE_MIN_SPAN_ONE_ROW``), the gate kernels'
-warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), ``KTH_SEARCH``, the research script's
+``SPLIT_SPREAD_HALVES``), its gate's sample (``split_sample``: ``SPLIT_SAMPLE``,
+``SPLIT_SAMPLE_SHORT``, ``SPLIT_SAMPLE_HITS``), the one-row score span (``SCORE_MIN_SPAN_ONE_ROW``),
+the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), ``KTH_SEARCH``, the research script's
 ``--configs`` parser that overrides them, and every environment variable of the package.
 
 A setting or variable either takes effect as documented or is refused with an error (an
@@ -287,6 +288,43 @@ def test_span_settings_of_part_of_a_page_are_refused(name, value, monkeypatch):
     with pytest.raises(ValueError, match=name):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
     assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
+
+
+@pytest.mark.parametrize("name,value", [("SPLIT_SAMPLE_SHORT", 1000), ("SPLIT_SAMPLE_SHORT", 32),
+                                        ("SPLIT_SAMPLE_SHORT", 0), ("SPLIT_SAMPLE_SHORT", 1024.0),
+                                        ("SPLIT_SAMPLE", 8192), ("SPLIT_SAMPLE", 3072),
+                                        ("SPLIT_SAMPLE", True), ("SPLIT_SAMPLE_HITS", 0),
+                                        ("SPLIT_SAMPLE_HITS", -16), ("SPLIT_SAMPLE_HITS", 16.5)])
+def test_sample_settings_the_kernels_cannot_take_are_refused(name, value, monkeypatch):
+    """A gate sample that is not a power of two from a page to the tile (a register tile the
+    kernels could not build, or build past the finishing program's), or a hit count that is not a
+    positive int: refused naming the setting before any kernel runs, the outputs untouched."""
+    monkeypatch.setattr(legacy_backend, name, value)
+    with pytest.raises(ValueError, match=name):
+        legacy_backend.split_sample(32768, 1024)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
+    wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
+                       seed=2, device="cpu")
+    out = poisoned_result(wl.rows, wl.topk, "cpu")
+    with pytest.raises(ValueError, match=name):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
+    assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
+    assert launched == []  # refused before the score stage
+
+
+def test_sample_settings_switched_off_or_at_their_edges(monkeypatch):
+    """``SPLIT_SAMPLE_SHORT = None`` keeps ``SPLIT_SAMPLE`` at every width; a short sample of one
+    page, and a hit count of one, are taken as given; one larger than ``SPLIT_SAMPLE`` is taken
+    at ``SPLIT_SAMPLE``."""
+    sample = legacy_backend.split_sample
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", None)
+    assert [sample(w, 1024) for w in (4097, 65536)] == [2048, 2048]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", PAGE_SIZE)
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_HITS", 1)
+    assert [sample(w, 1024) for w in (65536, 65537)] == [PAGE_SIZE, 2048]
+    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", 8192)
+    assert [sample(w, 1024) for w in (4097, 196608)] == [2048, 2048]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -170,8 +170,29 @@ def split_sample(width: int, topk: int) -> int:
     ``SPLIT_SAMPLE``. The gate aims at about ``2.5 * topk`` entrants either way
     (:mod:`indexer_topk.kernels.split_topk`); a gate from fewer sampled keys is a noisier
     quantile, and the finish's checks keep any gate exact."""
+    _check_samples()
     short = SPLIT_SAMPLE if SPLIT_SAMPLE_SHORT is None else min(SPLIT_SAMPLE_SHORT, SPLIT_SAMPLE)
     return short if short * topk >= SPLIT_SAMPLE_HITS * width else SPLIT_SAMPLE
+
+
+def _check_samples() -> None:
+    """``ValueError`` naming a sample setting the gate's kernels cannot take: a sample is a
+    register tile (a power of two) scored a page at a time by the gate ahead (a multiple of
+    ``PAGE_SIZE``), and ``SPLIT_SAMPLE`` at most the finishing program's tile ``SPLIT_TILE``
+    (``SPLIT_SAMPLE_SHORT`` is taken at most ``SPLIT_SAMPLE``, or is ``None``); ``SPLIT_SAMPLE_HITS``
+    is a positive count."""
+    for name, value, top in (("SPLIT_SAMPLE", SPLIT_SAMPLE, SPLIT_TILE),
+                             ("SPLIT_SAMPLE_SHORT", SPLIT_SAMPLE_SHORT, None)):
+        if value is None and top is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int) or value < PAGE_SIZE or value & (value - 1)
+                or (top is not None and value > top)):
+            upto = f" to SPLIT_TILE ({top})" if top is not None else ""
+            raise ValueError(f"indexer_topk.backends.legacy.{name}: expected a power of two from the page size "
+                             f"({PAGE_SIZE}){upto}, got {value!r}")
+    if isinstance(SPLIT_SAMPLE_HITS, bool) or not isinstance(SPLIT_SAMPLE_HITS, int) or SPLIT_SAMPLE_HITS <= 0:
+        raise ValueError(f"indexer_topk.backends.legacy.SPLIT_SAMPLE_HITS: expected a positive int, "
+                         f"got {SPLIT_SAMPLE_HITS!r}")
 
 
 def split_spread(topk: int) -> int:
@@ -545,6 +566,7 @@ def legacy_indexer_topk(
         return out
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
+    _check_samples()  # before the score kernel runs, not at the select stage after it
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
