@@ -65,8 +65,10 @@ def both_ways(wl, row_start=0, rows=None):
     return got
 
 
-def assert_same_step(wl, row_start=0, rows=None):
-    (out3, keys3, head3), (out4, keys4, head4) = both_ways(wl, row_start, rows)
+def assert_same_step(wl, row_start=0, rows=None, ways=None):
+    """The gate ahead and the four kernels (``ways``: :func:`both_ways`'s, run here when ``None``)
+    agree on the key matrix, each row's header and the outputs; returns the outputs."""
+    (out3, keys3, head3), (out4, keys4, head4) = both_ways(wl, row_start, rows) if ways is None else ways
     assert torch.equal(keys3, keys4), "key matrix"
     # the gate and scale of rows that took none (no longer than the tile) are left as they were
     lens = wl.seq_lens[row_start: row_start + keys3.shape[0]].clamp(0, keys3.shape[1]).cpu()
@@ -107,6 +109,30 @@ def test_gate_ahead_with_a_binned_gate(pattern, small_split, monkeypatch, device
     assert unwritten_slots(out) == []
     if pattern != "zero_plateau":
         assert_matches_reference(out, wl)
+
+
+def test_gate_ahead_with_the_short_sample(small_split, monkeypatch, device):
+    """Where ``split_sample`` names the short sample, the gate ahead scores and gates from that
+    many keys, as the four kernels do: the same gates, counts and bits, and each long row's gate
+    the aimed rank's key of the short sample (scored keys stored for one sample and read as
+    another, or a step sampling ``SPLIT_SAMPLE``, would give other gates)."""
+    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024), ("SPLIT_SAMPLE_SHORT", 256),
+                        ("SPLIT_SAMPLE_HITS", 4)):  # on a GPU too: the rows past the tile, the short sample
+        monkeypatch.setattr(legacy_backend, name, value)
+    wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
+                       topk=128, seed=7, device=device)
+    assert legacy_backend.split_sample(legacy_backend.key_matrix_width(wl.page_table), 128) == 256
+    ways = both_ways(wl)
+    out = assert_same_step(wl, ways=ways)
+    assert unwritten_slots(out) == []
+    assert_matches_reference(out, wl)
+    _out, keys, header = ways[0]
+    gates, keys = header[0].cpu(), keys.cpu()
+    long_rows = [(r, n) for r, n in enumerate(DECODE_LENS) if n > 1024]
+    assert len(long_rows) == 4
+    for r, n in long_rows:
+        sampled = keys[r, (torch.arange(256) * n) // 256].sort(descending=True).values
+        assert int(gates[r]) == int(sampled[min((5 * 128 * 256) // (2 * n) + 1, 255) - 1]), (r, int(gates[r]))
 
 
 def test_gate_ahead_on_a_chunk_of_rows(small_split, device):

@@ -300,14 +300,15 @@ def test_sample_settings_the_kernels_cannot_take_are_refused(name, value, monkey
     kernels could not build, or build past the finishing program's), or a hit count that is not a
     positive int: refused naming the setting before any kernel runs, the outputs untouched."""
     monkeypatch.setattr(legacy_backend, name, value)
-    with pytest.raises(ValueError, match=name):
+    named = rf"legacy\.{name}: "  # this setting, not another of the same prefix
+    with pytest.raises(ValueError, match=named):
         legacy_backend.split_sample(32768, 1024)
     launched = []
     monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
     wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
                        seed=2, device="cpu")
     out = poisoned_result(wl.rows, wl.topk, "cpu")
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=named):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
     assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
     assert launched == []  # refused before the score stage

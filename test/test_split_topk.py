@@ -435,9 +435,9 @@ def test_split_entrants_at_the_buffer_bounds(split_bins, finish_parts, monkeypat
     the edges of the candidate path, the trim (its bins cannot trim keys tied at the gate: the
     row select serves) and the buffer, each with the torch way's bits."""
     topk = 128
-    sample = legacy_backend.SPLIT_SAMPLE
-    width = max(5120, 4 * sample)  # the gate's rank (about 2.5 * topk * sample / width) below topk - 1
-    assert legacy_backend.split_sample(width, topk) == sample  # the gate's sample at this width
+    width = max(5120, 4 * legacy_backend.SPLIT_SAMPLE)
+    sample = legacy_backend.split_sample(width, topk)  # the gate's sample at this width
+    assert (5 * topk * sample) // (2 * width) + 1 < topk - 1  # the gate's rank below topk - 1
     targets = [topk - 1, topk, topk + 1, 4 * topk, 4 * topk + 1, 8 * topk, 8 * topk + 1]
     gen = torch.Generator().manual_seed(3)
     keys = torch.randint(-1000, 0, (len(targets), width), generator=gen, dtype=torch.int32)
@@ -665,8 +665,9 @@ def test_split_gate_from_the_short_sample(split_way, monkeypatch, device):
     """Where ``split_sample`` names the short sample, the gate kernel samples that many keys: each
     long row's gate is the aimed rank's key of the short sample (the search's gate), which is not
     the longer sample's, and the bits are the torch way's."""
-    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_SHORT", 256)
-    monkeypatch.setattr(legacy_backend, "SPLIT_SAMPLE_HITS", 4)
+    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024), ("SPLIT_SAMPLE_SHORT", 256),
+                        ("SPLIT_SAMPLE_HITS", 4)):  # on a GPU too: four rows past the tile, the short sample
+        monkeypatch.setattr(legacy_backend, name, value)
     width = 5120
     assert legacy_backend.split_sample(width, TOPK) == 256
     lens = [width, 4500, 3000, 1500]
@@ -679,9 +680,10 @@ def test_split_gate_from_the_short_sample(split_way, monkeypatch, device):
     cpu = keys.cpu()
     for (gate, _n, _r), (r, n) in zip(reach, long_rows):
         short = cpu[r, (torch.arange(256) * n) // 256].sort(descending=True).values
-        longer = cpu[r, (torch.arange(1024) * n) // 1024].sort(descending=True).values
+        full = legacy_backend.SPLIT_SAMPLE
+        longer = cpu[r, (torch.arange(full) * n) // full].sort(descending=True).values
         assert gate == int(short[sample_rank(n, TOPK, 256) - 1]), (r, gate)
-        assert gate != int(longer[sample_rank(n, TOPK, 1024) - 1]), (r, gate)
+        assert gate != int(longer[sample_rank(n, TOPK, full) - 1]), (r, gate)
 
 
 def test_topk_2048_rows_finish_by_their_bins(monkeypatch, device):

@@ -161,10 +161,13 @@ def main(argv=None) -> int:
         if layout == a.layouts[0]:  # the split select's kernels, at the shipped settings
             L = legacy_backend
             for fn, name, warps, const in (
-                    (gate_rows_kernel, "split gate", L.SPLIT_WARPS,
+                    (gate_rows_kernel, "split gate", L.SPLIT_GATE_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
                           SPREAD=L.split_spread(a.topk))),
-                    (gate_rows_kernel, "gate, 256 bins", L.SPLIT_WARPS,
+                    (gate_rows_kernel, "gate, short", L.SPLIT_GATE_WARPS,  # split_sample's at short widths
+                     dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.split_sample(L.SPLIT_TILE + 1, a.topk),
+                          BINS=L.SPLIT_BINS, SPREAD=L.split_spread(a.topk))),
+                    (gate_rows_kernel, "gate, 256 bins", L.SPLIT_GATE_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, GATE_BINS=256,
                           SPREAD=L.split_spread(a.topk))),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,

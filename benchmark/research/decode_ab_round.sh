@@ -7,9 +7,11 @@
 # shared Triton cache), so that no timed step spends its limit compiling: in the round at
 # ce98b63, run without that pass, three of six steps ran out of their limits while compiling.
 #
-# 1. A gate sample of 1,024 and 512 keys, the finish's 8 warps and the gate ahead's 8 warps, at
-#    1 and 8 requests of 128K and 768K (the gate kernel was 1.1-1.6 us faster with the smaller
-#    samples at 1 x 128K; the 768K rows were not reached).
+# 1. The gate's sample, the finish's 8 warps and the gate ahead's 8 warps, at 1 and 8 requests of
+#    128K and 768K: SPLIT_SAMPLE_SHORT=None samples 2,048 keys at every width (at 128K the
+#    shipped step samples 1,024 since 86ccdf6, split_sample), SPLIT_SAMPLE=1024 samples 1,024 at
+#    768K too. (At 8ba92ca, before the rule, this step compared SPLIT_SAMPLE=1024 and 512 against
+#    2,048 everywhere: benchmark/results/scored_gate/decode_ab_8ba92ca_h100/.)
 # 2. The one-row span floor of 512 (shipped: 256) at 8 x 128K.
 # The first step is run twice, in two processes: one replay of a 25 us step reads up to 8 us apart
 # between configs of one process while the kernels' device times agree to 0.1 us.
@@ -21,7 +23,7 @@ nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 SD="python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0"
 
 STEPS=(
-  "sample|--shapes 1x128K,8x128K,1x768K,8x768K --configs SPLIT_SAMPLE=1024;SPLIT_SAMPLE=512;SPLIT_WARPS=8;SCORED_GATE_WARPS=8"
+  "sample|--shapes 1x128K,8x128K,1x768K,8x768K --configs SPLIT_SAMPLE_SHORT=None;SPLIT_SAMPLE=1024;SPLIT_WARPS=8;SCORED_GATE_WARPS=8"
   "span|--shapes 8x128K --configs SCORE_MIN_SPAN_ONE_ROW=512"
 )
 

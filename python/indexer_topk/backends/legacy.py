@@ -89,7 +89,9 @@ SPLIT_SAMPLE = 2048
 # kernel searches half the keys. On an H100 it gated 1 x 128K in 4.8 us against 6.4, 8 x 128K in
 # 6.3 against 7.2, the same bits and finish times (decode_ab_round.sh; benchmark/results/NOTES.md);
 # at 768K, where 1,024 sampled keys hold about 5 of the best 1,024, the step kept its time but
-# a row's odds of too few or too many entrants grow tenfold, so long rows keep SPLIT_SAMPLE.
+# a row would get too few entrants about 60 times as often (one row in 800) and more than the
+# finish's registers 9 times as often, so long rows keep SPLIT_SAMPLE. (At topk 512 and 768K,
+# SPLIT_SAMPLE itself holds about 5 of the best 512: those rows have the same odds.)
 # None: SPLIT_SAMPLE at every width.
 SPLIT_SAMPLE_SHORT = 1024
 SPLIT_SAMPLE_HITS = 16
