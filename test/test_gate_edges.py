@@ -205,9 +205,11 @@ def test_split_binned_gate_at_the_rank_cap(pattern, split_way, monkeypatch, devi
     may be the sample's smallest key, below anything the search takes. The torch way's bits,
     every slot written, the gate reached by at least ``r`` sampled keys and by no more than the
     slack past ``r`` where it is not the search's (at the cap: the sample's smallest key)."""
+    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024)):  # on a GPU too: the rows just past the tile
+        monkeypatch.setattr(legacy_backend, name, value)
     topk, width = 512, 1536
     lens = [1025, 1100, 1282, 1283]
-    sample = legacy_backend.SPLIT_SAMPLE
+    sample = legacy_backend.split_sample(width, topk)
     assert [sample_rank(n, topk, sample) for n in lens] == [sample - 1] * 3 + [sample - 2]
     gen = torch.Generator().manual_seed(2)
     keys = torch.full((len(lens), width), KEY_NONE, dtype=torch.int32)
