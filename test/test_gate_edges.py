@@ -19,7 +19,7 @@ from indexer_topk.kernels.split_topk import CAND_PER_TOPK, gate_rows_kernel
 from indexer_topk.workload import make_workload
 
 from kernel_cases import assert_bitwise
-from test_row_topk import assert_same_bits
+from test_row_topk import assert_same_bits, set_settings
 from test_scored_gate import assert_same_step, small_split  # noqa: F401 - a fixture
 from test_split_topk import (  # noqa: F401 - a fixture
     assert_binned_reach, binned_slack, gates_and_reach, sample_rank, split_way, torch_way)
@@ -205,8 +205,7 @@ def test_split_binned_gate_at_the_rank_cap(pattern, split_way, monkeypatch, devi
     may be the sample's smallest key, below anything the search takes. The torch way's bits,
     every slot written, the gate reached by at least ``r`` sampled keys and by no more than the
     slack past ``r`` where it is not the search's (at the cap: the sample's smallest key)."""
-    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024)):  # on a GPU too: the rows just past the tile
-        monkeypatch.setattr(legacy_backend, name, value)
+    set_settings(monkeypatch, SPLIT_TILE=1024, SPLIT_SAMPLE=1024)  # on a GPU too: the rows just past the tile
     topk, width = 512, 1536
     lens = [1025, 1100, 1282, 1283]
     sample = legacy_backend.split_sample(width, topk)

@@ -22,13 +22,18 @@ from kernel_cases import assert_contract, assert_matches_reference, build, patte
 TOPK = 512
 
 
+def set_settings(monkeypatch, **settings):
+    """The legacy backend's module settings given, for the test."""
+    for name, value in settings.items():
+        monkeypatch.setattr(legacy_backend, name, value)
+
+
 def force_way(monkeypatch, device, way: str, **cpu_settings):
     """``legacy_select`` takes ``way`` for the test; on a CPU the module settings given too
     (small enough for the interpreter)."""
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
     if device == "cpu":
-        for name, value in cpu_settings.items():
-            monkeypatch.setattr(legacy_backend, name, value)
+        set_settings(monkeypatch, **cpu_settings)
     return legacy_backend
 
 

@@ -21,7 +21,8 @@ from indexer_topk.kernels.split_topk import HEADER_FIELDS
 from indexer_topk.workload import make_workload
 
 from kernel_cases import ALL_PATTERNS, assert_bitwise, assert_contract, assert_matches_reference, decode_batch
-from test_row_topk import force_way
+from test_row_topk import force_way, set_settings
+from test_split_topk import sample_rank
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*encountered in:RuntimeWarning")
 
@@ -116,9 +117,8 @@ def test_gate_ahead_with_the_short_sample(small_split, monkeypatch, device):
     many keys, as the four kernels do: the same gates, counts and bits, and each long row's gate
     the aimed rank's key of the short sample (scored keys stored for one sample and read as
     another, or a step sampling ``SPLIT_SAMPLE``, would give other gates)."""
-    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024), ("SPLIT_SAMPLE_SHORT", 256),
-                        ("SPLIT_SAMPLE_HITS", 4)):  # on a GPU too: the rows past the tile, the short sample
-        monkeypatch.setattr(legacy_backend, name, value)
+    # on a GPU too: the rows past the tile, the short sample
+    set_settings(monkeypatch, SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_SAMPLE_SHORT=256, SPLIT_SAMPLE_HITS=4)
     wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
                        topk=128, seed=7, device=device)
     assert legacy_backend.split_sample(legacy_backend.key_matrix_width(wl.page_table), 128) == 256
@@ -132,7 +132,7 @@ def test_gate_ahead_with_the_short_sample(small_split, monkeypatch, device):
     assert len(long_rows) == 4
     for r, n in long_rows:
         sampled = keys[r, (torch.arange(256) * n) // 256].sort(descending=True).values
-        assert int(gates[r]) == int(sampled[min((5 * 128 * 256) // (2 * n) + 1, 255) - 1]), (r, int(gates[r]))
+        assert int(gates[r]) == int(sampled[sample_rank(n, 128, 256) - 1]), (r, int(gates[r]))
 
 
 def test_gate_ahead_on_a_chunk_of_rows(small_split, device):

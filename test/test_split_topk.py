@@ -27,7 +27,7 @@ from kernel_cases import (
     Case, assert_bitwise, assert_contract, assert_matches_reference, build, mixed_requests_case, pattern_cases,
     reference_result, run_legacy,
 )
-from test_row_topk import assert_same_bits, force_way, key_matrix, page_table_for, select
+from test_row_topk import assert_same_bits, force_way, key_matrix, page_table_for, select, set_settings
 
 # the histogram's fp32 steps meet inf and NaN by design (keys of no score, ranges at infinity:
 # such steps fall in the first or last bin); the interpreter's numpy warns on each
@@ -665,9 +665,8 @@ def test_split_gate_from_the_short_sample(split_way, monkeypatch, device):
     """Where ``split_sample`` names the short sample, the gate kernel samples that many keys: each
     long row's gate is the aimed rank's key of the short sample (the search's gate), which is not
     the longer sample's, and the bits are the torch way's."""
-    for name, value in (("SPLIT_TILE", 1024), ("SPLIT_SAMPLE", 1024), ("SPLIT_SAMPLE_SHORT", 256),
-                        ("SPLIT_SAMPLE_HITS", 4)):  # on a GPU too: four rows past the tile, the short sample
-        monkeypatch.setattr(legacy_backend, name, value)
+    # on a GPU too: four rows past the tile, the short sample
+    set_settings(monkeypatch, SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_SAMPLE_SHORT=256, SPLIT_SAMPLE_HITS=4)
     width = 5120
     assert legacy_backend.split_sample(width, TOPK) == 256
     lens = [width, 4500, 3000, 1500]

@@ -179,22 +179,26 @@ def split_sample(width: int, topk: int) -> int:
 
 def _check_samples() -> None:
     """``ValueError`` naming a sample setting the gate's kernels cannot take: a sample is a
-    register tile (a power of two) scored a page at a time by the gate ahead (a multiple of
+    register tile (a power of two) scored a page at a time by the gate ahead (at least
     ``PAGE_SIZE``), and ``SPLIT_SAMPLE`` at most the finishing program's tile ``SPLIT_TILE``
     (``SPLIT_SAMPLE_SHORT`` is taken at most ``SPLIT_SAMPLE``, or is ``None``); ``SPLIT_SAMPLE_HITS``
     is a positive count."""
-    for name, value, top in (("SPLIT_SAMPLE", SPLIT_SAMPLE, SPLIT_TILE),
-                             ("SPLIT_SAMPLE_SHORT", SPLIT_SAMPLE_SHORT, None)):
-        if value is None and top is None:
-            continue
-        if (isinstance(value, bool) or not isinstance(value, int) or value < PAGE_SIZE or value & (value - 1)
-                or (top is not None and value > top)):
-            upto = f" to SPLIT_TILE ({top})" if top is not None else ""
-            raise ValueError(f"indexer_topk.backends.legacy.{name}: expected a power of two from the page size "
-                             f"({PAGE_SIZE}){upto}, got {value!r}")
-    if isinstance(SPLIT_SAMPLE_HITS, bool) or not isinstance(SPLIT_SAMPLE_HITS, int) or SPLIT_SAMPLE_HITS <= 0:
-        raise ValueError(f"indexer_topk.backends.legacy.SPLIT_SAMPLE_HITS: expected a positive int, "
-                         f"got {SPLIT_SAMPLE_HITS!r}")
+    def power_of_two(v):
+        return v >= PAGE_SIZE and not v & (v - 1)
+
+    _check_int_setting("SPLIT_SAMPLE", SPLIT_SAMPLE, lambda v: power_of_two(v) and v <= SPLIT_TILE,
+                       f"a power of two from the page size ({PAGE_SIZE}) to SPLIT_TILE ({SPLIT_TILE})")
+    if SPLIT_SAMPLE_SHORT is not None:
+        _check_int_setting("SPLIT_SAMPLE_SHORT", SPLIT_SAMPLE_SHORT, power_of_two,
+                           f"None or a power of two from the page size ({PAGE_SIZE})")
+    _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
+
+
+def _check_int_setting(name: str, value, fine, expected: str) -> None:
+    """``ValueError`` naming the module setting ``name`` unless ``value`` is an int (not a bool)
+    for which ``fine(value)`` holds; ``expected`` says what it must be."""
+    if isinstance(value, bool) or not isinstance(value, int) or not fine(value):
+        raise ValueError(f"indexer_topk.backends.legacy.{name}: expected {expected}, got {value!r}")
 
 
 def split_spread(topk: int) -> int:
@@ -226,9 +230,8 @@ def _check_spans() -> None:
     would store each page's scores at the wrong positions."""
     for name, value in (("SCORE_SPAN", SCORE_SPAN), ("SCORE_MIN_SPAN", SCORE_MIN_SPAN),
                         ("SCORE_MIN_SPAN_ONE_ROW", SCORE_MIN_SPAN_ONE_ROW)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0 or value % PAGE_SIZE:
-            raise ValueError(f"indexer_topk.backends.legacy.{name}: expected a positive multiple of the page size "
-                             f"({PAGE_SIZE}), got {value!r}")
+        _check_int_setting(name, value, lambda v: v > 0 and v % PAGE_SIZE == 0,
+                           f"a positive multiple of the page size ({PAGE_SIZE})")
 
 
 @launches_kernels

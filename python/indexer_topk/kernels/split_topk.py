@@ -46,9 +46,9 @@ whole buffer, only rows past ``BUF`` do (at most 26 sampled among the best 8,192
 85: about one row in 10^13). The finish reads the buffer again, not the row: a second read of
 the row by one program costs more than the row select. Shorter rows take a smaller sample
 (``backends.legacy.split_sample``: 1,024 keys where the best ``TOPK`` hold at least 16 of them:
-up to 256K tokens at topk 1024, 128K at 512, 512K at 2048), whose odds are no worse: at 16, too few reach the gate in about
-one row in 8 million and more than ``CAP`` in one in 1,100. At 196,608 keys 1,024 sampled keys
-would hold 5.3 of the best ``TOPK``: too few in one row in 800.
+up to 256K tokens at topk 1024, 128K at 512, 512K at 2048), whose odds are no worse: at 16, too
+few reach the gate in about one row in 8 million and more than ``CAP`` in one in 1,100. At
+196,608 keys 1,024 sampled keys would hold 5.3 of the best ``TOPK``: too few in one row in 800.
 """
 
 import triton
