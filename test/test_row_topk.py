@@ -95,8 +95,11 @@ def assert_same_bits(got, want):
 
 
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
-def test_rows_equal_torch_way(pattern, rows_way, monkeypatch, device):
-    """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot."""
+@pytest.mark.parametrize("finish_rows", [1, 2])
+def test_rows_equal_torch_way(pattern, finish_rows, rows_way, monkeypatch, device):
+    """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot,
+    each row finished alone or two sorted together."""
+    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
     width = 4160
     lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -117,9 +120,12 @@ def test_rows_lengths_past_the_matrix(rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens, TOPK, "torch", monkeypatch))
 
 
-def test_rows_topk_1024_and_more_rows_than_programs(rows_way, monkeypatch, device):
+@pytest.mark.parametrize("finish_rows", [1, 2, 4])
+def test_rows_topk_1024_and_more_rows_than_programs(finish_rows, rows_way, monkeypatch, device):
     """topk 1024 over more rows than the persistent grid has programs (each program takes
-    several rows in turn and reuses its pool)."""
+    several rows in turn and reuses its pool; finished alone, or sorted two or four together
+    with some programs' last group short of rows)."""
+    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
     width = 2560
     lens = [width - 13 * i for i in range(11)]
     keys, lens_t = key_matrix("random", lens, width, device, seed=5)
@@ -129,9 +135,12 @@ def test_rows_topk_1024_and_more_rows_than_programs(rows_way, monkeypatch, devic
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
-def test_rows_write_only_their_outputs(topk, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("finish_rows", [1, 4])
+def test_rows_write_only_their_outputs(topk, finish_rows, rows_way, monkeypatch, device):
     """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched,
-    also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size)."""
+    also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size), and
+    where a program sorts more rows together than it has."""
+    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
     width = 2048
     keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
     before = keys.clone()
@@ -229,9 +238,12 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-def test_rows_equal_torch_way_gpu(pattern, topk, monkeypatch, device):
+@pytest.mark.parametrize("finish_rows", [1, 2, 4])
+def test_rows_equal_torch_way_gpu(pattern, topk, finish_rows, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
-    tokens), 16,384 and one tile, beside lengths around topk."""
+    tokens), 16,384 and one tile, beside lengths around topk; rows finished alone or sorted
+    two or four together."""
+    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
     width = 196608
     lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)

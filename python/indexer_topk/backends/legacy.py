@@ -74,6 +74,8 @@ ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer tha
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
+# rows a program of the row select selects in turn and then sorts together (1, 2 or 4)
+ROWS_FINISH_ROWS = 1
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
@@ -192,6 +194,12 @@ def _check_samples() -> None:
         _check_int_setting("SPLIT_SAMPLE_SHORT", SPLIT_SAMPLE_SHORT, power_of_two,
                            f"None or a power of two from the page size ({PAGE_SIZE})")
     _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
+
+
+def _check_finish_rows() -> None:
+    """``ValueError`` unless ``ROWS_FINISH_ROWS`` is 1, 2 or 4 (the row select's finish sorts
+    that many rows as one power-of-two tile)."""
+    _check_int_setting("ROWS_FINISH_ROWS", ROWS_FINISH_ROWS, lambda v: v in (1, 2, 4), "1, 2 or 4")
 
 
 def _check_int_setting(name: str, value, fine, expected: str) -> None:
@@ -342,6 +350,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         return
     check_runnable(keys.device)
     if search == "rows":
+        _check_finish_rows()
         sm_count = device_sm_count(keys.device)
         programs = min(row_count, sm_count * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
@@ -351,7 +360,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, num_warps=ROWS_WARPS,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, FINISH_ROWS=ROWS_FINISH_ROWS, num_warps=ROWS_WARPS,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return
@@ -572,6 +581,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
+    _check_finish_rows()
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
