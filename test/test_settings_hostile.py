@@ -1,7 +1,8 @@
 """Hostile settings of the legacy decode step: the split select's spread (``split_spread``,
 ``SPLIT_SPREAD_HALVES``), its gate's sample (``split_sample``: ``SPLIT_SAMPLE``,
 ``SPLIT_SAMPLE_SHORT``, ``SPLIT_SAMPLE_HITS``), the one-row score span (``SCORE_MIN_SPAN_ONE_ROW``),
-the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), ``KTH_SEARCH``, the research script's
+the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), the row select's finish
+(``ROWS_FINISH_ROWS``), ``KTH_SEARCH``, the research script's
 ``--configs`` parser that overrides them, and every environment variable of the package.
 
 A setting or variable either takes effect as documented or is refused with an error (an
@@ -312,6 +313,23 @@ def test_sample_settings_the_kernels_cannot_take_are_refused(name, value, monkey
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
     assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
     assert launched == []  # refused before the score stage
+
+
+@pytest.mark.parametrize("value", [3, 0, -2, 8, True, 2.0, "2", None])
+def test_finish_rows_setting_the_kernel_cannot_take_is_refused(value, monkeypatch):
+    """The row select sorts ``ROWS_FINISH_ROWS`` rows as one power-of-two tile: any value but
+    1, 2 or 4 is refused naming the setting before any kernel runs, the outputs untouched, on
+    the path that never reaches the row select too."""
+    monkeypatch.setattr(legacy_backend, "ROWS_FINISH_ROWS", value)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
+    wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
+                       seed=2, device="cpu")
+    out = poisoned_result(wl.rows, wl.topk, "cpu")
+    with pytest.raises(ValueError, match=r"legacy\.ROWS_FINISH_ROWS: "):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
+    assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
+    assert launched == []
 
 
 def test_sample_settings_switched_off_or_at_their_edges(monkeypatch):
