@@ -298,7 +298,7 @@ def topk_rows_kernel(
             tl.debug_barrier()  # the pool and the output row are reused by the program's next row
     else:
         for j in range(0, tl.cdiv(rows - pid, programs), FINISH_ROWS):
-            for q in tl.static_range(FINISH_ROWS):
+            for q in range(0, FINISH_ROWS):  # a loop, not unrolled: one copy of select_row's code
                 i = pid + (j + q) * programs
                 if i < rows:
                     row = row_start + i
