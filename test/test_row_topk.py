@@ -43,6 +43,13 @@ def rows_way(monkeypatch, device):
     return force_way(monkeypatch, device, "rows", ROWS_TILE=1024, ROWS_SAMPLE=512)
 
 
+def set_finish(monkeypatch, finish: str):
+    """``"R"``: the row select finishes ``R`` rows together; ``"1 narrow"``: one at a time,
+    sorted by the 32-bit network."""
+    rows, *narrow = finish.split()
+    set_settings(monkeypatch, ROWS_FINISH_ROWS=int(rows), ROWS_SORT_BITS=32 if narrow else 64)
+
+
 def page_table_for(rows: int, width: int, device):
     """A page table naming distinct pages, last page first (no position's page is its own)."""
     return torch.arange(rows * (width // 64), dtype=torch.int32, device=device).view(rows, -1).flip(1).contiguous()
@@ -95,11 +102,11 @@ def assert_same_bits(got, want):
 
 
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
-@pytest.mark.parametrize("finish_rows", [1, 2])
-def test_rows_equal_torch_way(pattern, finish_rows, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("finish", ["1", "2", "1 narrow"])
+def test_rows_equal_torch_way(pattern, finish, rows_way, monkeypatch, device):
     """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot,
-    each row finished alone or two sorted together."""
-    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
+    each row finished alone (sorted by the 64- or the 32-bit network) or two sorted together."""
+    set_finish(monkeypatch, finish)
     width = 4160
     lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)

@@ -76,6 +76,10 @@ ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # rows a program of the row select selects in turn and then sorts together (1, 2 or 4)
 ROWS_FINISH_ROWS = 1
+# the row select's sort of a row's selection: the 64-bit network over (key, position) composites,
+# or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
+# kernels.select.sort_narrow), one row a finish
+ROWS_SORT_BITS = 64
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
@@ -198,8 +202,11 @@ def _check_samples() -> None:
 
 def _check_finish_rows() -> None:
     """``ValueError`` unless ``ROWS_FINISH_ROWS`` is 1, 2 or 4 (the row select's finish sorts
-    that many rows as one power-of-two tile)."""
+    that many rows as one power-of-two tile) and ``ROWS_SORT_BITS`` 64, or 32 with one row a
+    finish."""
     _check_int_setting("ROWS_FINISH_ROWS", ROWS_FINISH_ROWS, lambda v: v in (1, 2, 4), "1, 2 or 4")
+    _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v == 64 or (v == 32 and ROWS_FINISH_ROWS == 1),
+                       "64, or 32 with ROWS_FINISH_ROWS = 1")
 
 
 def _check_int_setting(name: str, value, fine, expected: str) -> None:
@@ -360,7 +367,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, FINISH_ROWS=ROWS_FINISH_ROWS, num_warps=ROWS_WARPS,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, FINISH_ROWS=ROWS_FINISH_ROWS,
+            SORT_BITS=ROWS_SORT_BITS, num_warps=ROWS_WARPS,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return

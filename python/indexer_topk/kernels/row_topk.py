@@ -269,16 +269,19 @@ def row_length(seq_lens, row, stride_src):
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
-    FINISH_ROWS: tl.constexpr = 1,
+    FINISH_ROWS: tl.constexpr = 1, SORT_BITS: tl.constexpr = 64,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
     launched with programmatic dependent launch after the kernel that wrote ``src``.
     ``FINISH_ROWS``: a program selects that many of its rows in turn, then sorts and writes them
-    together (:func:`.select.finalize_rows`); the same outputs."""
+    together (:func:`.select.finalize_rows`); ``SORT_BITS``: a row's selection sorted by the
+    64-bit or the 32-bit network (:func:`.select.finalize_row`; one row a finish). The same
+    outputs either way."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
+    tl.static_assert((SORT_BITS == 64) | (FINISH_ROWS == 1), "the 32-bit sort finishes one row at a time")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)
     pool_pos = pool_key + 2 * TOPK
@@ -293,7 +296,7 @@ def topk_rows_kernel(
             tl.debug_barrier()
             finalize_row(
                 out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
-                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
+                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
             )
             tl.debug_barrier()  # the pool and the output row are reused by the program's next row
     else:

@@ -18,6 +18,9 @@ from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits, s
 
 MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
+# the 32-bit sort's longest run of entries alike in their high bits corrected in place (longer
+# ones send the row to the 64-bit network)
+NARROW_RUN = tl.constexpr(4)
 
 
 @triton.jit
@@ -209,33 +212,100 @@ def composite(key, pos):
 
 
 @triton.jit
+def _hi(key, B: tl.constexpr):
+    """The key without its low ``B`` bits (arithmetic shift: signed order kept)."""
+    return key >> B
+
+
+@triton.jit
+def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: tl.constexpr):
+    """The ``count`` entries ``(key, pos)`` of one row (position order, ``m`` the valid ones,
+    also stored at ``src``) in the contract's order, by a 32-bit network: returns
+    ``(key, pos, slot)``, the entries and each one's output slot (entries past ``count`` keep
+    their own slot).
+
+    The network sorts ``key >> B << B | (TOPK - 1 - i)`` (``B = log2(TOPK)``, ``i`` the entry's
+    index in position order): the key's high bits first, then the index, which is the order of
+    the entries up to the ``B`` low bits of their keys. Entries equal in those high bits sit
+    together ("runs"), ordered by index rather than by key; each entry's slot is corrected
+    within its run by comparing it with the run's other members, at most ``RUN - 1`` slots away
+    on either side. A run longer than ``RUN`` (ties and plateaus: many keys alike in their high
+    bits) is seen by comparing each slot with the one ``RUN`` after it, and then the row is
+    sorted by the 64-bit network instead. ``src`` is overwritten (with the entries in network
+    order)."""
+    B: tl.constexpr = TOPK.bit_length() - 1
+    offs = tl.arange(0, TOPK)
+    # valid entries are at i < count: their low bits are TOPK - 1 - i > TOPK - 1 - count >= 0
+    # unless count == TOPK, when none is invalid, so KEY_MIN sorts every invalid one last
+    c = tl.where(m, (_hi(key, B) << B) | (TOPK - 1 - offs), KEY_MIN)
+    c = sort1d(c, True)
+    idx = TOPK - 1 - (c & (TOPK - 1))
+    valid = offs < count
+    key = tl.load(src_key + idx, mask=valid, other=0)
+    pos = tl.load(src_pos + idx, mask=valid, other=0)
+    tl.debug_barrier()  # every entry is gathered before the network order is written over src
+    tl.store(src_key + offs, key, mask=valid)
+    tl.store(src_pos + offs, pos, mask=valid)
+    tl.debug_barrier()
+    comp = composite(key, pos)
+    hi = _hi(key, B)
+    far = offs + RUN
+    far_key = tl.load(src_key + far, mask=far < count, other=0)
+    long_run = tl.max((valid & (far < count) & (_hi(far_key, B) == hi)).to(tl.int32), axis=0)
+    slot = offs
+    if long_run != 0:
+        comp = sort1d(tl.where(valid, comp, COMP_MIN), True)
+        key = (comp >> 32).to(tl.int32)
+        pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
+    else:
+        # an entry's slot in its run: its network slot, less the run's earlier entries it
+        # comes before, plus the later ones that come before it
+        for d in tl.static_range(1, RUN):
+            a = offs + d
+            ka = tl.load(src_key + a, mask=a < count, other=0)
+            pa = tl.load(src_pos + a, mask=a < count, other=0)
+            slot += (valid & (a < count) & (_hi(ka, B) == hi) & (composite(ka, pa) > comp)).to(tl.int32)
+            b = offs - d
+            kb = tl.load(src_key + b, mask=valid & (b >= 0), other=0)
+            pb = tl.load(src_pos + b, mask=valid & (b >= 0), other=0)
+            slot -= (valid & (b >= 0) & (_hi(kb, B) == hi) & (composite(kb, pb) < comp)).to(tl.int32)
+    return key, pos, slot
+
+
+@triton.jit
 def finalize_row(
     src_key, src_pos, count, seq_len, pt_row_ptr,
     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
-    TOPK: tl.constexpr,
+    TOPK: tl.constexpr, SORT_BITS: tl.constexpr = 64,
 ):
     """Write one row's outputs from ``count`` (key, position) pairs in position order.
 
     Long rows are sorted best first; rows with ``seq_len <= TOPK`` keep ascending positions.
-    Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row.
+    Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row (with
+    ``SORT_BITS = 32`` it is written over). ``SORT_BITS``: the 64-bit network over the
+    composites, or the 32-bit one of :func:`sort_narrow`; the same outputs.
     """
     offs = tl.arange(0, TOPK)
     count = tl.maximum(count, 0)  # a negative (unchecked) length is an empty row
     m = offs < count
     key = tl.load(src_key + offs, mask=m, other=0)
     pos = tl.load(src_pos + offs, mask=m, other=0)
+    slot = offs
     if seq_len > TOPK:
-        comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
-        key = (comp >> 32).to(tl.int32)
-        pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
+        if SORT_BITS == 32:
+            key, pos, slot = sort_narrow(src_key, src_pos, count, key, pos, m, TOPK, NARROW_RUN)
+        else:
+            comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
+            key = (comp >> 32).to(tl.int32)
+            pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
     bits = tl.where(m, key_to_score_bits(key), NEG_INF_BITS)
     raw = tl.where(m, pos, -1)
     phys = tl.where(m, page * 64 + (pos & 63), -1)
     tl.debug_barrier()
-    tl.store(out_bits_row + offs, bits)
-    tl.store(out_raw_row + offs, raw)
-    tl.store(out_phys_row + offs, phys)
+    tl.store(out_bits_row + slot, bits)
+    tl.store(out_raw_row + slot, raw)
+    tl.store(out_phys_row + slot, phys)
     tl.store(out_cnt_ptr, count)
 
 
