@@ -115,6 +115,41 @@ def test_rows_equal_torch_way(pattern, finish, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
+def run_keys(rows: int, width: int, topk: int, longest: int, seed: int) -> torch.Tensor:
+    """int32 keys in groups alike in all but their ``log2(topk)`` low bits (the runs of the
+    32-bit sort), of 1 to ``longest`` keys each, some equal within a group, scattered along the
+    row (``width`` even); groups of both signs, rising with the group's number."""
+    low_bits = topk.bit_length() - 1
+    gen = torch.Generator().manual_seed(seed)
+    out = torch.empty((rows, width), dtype=torch.int32)
+    for r in range(rows):
+        sizes = torch.randint(1, longest + 1, (width,), generator=gen)
+        group = torch.repeat_interleave(torch.arange(width), sizes)[:width]
+        low = torch.randint(0, 1 << low_bits, (width,), generator=gen)
+        low[1::2] = low[0::2]  # neighbours in a group often share their low bits too: equal keys
+        keys = ((group - width // 2) << low_bits) + low
+        out[r] = keys[torch.randperm(width, generator=gen)].to(torch.int32)
+    return out
+
+
+@pytest.mark.parametrize("topk", [512, 1024])
+@pytest.mark.parametrize("longest", [2, 4, 5, 9])
+def test_narrow_sort_runs(topk, longest, rows_way, monkeypatch, device):
+    """The 32-bit sort on keys made of runs (``NARROW_RUN`` is 4): runs up to it corrected in
+    place, longer ones sent to the 64-bit network, runs across the k-th key cut: the torch way's
+    four outputs, every slot, for rows of one tile, many tiles, and just past topk."""
+    set_finish(monkeypatch, "1 narrow")
+    width = 2304
+    lens = [width, 1500, topk + 3, topk + 1]
+    keys = run_keys(len(lens), width, topk, longest, seed=topk + longest)
+    lens_t = torch.tensor(lens, dtype=torch.int32)
+    keys[torch.arange(width)[None, :] >= lens_t[:, None].long()] = KEY_NONE
+    keys, lens_t = keys.to(device), lens_t.to(device)
+    got = select(keys, lens_t, topk, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, topk, "torch", monkeypatch))
+
+
 def test_rows_lengths_past_the_matrix(rows_way, monkeypatch, device):
     """Unchecked lengths below zero or past the matrix's width read no further than the row: the
     row select gives what the torch way gives (both clamp to the row)."""
