@@ -280,12 +280,12 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-@pytest.mark.parametrize("finish_rows", [1, 2, 4])
-def test_rows_equal_torch_way_gpu(pattern, topk, finish_rows, monkeypatch, device):
+@pytest.mark.parametrize("finish", ["1", "2", "4", "1 narrow"])
+def test_rows_equal_torch_way_gpu(pattern, topk, finish, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
-    tokens), 16,384 and one tile, beside lengths around topk; rows finished alone or sorted
-    two or four together."""
-    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
+    tokens), 16,384 and one tile, beside lengths around topk; rows finished alone (by the 64-
+    or the 32-bit sort) or sorted two or four together."""
+    set_finish(monkeypatch, finish)
     width = 196608
     lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)
