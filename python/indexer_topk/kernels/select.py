@@ -247,28 +247,27 @@ def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: t
     tl.store(src_key + offs, key, mask=valid)
     tl.store(src_pos + offs, pos, mask=valid)
     tl.debug_barrier()
-    comp = composite(key, pos)
     hi = _hi(key, B)
     far = offs + RUN
     far_key = tl.load(src_key + far, mask=far < count, other=0)
     long_run = tl.max((valid & (far < count) & (_hi(far_key, B) == hi)).to(tl.int32), axis=0)
     slot = offs
     if long_run != 0:
-        comp = sort1d(tl.where(valid, comp, COMP_MIN), True)
+        comp = sort1d(tl.where(valid, composite(key, pos), COMP_MIN), True)
         key = (comp >> 32).to(tl.int32)
         pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     else:
         # an entry's slot in its run: its network slot, less the run's earlier entries it
-        # comes before, plus the later ones that come before it
+        # comes before, plus the later ones that come before it. Within a run the network
+        # order is position order, so of two equal keys the earlier already comes first: the
+        # keys alone decide, no composite
         for d in tl.static_range(1, RUN):
             a = offs + d
             ka = tl.load(src_key + a, mask=a < count, other=0)
-            pa = tl.load(src_pos + a, mask=a < count, other=0)
-            slot += (valid & (a < count) & (_hi(ka, B) == hi) & (composite(ka, pa) > comp)).to(tl.int32)
+            slot += (valid & (a < count) & (_hi(ka, B) == hi) & (ka > key)).to(tl.int32)
             b = offs - d
             kb = tl.load(src_key + b, mask=valid & (b >= 0), other=0)
-            pb = tl.load(src_pos + b, mask=valid & (b >= 0), other=0)
-            slot -= (valid & (b >= 0) & (_hi(kb, B) == hi) & (composite(kb, pb) < comp)).to(tl.int32)
+            slot -= (valid & (b >= 0) & (_hi(kb, B) == hi) & (kb < key)).to(tl.int32)
     return key, pos, slot
 
 
