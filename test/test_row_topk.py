@@ -43,11 +43,9 @@ def rows_way(monkeypatch, device):
     return force_way(monkeypatch, device, "rows", ROWS_TILE=1024, ROWS_SAMPLE=512)
 
 
-def set_finish(monkeypatch, finish: str):
-    """``"R"``: the row select finishes ``R`` rows together; ``"1 narrow"``: one at a time,
-    sorted by the 32-bit network."""
-    rows, *narrow = finish.split()
-    set_settings(monkeypatch, ROWS_FINISH_ROWS=int(rows), ROWS_SORT_BITS=32 if narrow else 64)
+def set_sort(monkeypatch, bits: int):
+    """The row select sorts each row's selection by the ``bits``-wide network, whatever the rows."""
+    set_settings(monkeypatch, ROWS_SORT_BITS=bits)
 
 
 def page_table_for(rows: int, width: int, device):
@@ -102,11 +100,11 @@ def assert_same_bits(got, want):
 
 
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
-@pytest.mark.parametrize("finish", ["1", "2", "1 narrow"])
-def test_rows_equal_torch_way(pattern, finish, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("bits", [64, 32])
+def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
     """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot,
-    each row finished alone (sorted by the 64- or the 32-bit network) or two sorted together."""
-    set_finish(monkeypatch, finish)
+    the selection sorted by the 64- or the 32-bit network."""
+    set_sort(monkeypatch, bits)
     width = 4160
     lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -115,10 +113,28 @@ def test_rows_equal_torch_way(pattern, finish, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
-def run_keys(rows: int, width: int, topk: int, longest: int, seed: int) -> torch.Tensor:
+@pytest.mark.parametrize("setting,rows,bits", [(None, 1023, 64), (None, 1024, 32), (None, 8192, 32),
+                                               (64, 8192, 64), (32, 128, 32)])
+def test_row_sort_width_by_rows(setting, rows, bits, monkeypatch, device):
+    """The row select's launch takes the 32-bit sort from ``ROWS_NARROW_MIN_ROWS`` rows unless
+    ``ROWS_SORT_BITS`` names a width (the launch is recorded, not run)."""
+    monkeypatch.setattr(legacy_backend, "ROWS_SORT_BITS", setting)
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "rows")
+    launched = []
+    monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append(k))
+    width = 4096
+    keys = torch.zeros((rows, width), dtype=torch.int32, device=device)
+    lens = torch.full((rows,), width, dtype=torch.int32, device=device)
+    legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, device), topk=TOPK,
+                                 out=allocate_result(rows, TOPK, device))
+    assert [k["SORT_BITS"] for k in launched] == [bits]
+
+
+def run_keys(rows: int, width: int, topk: int, longest: int, seed: int, top: bool = False) -> torch.Tensor:
     """int32 keys in groups alike in all but their ``log2(topk)`` low bits (the runs of the
     32-bit sort), of 1 to ``longest`` keys each, some equal within a group, scattered along the
-    row (``width`` even); groups of both signs, rising with the group's number."""
+    row (``width`` even), rising with the group's number: the top eighth of the groups positive,
+    or (``top``) the highest group at the top of the int32 range."""
     low_bits = topk.bit_length() - 1
     gen = torch.Generator().manual_seed(seed)
     out = torch.empty((rows, width), dtype=torch.int32)
@@ -127,21 +143,25 @@ def run_keys(rows: int, width: int, topk: int, longest: int, seed: int) -> torch
         group = torch.repeat_interleave(torch.arange(width), sizes)[:width]
         low = torch.randint(0, 1 << low_bits, (width,), generator=gen)
         low[1::2] = low[0::2]  # neighbours in a group often share their low bits too: equal keys
-        keys = ((group - width // 2) << low_bits) + low
+        last = int(group.max())
+        first = (1 << (31 - low_bits)) - 1 - last if top else -(last * 7) // 8  # the lowest group's high bits
+        keys = ((group + first) << low_bits) + low
         out[r] = keys[torch.randperm(width, generator=gen)].to(torch.int32)
     return out
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
 @pytest.mark.parametrize("longest", [2, 4, 5, 9])
-def test_narrow_sort_runs(topk, longest, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("top", [False, True])
+def test_narrow_sort_runs(topk, longest, top, rows_way, monkeypatch, device):
     """The 32-bit sort on keys made of runs (``NARROW_RUN`` is 4): runs up to it corrected in
     place, longer ones sent to the 64-bit network, runs across the k-th key cut: the torch way's
-    four outputs, every slot, for rows of one tile, many tiles, and just past topk."""
-    set_finish(monkeypatch, "1 narrow")
+    four outputs, every slot, for rows of many tiles and just past topk (one tile at topk 512
+    under the interpreter's tile of 1,024 keys), keys of both signs and at the top of the range."""
+    set_sort(monkeypatch, 32)
     width = 2304
     lens = [width, 1500, topk + 3, topk + 1]
-    keys = run_keys(len(lens), width, topk, longest, seed=topk + longest)
+    keys = run_keys(len(lens), width, topk, longest, seed=topk + longest, top=top)
     lens_t = torch.tensor(lens, dtype=torch.int32)
     keys[torch.arange(width)[None, :] >= lens_t[:, None].long()] = KEY_NONE
     keys, lens_t = keys.to(device), lens_t.to(device)
@@ -150,9 +170,11 @@ def test_narrow_sort_runs(topk, longest, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, topk, "torch", monkeypatch))
 
 
-def test_rows_lengths_past_the_matrix(rows_way, monkeypatch, device):
+@pytest.mark.parametrize("bits", [64, 32])
+def test_rows_lengths_past_the_matrix(bits, rows_way, monkeypatch, device):
     """Unchecked lengths below zero or past the matrix's width read no further than the row: the
-    row select gives what the torch way gives (both clamp to the row)."""
+    row select gives what the torch way gives (both clamp to the row), by either sort."""
+    set_sort(monkeypatch, bits)
     width = 1280
     keys, _ = key_matrix("random", [width] * 3, width, device, seed=3)
     lens = torch.tensor([-5, width + 999, 2**31 - 1], dtype=torch.int32, device=device)
@@ -162,12 +184,11 @@ def test_rows_lengths_past_the_matrix(rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens, TOPK, "torch", monkeypatch))
 
 
-@pytest.mark.parametrize("finish_rows", [1, 2, 4])
-def test_rows_topk_1024_and_more_rows_than_programs(finish_rows, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("bits", [64, 32])
+def test_rows_topk_1024_and_more_rows_than_programs(bits, rows_way, monkeypatch, device):
     """topk 1024 over more rows than the persistent grid has programs (each program takes
-    several rows in turn and reuses its pool; finished alone, or sorted two or four together
-    with some programs' last group short of rows)."""
-    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
+    several rows in turn and reuses its pool and output rows), by either sort."""
+    set_sort(monkeypatch, bits)
     width = 2560
     lens = [width - 13 * i for i in range(11)]
     keys, lens_t = key_matrix("random", lens, width, device, seed=5)
@@ -177,12 +198,13 @@ def test_rows_topk_1024_and_more_rows_than_programs(finish_rows, rows_way, monke
 
 
 @pytest.mark.parametrize("topk", [512, 1024])
-@pytest.mark.parametrize("finish_rows", [1, 4])
-def test_rows_write_only_their_outputs(topk, finish_rows, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("bits", [64, 32])
+def test_rows_write_only_their_outputs(topk, bits, rows_way, monkeypatch, device):
     """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched,
-    also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size), and
-    where a program sorts more rows together than it has."""
-    set_settings(monkeypatch, ROWS_FINISH_ROWS=finish_rows)
+    also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size), by
+    either sort (the 32-bit one writes its network order over the output row before the
+    outputs)."""
+    set_sort(monkeypatch, bits)
     width = 2048
     keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
     before = keys.clone()
@@ -280,12 +302,11 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
-@pytest.mark.parametrize("finish", ["1", "2", "4", "1 narrow"])
-def test_rows_equal_torch_way_gpu(pattern, topk, finish, monkeypatch, device):
+@pytest.mark.parametrize("bits", [64, 32])
+def test_rows_equal_torch_way_gpu(pattern, topk, bits, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
-    tokens), 16,384 and one tile, beside lengths around topk; rows finished alone (by the 64-
-    or the 32-bit sort) or sorted two or four together."""
-    set_finish(monkeypatch, finish)
+    tokens), 16,384 and one tile, beside lengths around topk; by either sort."""
+    set_sort(monkeypatch, bits)
     width = 196608
     lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)

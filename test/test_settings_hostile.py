@@ -1,8 +1,8 @@
 """Hostile settings of the legacy decode step: the split select's spread (``split_spread``,
 ``SPLIT_SPREAD_HALVES``), its gate's sample (``split_sample``: ``SPLIT_SAMPLE``,
 ``SPLIT_SAMPLE_SHORT``, ``SPLIT_SAMPLE_HITS``), the one-row score span (``SCORE_MIN_SPAN_ONE_ROW``),
-the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), the row select's finish
-(``ROWS_FINISH_ROWS``), ``KTH_SEARCH``, the research script's
+the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), the row select's sort
+(``ROWS_SORT_BITS``, ``ROWS_NARROW_MIN_ROWS``), ``KTH_SEARCH``, the research script's
 ``--configs`` parser that overrides them, and every environment variable of the package.
 
 A setting or variable either takes effect as documented or is refused with an error (an
@@ -315,18 +315,21 @@ def test_sample_settings_the_kernels_cannot_take_are_refused(name, value, monkey
     assert launched == []  # refused before the score stage
 
 
-@pytest.mark.parametrize("value", [3, 0, -2, 8, True, 2.0, "2", None])
-def test_finish_rows_setting_the_kernel_cannot_take_is_refused(value, monkeypatch):
-    """The row select sorts ``ROWS_FINISH_ROWS`` rows as one power-of-two tile: any value but
-    1, 2 or 4 is refused naming the setting before any kernel runs, the outputs untouched, on
-    the path that never reaches the row select too."""
-    monkeypatch.setattr(legacy_backend, "ROWS_FINISH_ROWS", value)
+@pytest.mark.parametrize("name,value", [("ROWS_SORT_BITS", 16), ("ROWS_SORT_BITS", 0), ("ROWS_SORT_BITS", True),
+                                        ("ROWS_SORT_BITS", 32.0), ("ROWS_SORT_BITS", "32"),
+                                        ("ROWS_NARROW_MIN_ROWS", -1), ("ROWS_NARROW_MIN_ROWS", 1024.0),
+                                        ("ROWS_NARROW_MIN_ROWS", None), ("ROWS_NARROW_MIN_ROWS", False)])
+def test_row_sort_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
+    """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by a count of rows,
+    ``ROWS_NARROW_MIN_ROWS``): any other value is refused naming the setting before any kernel
+    runs, the outputs untouched, on the path that never reaches the row select too."""
+    monkeypatch.setattr(legacy_backend, name, value)
     launched = []
     monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
     wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
                        seed=2, device="cpu")
     out = poisoned_result(wl.rows, wl.topk, "cpu")
-    with pytest.raises(ValueError, match=r"legacy\.ROWS_FINISH_ROWS: "):
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
         it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
     assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
     assert launched == []

@@ -186,12 +186,11 @@ def main(argv=None) -> int:
                           MAXSEG=L.SPLIT_MAXSEG, PROF=True))):
                 k = _compile(fn, _signature(fn, {}, constexprs=const), const, a.arch, warps, 1)
                 print(f"{'any':13s} {name:15s} {_report(k)}")
-            # rows sorted together (ROWS_FINISH_ROWS), the sort's width (ROWS_SORT_BITS)
-            for finish, bits in sorted({(L.ROWS_FINISH_ROWS, L.ROWS_SORT_BITS), (1, 64), (2, 64), (4, 64), (1, 32)}):
-                const = dict(TOPK=a.topk, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, FINISH_ROWS=finish, SORT_BITS=bits)
+            for bits in (64, 32):  # the sort's width (ROWS_SORT_BITS)
+                const = dict(TOPK=a.topk, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, SORT_BITS=bits)
                 sig = dict(_signature(topk_rows_kernel, {}, constexprs=const), rows="i32")
                 k = _compile(topk_rows_kernel, sig, const, a.arch, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
-                print(f"{'any':13s} {f'rows {finish} x{bits}':15s} {_report(k)}")
+                print(f"{'any':13s} {f'row select x{bits}':15s} {_report(k)}")
         if a.split_only:
             return 0
         if layout == a.layouts[0]:  # the selection kernels do not depend on the layout

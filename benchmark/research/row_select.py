@@ -8,8 +8,8 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 ``KEY_NONE`` past each row's length; every row as long as the matrix) from normal scores
 ("random") and from scores that increase along the row ("increasing"), and times
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
-host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:FINISH_ROWS[:SORT_BITS]]]``
-config (MAXNREG 0: the compiler's choice), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
+host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
+config (MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or none: the package's rule), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
 With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
         topk_v2 = load_anchor_kit(args.sglang_kit)[2]
     records = []
     lines = []
-    knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_FINISH_ROWS", "ROWS_SORT_BITS", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
+    knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
@@ -89,11 +89,11 @@ def main(argv=None) -> int:
                         name = f"split {cfg}"
                     elif cfg:
                         fields = [int(x) for x in cfg.split(":")]
-                        tile, warps, pps, maxnreg, finish, bits = fields + [0, 1, 64][len(fields) - 3:]
+                        tile, warps, pps, maxnreg, bits = fields + [0, 0][len(fields) - 3:]
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
-                        legacy_backend.ROWS_FINISH_ROWS, legacy_backend.ROWS_SORT_BITS = finish, bits
+                        legacy_backend.ROWS_SORT_BITS = bits or None
                         name = f"rows {cfg}"
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"

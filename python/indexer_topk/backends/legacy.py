@@ -74,12 +74,14 @@ ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer tha
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
-# rows a program of the row select selects in turn and then sorts together (1, 2 or 4)
-ROWS_FINISH_ROWS = 1
-# the row select's sort of a row's selection: the 64-bit network over (key, position) composites,
+# The row select's sort of a row's selection: the 64-bit network over (key, position) composites,
 # or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
-# kernels.select.sort_narrow), one row a finish
-ROWS_SORT_BITS = 64
+# kernels.select.sort_narrow). None: 32 bits from ROWS_NARROW_MIN_ROWS rows, where it measured
+# faster (on an H100, 7-8% of the select stage at 1024 and 8192 rows of 4,096 keys), 64 below
+# (12% slower at 128 rows of 4,096 keys, 7% at 256 of 8,192: one row a program, where its two
+# barriers and loads add to the latency); benchmark/results/NOTES.md, "The row select's sort".
+ROWS_SORT_BITS: Optional[int] = None
+ROWS_NARROW_MIN_ROWS = 1024
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
@@ -200,13 +202,14 @@ def _check_samples() -> None:
     _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
 
 
-def _check_finish_rows() -> None:
-    """``ValueError`` unless ``ROWS_FINISH_ROWS`` is 1, 2 or 4 (the row select's finish sorts
-    that many rows as one power-of-two tile) and ``ROWS_SORT_BITS`` 64, or 32 with one row a
-    finish."""
-    _check_int_setting("ROWS_FINISH_ROWS", ROWS_FINISH_ROWS, lambda v: v in (1, 2, 4), "1, 2 or 4")
-    _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v == 64 or (v == 32 and ROWS_FINISH_ROWS == 1),
-                       "64, or 32 with ROWS_FINISH_ROWS = 1")
+def row_sort_bits(rows: int) -> int:
+    """The width of the row select's sort (``ROWS_SORT_BITS``, else by ``ROWS_NARROW_MIN_ROWS``)
+    for a matrix of ``rows`` rows; ``ValueError`` naming a setting it cannot take."""
+    if ROWS_SORT_BITS is not None:
+        _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
+        return ROWS_SORT_BITS
+    _check_int_setting("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS, lambda v: v >= 0, "a count of rows")
+    return 32 if rows >= ROWS_NARROW_MIN_ROWS else 64
 
 
 def _check_int_setting(name: str, value, fine, expected: str) -> None:
@@ -357,7 +360,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         return
     check_runnable(keys.device)
     if search == "rows":
-        _check_finish_rows()
+        sort_bits = row_sort_bits(row_count)
         sm_count = device_sm_count(keys.device)
         programs = min(row_count, sm_count * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
@@ -367,8 +370,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, FINISH_ROWS=ROWS_FINISH_ROWS,
-            SORT_BITS=ROWS_SORT_BITS, num_warps=ROWS_WARPS,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, num_warps=ROWS_WARPS,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return
@@ -589,7 +591,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
-    _check_finish_rows()
+    row_sort_bits(rows)
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None

@@ -217,18 +217,3 @@ def sort1d(x, DESCENDING: tl.constexpr):
     else:
         return tl.sort(x, descending=DESCENDING)
 
-
-@triton.jit
-def sort_last(x, DESCENDING: tl.constexpr):
-    """``tl.sort`` of each row of a 2-D tensor (along its last axis). Under the interpreter each
-    row goes through :func:`sort1d`'s placement by rank."""
-    if INTERPRETED:
-        R: tl.constexpr = x.shape[0]
-        rid = tl.arange(0, R)[:, None]
-        out = x
-        for q in tl.static_range(R):
-            row = tl.sum(tl.where(rid == q, x, 0), axis=0)
-            out = tl.where(rid == q, sort1d(row, DESCENDING)[None, :], out)
-        return out
-    else:
-        return tl.sort(x, dim=1, descending=DESCENDING)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN, wait_for_producer
-from .select import finalize_row, finalize_rows, next_gate, radix_update, take_mask
+from .select import finalize_row, next_gate, radix_update, take_mask
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -269,53 +269,29 @@ def row_length(seq_lens, row, stride_src):
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
-    FINISH_ROWS: tl.constexpr = 1, SORT_BITS: tl.constexpr = 64,
+    SORT_BITS: tl.constexpr = 64,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
     launched with programmatic dependent launch after the kernel that wrote ``src``.
-    ``FINISH_ROWS``: a program selects that many of its rows in turn, then sorts and writes them
-    together (:func:`.select.finalize_rows`); ``SORT_BITS``: a row's selection sorted by the
-    64-bit or the 32-bit network (:func:`.select.finalize_row`; one row a finish). The same
-    outputs either way."""
+    ``SORT_BITS``: a row's selection sorted by the 64-bit or the 32-bit network
+    (:func:`.select.finalize_row`); the same outputs either way."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
-    tl.static_assert((SORT_BITS == 64) | (FINISH_ROWS == 1), "the 32-bit sort finishes one row at a time")
     pid = tl.program_id(0)
     pool_key = scratch + pid.to(tl.int64) * (4 * TOPK)
     pool_pos = pool_key + 2 * TOPK
     programs = tl.num_programs(0)
-    if FINISH_ROWS == 1:
-        for j in range(0, tl.cdiv(rows - pid, programs)):
-            i = pid + j * programs
-            row = row_start + i
-            n = row_length(seq_lens, row, stride_src)
-            orow = row.to(tl.int64) * TOPK
-            select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
-            tl.debug_barrier()
-            finalize_row(
-                out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
-                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
-            )
-            tl.debug_barrier()  # the pool and the output row are reused by the program's next row
-    else:
-        for j in range(0, tl.cdiv(rows - pid, programs), FINISH_ROWS):
-            for q in range(0, FINISH_ROWS):  # a loop, not unrolled: one copy of select_row's code
-                i = pid + (j + q) * programs
-                if i < rows:
-                    row = row_start + i
-                    orow = row.to(tl.int64) * TOPK
-                    n = row_length(seq_lens, row, stride_src)
-                    select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
-                    tl.debug_barrier()  # the pool is reused by the next row, the output row read below
-            i_q = pid + (j + tl.arange(0, FINISH_ROWS)) * programs
-            live = i_q < rows
-            row_q = row_start + i_q
-            n_q = tl.minimum(tl.maximum(tl.load(seq_lens + row_q, mask=live, other=0), 0), stride_src)
-            orow_q = row_q.to(tl.int64) * TOPK
-            finalize_rows(
-                out_bits + orow_q, out_raw + orow_q, tl.minimum(n_q, TOPK), n_q, page_table + row_q.to(tl.int64) * stride_pt,
-                out_bits + orow_q, out_raw + orow_q, out_phys + orow_q, out_cnt + row_q, live, TOPK,
-            )
-            tl.debug_barrier()  # the output rows are written before the program's next rows
+    for j in range(0, tl.cdiv(rows - pid, programs)):
+        i = pid + j * programs
+        row = row_start + i
+        n = row_length(seq_lens, row, stride_src)
+        orow = row.to(tl.int64) * TOPK
+        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
+        tl.debug_barrier()
+        finalize_row(
+            out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
+            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
+        )
+        tl.debug_barrier()  # the pool and the output row are reused by the program's next row

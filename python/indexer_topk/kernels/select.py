@@ -14,7 +14,7 @@ them under the contract's order (int64 ``key << 32 | ~position``) and writes the
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits, sort1d, sort_last
+from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits, sort1d
 
 MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
@@ -306,37 +306,6 @@ def finalize_row(
     tl.store(out_raw_row + slot, raw)
     tl.store(out_phys_row + slot, phys)
     tl.store(out_cnt_ptr, count)
-
-
-@triton.jit
-def finalize_rows(
-    src_key, src_pos, count, seq_len, pt_row_ptr,
-    out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, live,
-    TOPK: tl.constexpr,
-):
-    """:func:`finalize_row` for ``R`` rows at once: each argument but ``TOPK`` is an ``[R]``
-    tensor (the rows' pointers, counts and lengths), and only the ``live`` rows are read and
-    written. The rows' sorts run as one ``[R, TOPK]`` network, so each exchange step has ``R``
-    independent exchanges in flight where one row's would wait on its own."""
-    offs = tl.arange(0, TOPK)[None, :]
-    m = (offs < tl.maximum(count, 0)[:, None]) & live[:, None]
-    key = tl.load(src_key[:, None] + offs, mask=m, other=0)
-    pos = tl.load(src_pos[:, None] + offs, mask=m, other=0)
-    comp = tl.where(m, composite(key, pos), COMP_MIN)
-    # rows with seq_len <= TOPK keep ascending positions: the unsorted composites give them back
-    comp = tl.where((seq_len > TOPK)[:, None], sort_last(comp, True), comp)
-    key = (comp >> 32).to(tl.int32)
-    pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
-    page = tl.load(pt_row_ptr[:, None] + (pos >> 6), mask=m, other=0)
-    bits = tl.where(m, key_to_score_bits(key), NEG_INF_BITS)
-    raw = tl.where(m, pos, -1)
-    phys = tl.where(m, page * 64 + (pos & 63), -1)
-    tl.debug_barrier()
-    w = live[:, None] & (offs < TOPK)
-    tl.store(out_bits_row[:, None] + offs, bits, mask=w)
-    tl.store(out_raw_row[:, None] + offs, raw, mask=w)
-    tl.store(out_phys_row[:, None] + offs, phys, mask=w)
-    tl.store(out_cnt_ptr, tl.maximum(count, 0), mask=live)
 
 
 @triton.jit(do_not_specialize=["stride_src", "stride_pt", "row_start"])
