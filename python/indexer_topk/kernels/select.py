@@ -8,7 +8,8 @@ the *first* ``need`` keys equal to ``T`` in storage order, which are the lowest 
 ``radix_threshold`` finds ``T`` with up to four 8-bit histogram passes from the top byte,
 stopping early once the boundary bucket is taken whole. ``select_into`` then writes the
 selected ``(key, position)`` pairs compactly, still in position order. ``finalize_row`` sorts
-them under the contract's order (int64 ``key << 32 | ~position``) and writes the four outputs.
+them under the contract's order (int64 ``key << 32 | ~position``, or a 32-bit network and a
+correction, :func:`sort_narrow`) and writes the four outputs.
 """
 
 import triton
