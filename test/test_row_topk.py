@@ -10,6 +10,8 @@ around ``topk``, zero and past the matrix. Outputs are poisoned first, so every 
 written. The legacy path end to end is checked against the fp64 reference with it as well.
 """
 
+from typing import Optional
+
 import pytest
 import torch
 
@@ -43,8 +45,9 @@ def rows_way(monkeypatch, device):
     return force_way(monkeypatch, device, "rows", ROWS_TILE=1024, ROWS_SAMPLE=512)
 
 
-def set_sort(monkeypatch, bits: int):
-    """The row select sorts each row's selection by the ``bits``-wide network, whatever the rows."""
+def set_sort(monkeypatch, bits: Optional[int]):
+    """The row select sorts each row's selection by the ``bits``-wide network, whatever the rows
+    (``None``: by its rule)."""
     set_settings(monkeypatch, ROWS_SORT_BITS=bits)
 
 
@@ -118,8 +121,8 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
 def test_row_sort_width_by_rows(setting, rows, bits, monkeypatch, device):
     """The row select's launch takes the 32-bit sort from ``ROWS_NARROW_MIN_ROWS`` rows unless
     ``ROWS_SORT_BITS`` names a width (the launch is recorded, not run)."""
-    monkeypatch.setattr(legacy_backend, "ROWS_SORT_BITS", setting)
-    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "rows")
+    set_sort(monkeypatch, setting)
+    force_way(monkeypatch, device, "rows")
     launched = []
     monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append(k))
     width = 4096

@@ -304,6 +304,12 @@ def test_sample_settings_the_kernels_cannot_take_are_refused(name, value, monkey
     named = rf"legacy\.{name}: "  # this setting, not another of the same prefix
     with pytest.raises(ValueError, match=named):
         legacy_backend.split_sample(32768, 1024)
+    assert_refused_before_scoring(named, monkeypatch)
+
+
+def assert_refused_before_scoring(named: str, monkeypatch):
+    """A legacy decode call under the test's settings raises ``ValueError`` matching ``named``
+    before the score stage runs, its outputs untouched."""
     launched = []
     monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
     wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
@@ -324,15 +330,7 @@ def test_row_sort_settings_the_kernel_cannot_take_are_refused(name, value, monke
     ``ROWS_NARROW_MIN_ROWS``): any other value is refused naming the setting before any kernel
     runs, the outputs untouched, on the path that never reaches the row select too."""
     monkeypatch.setattr(legacy_backend, name, value)
-    launched = []
-    monkeypatch.setattr(legacy_backend, "legacy_score", lambda *a, **k: launched.append(1))
-    wl = make_workload("sglang_fp8", context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK,
-                       seed=2, device="cpu")
-    out = poisoned_result(wl.rows, wl.topk, "cpu")
-    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
-        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=1)
-    assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
-    assert launched == []
+    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
 
 
 def test_sample_settings_switched_off_or_at_their_edges(monkeypatch):

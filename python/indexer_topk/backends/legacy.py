@@ -591,7 +591,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
-    row_sort_bits(rows)
+    row_sort_bits(rows)  # its settings' check, likewise (legacy_select asks it again for the width)
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None

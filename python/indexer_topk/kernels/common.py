@@ -216,4 +216,3 @@ def sort1d(x, DESCENDING: tl.constexpr):
         return tl.reshape(out, [N])
     else:
         return tl.sort(x, descending=DESCENDING)
-

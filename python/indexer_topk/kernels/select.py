@@ -213,15 +213,9 @@ def composite(key, pos):
 
 
 @triton.jit
-def _hi(key, B: tl.constexpr):
-    """The key without its low ``B`` bits (arithmetic shift: signed order kept)."""
-    return key >> B
-
-
-@triton.jit
 def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: tl.constexpr):
-    """The ``count`` entries ``(key, pos)`` of one row (position order, ``m`` the valid ones,
-    also stored at ``src``) in the contract's order, by a 32-bit network: returns
+    """The ``count`` entries ``(key, pos)`` of one row (position order, ``m`` the slots below
+    ``count``, also stored at ``src``) in the contract's order, by a 32-bit network: returns
     ``(key, pos, slot)``, the entries and each one's output slot (entries past ``count`` keep
     their own slot).
 
@@ -237,24 +231,24 @@ def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: t
     B: tl.constexpr = TOPK.bit_length() - 1
     offs = tl.arange(0, TOPK)
     # valid entries are at i < count: their low bits are TOPK - 1 - i > TOPK - 1 - count >= 0
-    # unless count == TOPK, when none is invalid, so KEY_MIN sorts every invalid one last
-    c = tl.where(m, (_hi(key, B) << B) | (TOPK - 1 - offs), KEY_MIN)
+    # unless count == TOPK, when none is invalid, so KEY_MIN sorts every invalid one last (the
+    # arithmetic shift keeps the keys' signed order)
+    c = tl.where(m, ((key >> B) << B) | (TOPK - 1 - offs), KEY_MIN)
     c = sort1d(c, True)
     idx = TOPK - 1 - (c & (TOPK - 1))
-    valid = offs < count
-    key = tl.load(src_key + idx, mask=valid, other=0)
-    pos = tl.load(src_pos + idx, mask=valid, other=0)
+    key = tl.load(src_key + idx, mask=m, other=0)
+    pos = tl.load(src_pos + idx, mask=m, other=0)
     tl.debug_barrier()  # every entry is gathered before the network order is written over src
-    tl.store(src_key + offs, key, mask=valid)
-    tl.store(src_pos + offs, pos, mask=valid)
+    tl.store(src_key + offs, key, mask=m)
+    tl.store(src_pos + offs, pos, mask=m)
     tl.debug_barrier()
-    hi = _hi(key, B)
+    hi = key >> B
     far = offs + RUN
     far_key = tl.load(src_key + far, mask=far < count, other=0)
-    long_run = tl.max((valid & (far < count) & (_hi(far_key, B) == hi)).to(tl.int32), axis=0)
+    long_run = tl.max((m & (far < count) & ((far_key >> B) == hi)).to(tl.int32), axis=0)
     slot = offs
     if long_run != 0:
-        comp = sort1d(tl.where(valid, composite(key, pos), COMP_MIN), True)
+        comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
         key = (comp >> 32).to(tl.int32)
         pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     else:
@@ -265,10 +259,10 @@ def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: t
         for d in tl.static_range(1, RUN):
             a = offs + d
             ka = tl.load(src_key + a, mask=a < count, other=0)
-            slot += (valid & (a < count) & (_hi(ka, B) == hi) & (ka > key)).to(tl.int32)
+            slot += (m & (a < count) & ((ka >> B) == hi) & (ka > key)).to(tl.int32)
             b = offs - d
-            kb = tl.load(src_key + b, mask=valid & (b >= 0), other=0)
-            slot -= (valid & (b >= 0) & (_hi(kb, B) == hi) & (kb < key)).to(tl.int32)
+            kb = tl.load(src_key + b, mask=m & (b >= 0), other=0)
+            slot -= (m & (b >= 0) & ((kb >> B) == hi) & (kb < key)).to(tl.int32)
     return key, pos, slot
 
 
