@@ -273,6 +273,21 @@ def test_selection_order_against_plain_torch(way, rows_way, monkeypatch, device)
     assert_expected_order(select(keys, lens, TOPK, way, monkeypatch), keys, lens, TOPK)
 
 
+@pytest.mark.parametrize("way", ["rows", "torch"])
+def test_keys_past_the_length_are_never_selected(way, rows_way, monkeypatch, device):
+    """Keys past a row's length that are not ``KEY_NONE`` (the score stage writes ``KEY_NONE``
+    there; a caller's own matrix need not), among them the row's best: each way selects from the
+    row's first ``n`` keys alone, every slot as plain torch orders them."""
+    width = 1600
+    lens = torch.tensor([width - 1, 1100, TOPK + 1, TOPK, 3, 0], dtype=torch.int32)
+    gen = torch.Generator().manual_seed(5)
+    keys = torch.randint(-(2**20), 2**20, (len(lens), width), generator=gen, dtype=torch.int32)
+    past = torch.arange(width)[None, :] >= lens[:, None].long()
+    keys[past] = 2**30 + torch.randint(0, 2**20, (int(past.sum()),), generator=gen, dtype=torch.int32)
+    keys, lens = keys.to(device), lens.to(device)
+    assert_expected_order(select(keys, lens, TOPK, way, monkeypatch), keys, lens, TOPK)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("topk", [512, 1024])
 @pytest.mark.parametrize("way", ["rows", "split"])

@@ -304,11 +304,21 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
            **launch_options(SCORE_GATHER_MAXNREG, ka.interpret), **pdl_options(pdl))
 
 
-def kth_keys(keys: torch.Tensor, topk: int):
-    """Each row's k-th largest key and how many keys equal to it the top k holds (int32 ``[rows]``)."""
+def kth_keys(keys: torch.Tensor, topk: int, lengths: torch.Tensor):
+    """Each row's k-th largest key among its first ``lengths[i]`` keys (int32 ``[rows]``,
+    clamped to ``[0, width]``) and how many keys equal to it the top k holds (int32 ``[rows]``).
+
+    Keys past a row's length are left out whatever they hold: the select pass reads only the
+    first ``lengths[i]``, and a k-th taken from keys it never reads would leave it short of
+    ``topk`` entries (and the finish reading positions it never wrote). A row of at most
+    ``topk`` keys gets an unread pair: the select pass takes all of it."""
     if keys.shape[1] < topk:  # every row is shorter than topk: the select pass takes all
         z = torch.zeros(keys.shape[0], dtype=torch.int32, device=keys.device)
         return z, z
+    cols = torch.arange(keys.shape[1], device=keys.device)
+    # below every key the row holds: a row of more than topk keys keeps only its own in its top k,
+    # or ties with a key equal to INT32_MIN, which the select pass then takes by position
+    keys = keys.masked_fill(cols[None, :] >= lengths.clamp(0, keys.shape[1])[:, None], torch.iinfo(torch.int32).min)
     top = torch.topk(keys, topk, dim=1, sorted=False).values
     kth = top.min(dim=1).values
     need = topk - (top > kth[:, None]).sum(dim=1, dtype=torch.int32)
@@ -375,7 +385,10 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         )
         return
     known_t = search == "torch"
-    kth, need = kth_keys(keys, topk) if known_t else (seq_lens, seq_lens)  # unread without KNOWN_T
+    if known_t:
+        kth, need = kth_keys(keys, topk, seq_lens[row_start:row_start + row_count])
+    else:
+        kth, need = seq_lens, seq_lens  # unread without KNOWN_T
     launch(
         select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
