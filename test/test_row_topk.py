@@ -116,16 +116,18 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
-@pytest.mark.parametrize("setting,rows,bits", [(None, 1023, 64), (None, 1024, 32), (None, 8192, 32),
-                                               (64, 8192, 64), (32, 128, 32)])
-def test_row_sort_width_by_rows(setting, rows, bits, monkeypatch, device):
-    """The row select's launch takes the 32-bit sort from ``ROWS_NARROW_MIN_ROWS`` rows unless
-    ``ROWS_SORT_BITS`` names a width (the launch is recorded, not run)."""
+@pytest.mark.parametrize("setting,rows,width,bits", [
+    (None, 511, 4096, 64), (None, 512, 4096, 32), (None, 8192, 4096, 32), (None, 512, 1024, 32),
+    (None, 1023, 4160, 64), (None, 1024, 4160, 32), (64, 8192, 4096, 64), (32, 128, 4096, 32)])
+def test_row_sort_width_by_rows(setting, rows, width, bits, monkeypatch, device):
+    """The row select's launch takes the 32-bit sort from ``ROWS_NARROW_MIN_ROWS`` rows of at most
+    a tile (``ROWS_TILE``, 4,096 keys here), from ``ROWS_NARROW_MIN_ROWS_LONG`` rows of more,
+    unless ``ROWS_SORT_BITS`` names a width (the launch is recorded, not run)."""
     set_sort(monkeypatch, setting)
     force_way(monkeypatch, device, "rows")
+    monkeypatch.setattr(legacy_backend, "ROWS_TILE", 4096)
     launched = []
     monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append(k))
-    width = 4096
     keys = torch.zeros((rows, width), dtype=torch.int32, device=device)
     lens = torch.full((rows,), width, dtype=torch.int32, device=device)
     legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, device), topk=TOPK,

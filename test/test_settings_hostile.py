@@ -2,8 +2,9 @@
 ``SPLIT_SPREAD_HALVES``), its gate's sample (``split_sample``: ``SPLIT_SAMPLE``,
 ``SPLIT_SAMPLE_SHORT``, ``SPLIT_SAMPLE_HITS``), the one-row score span (``SCORE_MIN_SPAN_ONE_ROW``),
 the gate kernels' warps (``SPLIT_GATE_WARPS``, ``SCORED_GATE_WARPS``), the row select's sort
-(``ROWS_SORT_BITS``, ``ROWS_NARROW_MIN_ROWS``), ``KTH_SEARCH``, the research script's
-``--configs`` parser that overrides them, and every environment variable of the package.
+(``ROWS_SORT_BITS``, ``ROWS_NARROW_MIN_ROWS``, ``ROWS_NARROW_MIN_ROWS_LONG``), ``KTH_SEARCH``,
+the research script's ``--configs`` parser that overrides them, and every environment variable
+of the package.
 
 A setting or variable either takes effect as documented or is refused with an error (an
 unreadable variable: a warning) naming it; none silently changes the path or the bits. The
@@ -324,10 +325,11 @@ def assert_refused_before_scoring(named: str, monkeypatch):
 @pytest.mark.parametrize("name,value", [("ROWS_SORT_BITS", 16), ("ROWS_SORT_BITS", 0), ("ROWS_SORT_BITS", True),
                                         ("ROWS_SORT_BITS", 32.0), ("ROWS_SORT_BITS", "32"),
                                         ("ROWS_NARROW_MIN_ROWS", -1), ("ROWS_NARROW_MIN_ROWS", 1024.0),
-                                        ("ROWS_NARROW_MIN_ROWS", None), ("ROWS_NARROW_MIN_ROWS", False)])
+                                        ("ROWS_NARROW_MIN_ROWS", None), ("ROWS_NARROW_MIN_ROWS", False),
+                                        ("ROWS_NARROW_MIN_ROWS_LONG", -1), ("ROWS_NARROW_MIN_ROWS_LONG", "1024")])
 def test_row_sort_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
-    """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by a count of rows,
-    ``ROWS_NARROW_MIN_ROWS``): any other value is refused naming the setting before any kernel
+    """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
+    ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``): any other value is refused naming the setting before any kernel
     runs, the outputs untouched, on the path that never reaches the row select too."""
     monkeypatch.setattr(legacy_backend, name, value)
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)

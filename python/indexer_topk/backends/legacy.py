@@ -76,12 +76,15 @@ ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # The row select's sort of a row's selection: the 64-bit network over (key, position) composites,
 # or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
-# kernels.select.sort_narrow). None: 32 bits from ROWS_NARROW_MIN_ROWS rows, where it measured
-# faster (on an H100, 7-8% of the select stage at 1024 and 8192 rows of 4,096 keys), 64 below
-# (12% slower at 128 rows of 4,096 keys, 7% at 256 of 8,192: one row a program, where its two
-# barriers and loads add to the latency); benchmark/results/NOTES.md, "The row select's sort".
+# kernels.select.sort_narrow). None: 32 bits from ROWS_NARROW_MIN_ROWS rows of a matrix at most
+# ROWS_TILE keys wide, from ROWS_NARROW_MIN_ROWS_LONG rows of a wider one, 64 below. Measured on
+# H100s (the select stage alone): 6-8% faster at 512-8192 rows of 4,096 keys; 12% slower at 128
+# and 256 rows of 4,096 random keys (one row a program, where its two barriers and loads add to
+# the latency); at 16,384 keys 3% slower at 512 rows, even at 1024 (the pool's cuts, not the
+# sort, lead there); benchmark/results/NOTES.md, "The row select's sort".
 ROWS_SORT_BITS: Optional[int] = None
-ROWS_NARROW_MIN_ROWS = 1024
+ROWS_NARROW_MIN_ROWS = 512
+ROWS_NARROW_MIN_ROWS_LONG = 1024
 
 # The "split" select: keys its gate is sampled from (at most SPLIT_TILE: rows of at most
 # SPLIT_TILE keys are one register tile of the finishing program), keys a gathering program
@@ -164,9 +167,11 @@ SCORE_GATHER_MAXNREG = 64
 # The gate ahead of the score kernel (scored_split) from this width of the key matrix (C4
 # positions) up, after it below: on an H200 it measured faster at 768K tokens (196,608
 # positions; 1, 8 and 64 requests) and slower at 128K (1 and 8 requests), where the sample's
-# scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh;
-# benchmark/results/NOTES.md, "The gate ahead of the score kernel").
-SCORED_GATE_MIN_WIDTH = 196608
+# scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh); on an
+# H100 with the short sample, 3-6% faster at 256K (65,536 positions; 1, 8 and 32 requests, topk
+# 1024) and 13-31% slower at 128K (benchmark/research/rows_rule_round.sh;
+# benchmark/results/NOTES.md, "The gate ahead of the score kernel" and "The mix at 91cfcc6").
+SCORED_GATE_MIN_WIDTH = 65536
 # ... at these topks (None: any). It was timed faster at 8 x 768K at each of 512, 1024 and 2048
 # (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to those topks.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
@@ -202,14 +207,19 @@ def _check_samples() -> None:
     _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
 
 
-def row_sort_bits(rows: int) -> int:
-    """The width of the row select's sort (``ROWS_SORT_BITS``, else by ``ROWS_NARROW_MIN_ROWS``)
-    for a matrix of ``rows`` rows; ``ValueError`` naming a setting it cannot take."""
+def row_sort_bits(rows: int, width: int) -> int:
+    """The width of the row select's sort for a key matrix of ``rows`` rows of ``width`` keys:
+    ``ROWS_SORT_BITS``, else 32 from ``ROWS_NARROW_MIN_ROWS`` rows where ``width`` is at most
+    ``ROWS_TILE`` (every row one register tile) and from ``ROWS_NARROW_MIN_ROWS_LONG`` rows where
+    it is more, 64 below; ``ValueError`` naming a setting it cannot take."""
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
         return ROWS_SORT_BITS
-    _check_int_setting("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS, lambda v: v >= 0, "a count of rows")
-    return 32 if rows >= ROWS_NARROW_MIN_ROWS else 64
+    for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
+                        ("ROWS_NARROW_MIN_ROWS_LONG", ROWS_NARROW_MIN_ROWS_LONG)):
+        _check_int_setting(name, value, lambda v: v >= 0, "a count of rows")
+    least = ROWS_NARROW_MIN_ROWS if width <= ROWS_TILE else ROWS_NARROW_MIN_ROWS_LONG
+    return 32 if rows >= least else 64
 
 
 def _check_int_setting(name: str, value, fine, expected: str) -> None:
@@ -370,7 +380,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         return
     check_runnable(keys.device)
     if search == "rows":
-        sort_bits = row_sort_bits(row_count)
+        sort_bits = row_sort_bits(row_count, keys.shape[1])
         sm_count = device_sm_count(keys.device)
         programs = min(row_count, sm_count * ROWS_PROGRAMS_PER_SM)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
@@ -604,7 +614,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
-    row_sort_bits(rows)  # its settings' check, likewise (legacy_select asks it again for the width)
+    row_sort_bits(rows, width)  # its settings' check, likewise (legacy_select asks it again for the width)
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
