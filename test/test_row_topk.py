@@ -275,11 +275,14 @@ def test_selection_order_against_plain_torch(way, rows_way, monkeypatch, device)
     assert_expected_order(select(keys, lens, TOPK, way, monkeypatch), keys, lens, TOPK)
 
 
+@pytest.mark.parametrize("row_start", [0, 3])
 @pytest.mark.parametrize("way", ["rows", "torch"])
-def test_keys_past_the_length_are_never_selected(way, rows_way, monkeypatch, device):
+def test_keys_past_the_length_are_never_selected(way, row_start, rows_way, monkeypatch, device):
     """Keys past a row's length that are not ``KEY_NONE`` (the score stage writes ``KEY_NONE``
     there; a caller's own matrix need not), among them the row's best: each way selects from the
-    row's first ``n`` keys alone, every slot as plain torch orders them."""
+    row's first ``n`` keys alone, every slot as plain torch orders them, also for a chunk of rows
+    past the first (``row_start``: its lengths are the contract's rows ``row_start ..``, the rows
+    before it hold other lengths and keep their outputs)."""
     width = 1600
     lens = torch.tensor([width - 1, 1100, TOPK + 1, TOPK, 3, 0], dtype=torch.int32)
     gen = torch.Generator().manual_seed(5)
@@ -287,7 +290,56 @@ def test_keys_past_the_length_are_never_selected(way, rows_way, monkeypatch, dev
     past = torch.arange(width)[None, :] >= lens[:, None].long()
     keys[past] = 2**30 + torch.randint(0, 2**20, (int(past.sum()),), generator=gen, dtype=torch.int32)
     keys, lens = keys.to(device), lens.to(device)
-    assert_expected_order(select(keys, lens, TOPK, way, monkeypatch), keys, lens, TOPK)
+    rows = len(lens)
+    out = poisoned_result(row_start + rows, TOPK, device)
+    full_lens = torch.cat([torch.full((row_start,), width, dtype=torch.int32, device=device), lens])
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
+    legacy_backend.legacy_select(keys, full_lens, page_table_for(row_start + rows, width, device), topk=TOPK,
+                                 out=out, row_start=row_start)
+    assert_expected_order(type(out)(*(t[row_start:] for t in out)), keys, lens, TOPK)
+    for got, poison in zip(out, poisoned_result(row_start, TOPK, device)):
+        assert torch.equal(got[:row_start].view(torch.int32), poison.view(torch.int32))
+
+
+@pytest.mark.parametrize("way", ["rows", "torch", "split"])
+@pytest.mark.parametrize("case", ["strided", "short", "2-D"])
+def test_select_refuses_lengths_it_would_misread(case, way, rows_way, monkeypatch, device):
+    """``legacy_select`` called directly (the public entry point checks ``seq_lens`` itself) with
+    lengths the kernels would read at the wrong stride or past their end: ``ValueError`` naming
+    ``seq_lens`` before any kernel runs, the outputs untouched."""
+    rows, width = 4, 1024
+    keys, lens = key_matrix("random", [width] * rows, width, device)
+    bad = {"strided": torch.stack([lens, lens], 1).reshape(-1)[::2], "short": lens[: rows - 1],
+           "2-D": lens[:, None]}[case]
+    out = poisoned_result(rows + 1, TOPK, device)
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
+    with pytest.raises(ValueError, match="seq_lens"):
+        legacy_backend.legacy_select(keys, bad, page_table_for(rows + 1, width, device), topk=TOPK, out=out,
+                                     row_start=1 if case == "short" else 0)
+    for got, poison in zip(out, poisoned_result(rows + 1, TOPK, device)):
+        assert torch.equal(got.view(torch.int32), poison.view(torch.int32))
+
+
+def test_kth_keys_from_each_rows_first_keys():
+    """The torch way's k-th key and its count among the top k (``kth_keys``) against a sort of
+    each row's first ``n`` keys (clamped to the row): keys past ``n`` above every other, equal
+    keys at the k-th, ``INT32_MIN`` keys inside the length, lengths of 0, negative and past the
+    row; rows of at most ``topk`` keys are not read by the select pass and are left out."""
+    topk, width = 8, 40
+    gen = torch.Generator().manual_seed(2)
+    lens = torch.tensor([40, 39, 9, 8, 0, -3, 55, 20, 30], dtype=torch.int32)
+    keys = torch.randint(-3, 3, (len(lens), width), generator=gen, dtype=torch.int32)
+    keys[6, ::5] = torch.iinfo(torch.int32).min
+    keys[7, :] = torch.iinfo(torch.int32).min  # every key of the row: the k-th is INT32_MIN
+    keys[8, 30:] = 2**31 - 1  # the row's best keys, all past its length
+    kth, need = legacy_backend.kth_keys(keys, topk, lens)
+    for r, n in enumerate(lens.clamp(0, width).tolist()):
+        if n <= topk:
+            continue
+        top = keys[r, :n].sort(descending=True).values[:topk]
+        assert kth[r].item() == top[-1].item(), r
+        assert need[r].item() == int((top == top[-1]).sum()), r
+    assert kth.dtype == need.dtype == torch.int32
 
 
 @pytest.mark.gpu

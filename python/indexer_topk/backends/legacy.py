@@ -169,11 +169,12 @@ SCORE_GATHER_MAXNREG = 64
 # positions; 1, 8 and 64 requests) and slower at 128K (1 and 8 requests), where the sample's
 # scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh); on an
 # H100 with the short sample, 3-6% faster at 256K (65,536 positions; 1, 8 and 32 requests, topk
-# 1024) and 13-31% slower at 128K (benchmark/research/rows_rule_round.sh;
+# 1024) and 16-31% slower at 128K (benchmark/research/rows_rule_round.sh;
 # benchmark/results/NOTES.md, "The gate ahead of the score kernel" and "The mix at 91cfcc6").
 SCORED_GATE_MIN_WIDTH = 65536
 # ... at these topks (None: any). It was timed faster at 8 x 768K at each of 512, 1024 and 2048
 # (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to those topks.
+# From 256K to 767K only topk 1024 has been timed with it.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 
 
@@ -370,6 +371,12 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     the stream finishes, and waits for all of it on the GPU before reading anything."""
     keys = keys.view(torch.int32)
     row_count = keys.shape[0]
+    # the kernels read the lengths of rows row_start.. at unit stride: anything else would read
+    # other rows' lengths, or past the tensor (the public entry point checks it; this a caller's)
+    if seq_lens.dim() != 1 or not seq_lens.is_contiguous() or seq_lens.numel() < row_start + row_count:
+        raise ValueError(f"seq_lens: expected a contiguous 1-D tensor holding rows {row_start} .. "
+                         f"{row_start + row_count - 1}, got shape {tuple(seq_lens.shape)} and strides "
+                         f"{tuple(seq_lens.stride())}")
     search = _select_mode(row_count, keys.shape[1], keys.device)
     if search == "split":  # it checks the matrix and the device itself
         split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start, pdl=pdl)
