@@ -335,6 +335,14 @@ def test_row_sort_settings_the_kernel_cannot_take_are_refused(name, value, monke
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
 
 
+def test_row_sort_counts_are_checked_while_a_width_is_forced(monkeypatch):
+    """A count of rows the rule cannot take is refused by name also while ``ROWS_SORT_BITS``
+    forces the width (and the rule is not asked), before any kernel runs."""
+    monkeypatch.setattr(legacy_backend, "ROWS_SORT_BITS", 32)
+    monkeypatch.setattr(legacy_backend, "ROWS_NARROW_MIN_ROWS_LONG", -1)
+    assert_refused_before_scoring(r"legacy\.ROWS_NARROW_MIN_ROWS_LONG: ", monkeypatch)
+
+
 def test_sample_settings_switched_off_or_at_their_edges(monkeypatch):
     """``SPLIT_SAMPLE_SHORT = None`` keeps ``SPLIT_SAMPLE`` at every width; a short sample of one
     page, and a hit count of one, are taken as given; one larger than ``SPLIT_SAMPLE`` is taken

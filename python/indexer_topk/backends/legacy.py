@@ -208,17 +208,24 @@ def _check_samples() -> None:
     _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
 
 
+def _check_row_sort() -> None:
+    """``ValueError`` naming the row select's sort setting it cannot take: ``ROWS_SORT_BITS``
+    None, 32 or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows."""
+    if ROWS_SORT_BITS is not None:
+        _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
+    for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
+                        ("ROWS_NARROW_MIN_ROWS_LONG", ROWS_NARROW_MIN_ROWS_LONG)):
+        _check_int_setting(name, value, lambda v: v >= 0, "a count of rows")
+
+
 def row_sort_bits(rows: int, width: int) -> int:
     """The width of the row select's sort for a key matrix of ``rows`` rows of ``width`` keys:
     ``ROWS_SORT_BITS``, else 32 from ``ROWS_NARROW_MIN_ROWS`` rows where ``width`` is at most
     ``ROWS_TILE`` (every row one register tile) and from ``ROWS_NARROW_MIN_ROWS_LONG`` rows where
     it is more, 64 below; ``ValueError`` naming a setting it cannot take."""
+    _check_row_sort()
     if ROWS_SORT_BITS is not None:
-        _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
         return ROWS_SORT_BITS
-    for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
-                        ("ROWS_NARROW_MIN_ROWS_LONG", ROWS_NARROW_MIN_ROWS_LONG)):
-        _check_int_setting(name, value, lambda v: v >= 0, "a count of rows")
     least = ROWS_NARROW_MIN_ROWS if width <= ROWS_TILE else ROWS_NARROW_MIN_ROWS_LONG
     return 32 if rows >= least else 64
 
@@ -316,8 +323,8 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
 
 
 def kth_keys(keys: torch.Tensor, topk: int, lengths: torch.Tensor):
-    """Each row's k-th largest key among its first ``lengths[i]`` keys (int32 ``[rows]``,
-    clamped to ``[0, width]``) and how many keys equal to it the top k holds (int32 ``[rows]``).
+    """Each row's k-th largest key among its first ``lengths[i]`` keys (``lengths`` int ``[rows]``;
+    below 0 none, past the row all) and how many keys equal to it the top k holds (int32 ``[rows]``).
 
     Keys past a row's length are left out whatever they hold: the select pass reads only the
     first ``lengths[i]``, and a k-th taken from keys it never reads would leave it short of
@@ -329,7 +336,7 @@ def kth_keys(keys: torch.Tensor, topk: int, lengths: torch.Tensor):
     cols = torch.arange(keys.shape[1], device=keys.device)
     # below every key the row holds: a row of more than topk keys keeps only its own in its top k,
     # or ties with a key equal to INT32_MIN, which the select pass then takes by position
-    keys = keys.masked_fill(cols[None, :] >= lengths.clamp(0, keys.shape[1])[:, None], torch.iinfo(torch.int32).min)
+    keys = keys.masked_fill(cols[None, :] >= lengths[:, None], torch.iinfo(torch.int32).min)
     top = torch.topk(keys, topk, dim=1, sorted=False).values
     kth = top.min(dim=1).values
     need = topk - (top > kth[:, None]).sum(dim=1, dtype=torch.int32)
@@ -621,7 +628,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
-    row_sort_bits(rows, width)  # its settings' check, likewise (legacy_select asks it again for the width)
+    _check_row_sort()  # likewise
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
