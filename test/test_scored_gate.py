@@ -345,6 +345,7 @@ def test_scored_gate_way(monkeypatch):
     """Only FP8 decode chunks the split select serves, at least the width set, with the switch on
     (and a topk whose candidate region holds the sample: ``test_gate_edges.py``)."""
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", None)
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[1, 1], topk=128, seed=0,
                        device="cpu")
@@ -355,6 +356,10 @@ def test_scored_gate_way(monkeypatch):
     assert not legacy_backend.scored_gate_way(inputs, 1, 0, 1024)
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 0)
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # narrower than the width set
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", ((2, 2, 1000),))
+    assert legacy_backend.scored_gate_way(inputs, 1, 2, 1023)  # in a band
+    assert not legacy_backend.scored_gate_way(inputs, 1, 3, 1023)  # past the band's rows
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", None)
     assert not legacy_backend.scored_gate_way(inputs, 1, legacy_backend.ROWS_MIN_ROWS, 1024)  # the rows way
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", (512, 1024))
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)  # not a topk of the set
@@ -362,6 +367,37 @@ def test_scored_gate_way(monkeypatch):
     assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "0")
     assert not legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
+
+
+
+@pytest.mark.parametrize("rows,width,ahead", [
+    (1, 16384, False), (8, 16384, False), (16, 16384, False), (1, 8192, False), (32, 8192, False),
+    (1, 32768, True), (1, 32767, False), (4, 32768, True), (5, 32768, False), (6, 32768, False), (8, 32768, False), (11, 32768, False), (12, 32768, True),
+    (64, 32768, True), (128, 32768, True), (12, 32767, False),
+    (8, 40959, False), (8, 40960, True), (1, 40960, True), (64, 65536, True), (8, 196608, True),
+])
+def test_scored_gate_by_width_and_batch(rows, width, ahead):
+    """The shipped rule places the gate ahead where it measured faster: every batch from 160K
+    tokens (40,960 positions), one to four and twelve or more requests from 128K; not at 5-11
+    requests of 128K (slower at 6 and 8), nor at 64K (slower at 8 and 16) or 32K. Each band's
+    edges on both sides."""
+    assert legacy_backend.scored_gate_measured_faster(rows, width) is ahead
+
+
+def test_scored_gate_bands_switched_off(monkeypatch):
+    """``SCORED_GATE_NARROW = None`` (or no band) leaves the width alone: the bands' shapes go
+    after the score kernel, the width's still ahead of it; a band without a most rows holds any
+    batch from its fewest."""
+    for bands in (None, ()):
+        monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", bands)
+        assert not legacy_backend.scored_gate_measured_faster(1, 32768)
+        assert not legacy_backend.scored_gate_measured_faster(64, 32768)
+        assert legacy_backend.scored_gate_measured_faster(8, legacy_backend.SCORED_GATE_MIN_WIDTH)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", ((3, None, 100),))
+    assert not legacy_backend.scored_gate_measured_faster(2, 100)
+    assert legacy_backend.scored_gate_measured_faster(3, 100)
+    assert legacy_backend.scored_gate_measured_faster(10 ** 6, 100)
+    assert not legacy_backend.scored_gate_measured_faster(3, 99)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -322,6 +322,23 @@ def assert_refused_before_scoring(named: str, monkeypatch):
     assert launched == []  # refused before the score stage
 
 
+
+@pytest.mark.parametrize("name,value", [
+    ("SCORED_GATE_MIN_WIDTH", -1), ("SCORED_GATE_MIN_WIDTH", None), ("SCORED_GATE_MIN_WIDTH", 4096.0),
+    ("SCORED_GATE_MIN_WIDTH", True), ("SCORED_GATE_NARROW", [(1, 4, 16384)]),
+    ("SCORED_GATE_NARROW", ((1, 4),)), ("SCORED_GATE_NARROW", ((4, 1, 16384),)),
+    ("SCORED_GATE_NARROW", ((1, None, -1),)), ("SCORED_GATE_NARROW", ((1, 4.0, 16384),)),
+    ("SCORED_GATE_NARROW", ((True, 4, 16384),)), ("SCORED_GATE_NARROW", (1, 4, 16384)),
+    ("SCORED_GATE_NARROW", "1,4,16384"),
+])
+def test_scored_gate_shape_settings_it_cannot_read_are_refused(name, value, monkeypatch):
+    """The gate ahead's shape rule reads a width and bands of (fewest rows, most rows or None,
+    least width): anything else is refused naming the setting before any kernel runs, the
+    outputs untouched."""
+    monkeypatch.setattr(legacy_backend, name, value)
+    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+
+
 @pytest.mark.parametrize("name,value", [("ROWS_SORT_BITS", 16), ("ROWS_SORT_BITS", 0), ("ROWS_SORT_BITS", True),
                                         ("ROWS_SORT_BITS", 32.0), ("ROWS_SORT_BITS", "32"),
                                         ("ROWS_NARROW_MIN_ROWS", -1), ("ROWS_NARROW_MIN_ROWS", 1024.0),

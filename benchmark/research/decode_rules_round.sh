@@ -25,8 +25,8 @@ step() {  # NAME LIMIT_S ARGS...: one split_decode.py run, its log $OUT/NAME.log
     --out "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
   echo "== $name rc $? at ${SECONDS}s"
 }
-ON="SCORED_GATE_MIN_WIDTH=0"
-OFF="SCORED_GATE_MIN_WIDTH=1048576"
+ON="SCORED_GATE_MIN_WIDTH=0"  # every shape; OFF: none
+OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
 step gate_widths "${GATE_S:-170}" --shapes "${GATE_SHAPES:-1x192K,8x192K,64x256K}" --configs "$ON;$OFF"
 step gate_topk512 "${TOPK_S:-80}" --shapes 8x256K --topk 512 --configs "$OFF"
 step gate_topk2048 "${TOPK_S:-80}" --shapes 8x256K --topk 2048 --configs "$OFF"

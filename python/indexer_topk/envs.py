@@ -264,9 +264,10 @@ class Envs:
     # hides the gap between them. Read at each legacy call; off (or unreadable) launches them
     # one after another as plain stream order does.
     INDEXER_TOPK_PDL = EnvBool(True, invalid=False, invalid_means="kernels launch one after another")
-    # An FP8 decode step of at least SCORED_GATE_MIN_WIDTH positions through the split select
-    # takes its gate ahead of the score kernel: the gate's sample scored from the cache, the score
-    # kernel gathering the keys that reach it (backends/legacy.py, scored_split; the same bits).
+    # An FP8 decode step through the split select at a shape where it measured faster
+    # (backends/legacy.py, scored_gate_measured_faster) takes its gate ahead of the score kernel:
+    # the gate's sample scored from the cache, the score kernel gathering the keys that reach it
+    # (backends/legacy.py, scored_split; the same bits).
     # Read at each such legacy call; 0 (or unreadable) keeps the gate after the score kernel.
     INDEXER_TOPK_SCORED_GATE = EnvBool(True, invalid=False,
                                        invalid_means="decode keeps the gate after the score kernel")

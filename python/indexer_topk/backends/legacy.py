@@ -164,17 +164,23 @@ SCORE_PROGRAMS_PER_SM = 8
 # registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
 # score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
 SCORE_GATHER_MAXNREG = 64
-# The gate ahead of the score kernel (scored_split) from this width of the key matrix (C4
-# positions) up, after it below: on an H200 it measured faster at 768K tokens (196,608
-# positions; 1, 8 and 64 requests) and slower at 128K (1 and 8 requests), where the sample's
-# scoring and the gate outlast the score kernel (benchmark/research/scored_gate_ab.sh); on an
-# H100 with the short sample, 3-6% faster at 256K (65,536 positions; 1, 8 and 32 requests, topk
-# 1024) and 16-31% slower at 128K (benchmark/research/rows_rule_round.sh;
-# benchmark/results/NOTES.md, "The gate ahead of the score kernel" and "The mix at 91cfcc6").
-SCORED_GATE_MIN_WIDTH = 65536
-# ... at these topks (None: any). It was timed faster at 8 x 768K at each of 512, 1024 and 2048
-# (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to those topks.
-# From 256K to 767K only topk 1024 has been timed with it.
+# The gate ahead of the score kernel (scored_split), by the decode chunk's width of the key matrix
+# (C4 positions) and rows (requests): at every batch from SCORED_GATE_MIN_WIDTH, and below it in
+# the bands of SCORED_GATE_NARROW, each (fewest rows, most rows or None, least width); after the
+# score kernel elsewhere. Measured on an H100 (benchmark/research/decode_rules_round.sh and
+# split_decode.py: graph replays on the mix's bytes, each shape in two or three runs, the same
+# bits; benchmark/results/NOTES.md, "The gate ahead by width and batch"), the gate ahead against
+# after: 0.92-0.98x at every batch timed from 160K tokens (40,960 positions; 1, 8 and 32
+# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.90-0.98x at 1, 2, 4, 12, 24, 32 and 64
+# requests of 128K; 1.09-1.16x at 6 and 8 requests of 128K, 1.22-1.27x at 8 and 16 of 64K, 1.09x at
+# 32 of 32K; even at 16 and 128 requests of 128K and at one of 32K; one request of 64K read 0.98x
+# and 0.75x in two runs (left after: a band from 64K would cover two to four requests untimed).
+# Where the sample's scoring and the gate outlast the score kernel, the gathering waits for them.
+SCORED_GATE_MIN_WIDTH = 40960
+SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 4, 32768), (12, None, 32768))
+# ... at these topks (None: any). It was timed faster at 8 x 768K and 8 x 256K at each of 512,
+# 1024 and 2048 (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to
+# those topks. Below 256K only topk 1024 has been timed with it.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 
 
@@ -506,16 +512,48 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
 
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
-    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys at least
-    ``SCORED_GATE_MIN_WIDTH`` wide that the "split" select serves, at a ``topk`` of
-    ``SCORED_GATE_TOPKS``, while ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region
+    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys that
+    :func:`scored_gate_measured_faster` places there and the "split" select serves, at a ``topk``
+    of ``SCORED_GATE_TOPKS``, while ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region
     holds the gate's sample (a ``topk`` of at least ``split_sample(width, topk) / CAND_PER_TOPK``:
     103 with the shipped sample at the widths the gate ahead serves)."""
     if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
-            or width < SCORED_GATE_MIN_WIDTH or (SCORED_GATE_TOPKS is not None and inputs.topk not in SCORED_GATE_TOPKS)
+            or not scored_gate_measured_faster(rows, width)
+            or (SCORED_GATE_TOPKS is not None and inputs.topk not in SCORED_GATE_TOPKS)
             or split_sample(width, inputs.topk) > CAND_PER_TOPK * inputs.topk):
         return False
     return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
+
+
+def scored_gate_measured_faster(rows: int, width: int) -> bool:
+    """Whether a decode chunk of ``rows`` rows of ``width`` C4 positions takes the gate ahead of the
+    score kernel by its shape: ``width`` at least ``SCORED_GATE_MIN_WIDTH``, or inside a band
+    ``(fewest rows, most rows or None, least width)`` of ``SCORED_GATE_NARROW`` (``None``: none);
+    ``ValueError`` naming either setting where it is not what this reads."""
+    _check_scored_gate()
+    if width >= SCORED_GATE_MIN_WIDTH:
+        return True
+    return any(lo <= rows and (hi is None or rows <= hi) and width >= least
+               for lo, hi, least in SCORED_GATE_NARROW or ())
+
+
+def _check_scored_gate() -> None:
+    """``ValueError`` naming the gate ahead's shape setting it cannot read: ``SCORED_GATE_MIN_WIDTH``
+    a width, ``SCORED_GATE_NARROW`` ``None`` or a tuple of ``(fewest rows, most rows or None,
+    least width)`` triples of counts, the most rows no fewer than the fewest."""
+    _check_int_setting("SCORED_GATE_MIN_WIDTH", SCORED_GATE_MIN_WIDTH, lambda v: v >= 0, "a width in C4 positions")
+
+    def count(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+    def band(b) -> bool:
+        return (isinstance(b, tuple) and len(b) == 3 and count(b[0]) and count(b[2])
+                and (b[1] is None or (count(b[1]) and b[1] >= b[0])))
+
+    if SCORED_GATE_NARROW is not None and (not isinstance(SCORED_GATE_NARROW, tuple)
+                                           or not all(band(b) for b in SCORED_GATE_NARROW)):
+        raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_NARROW: expected None or a tuple of (fewest rows, "
+                         f"most rows or None, least width) triples of counts, got {SCORED_GATE_NARROW!r}")
 
 
 @launches_kernels
@@ -629,6 +667,7 @@ def legacy_indexer_topk(
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
     _check_row_sort()  # likewise
+    _check_scored_gate()  # likewise, though only decode chunks read it
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
