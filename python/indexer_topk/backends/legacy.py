@@ -171,13 +171,14 @@ SCORE_GATHER_MAXNREG = 64
 # split_decode.py: graph replays on the mix's bytes, each shape in two or three runs, the same
 # bits; benchmark/results/NOTES.md, "The gate ahead by width and batch"), the gate ahead against
 # after: 0.92-0.98x at every batch timed from 160K tokens (40,960 positions; 1, 8 and 32
-# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.90-0.98x at 1, 2, 4, 12, 24, 32 and 64
-# requests of 128K; 1.09-1.16x at 6 and 8 requests of 128K, 1.22-1.27x at 8 and 16 of 64K, 1.09x at
-# 32 of 32K; even at 16 and 128 requests of 128K and at one of 32K; one request of 64K read 0.98x
-# and 0.75x in two runs (left after: a band from 64K would cover two to four requests untimed).
-# Where the sample's scoring and the gate outlast the score kernel, the gathering waits for them.
+# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.92-0.98x at 12, 24, 32 and 64 requests
+# of 128K (even at 16 and 128); 1.09-1.16x at 6 and 8 requests of 128K, 1.22-1.27x at 8 and 16 of
+# 64K, 1.09x at 32 of 32K. One to four requests of 128K read 0.90-0.98x in that session, but
+# 1.31x slower at one request on another H100 the session before and 1.07x on an H200: they stay
+# after it, as 64K and below do. Where the sample's scoring and the gate outlast the score
+# kernel, the gathering waits for them.
 SCORED_GATE_MIN_WIDTH = 40960
-SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 4, 32768), (12, None, 32768))
+SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((12, None, 32768),)
 # ... at these topks (None: any). It was timed faster at 8 x 768K and 8 x 256K at each of 512,
 # 1024 and 2048 (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to
 # those topks. Below 256K only topk 1024 has been timed with it.
