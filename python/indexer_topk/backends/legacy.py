@@ -170,10 +170,10 @@ SCORE_GATHER_MAXNREG = 64
 # score kernel elsewhere. Measured on an H100 (benchmark/research/decode_rules_round.sh and
 # split_decode.py: graph replays on the mix's bytes, each shape in two or three runs, the same
 # bits; benchmark/results/NOTES.md, "The gate ahead by width and batch"), the gate ahead against
-# after: 0.92-0.98x at every batch timed from 160K tokens (40,960 positions; 1, 8 and 32
-# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.92-0.98x at 12, 24, 32 and 64 requests
-# of 128K (even at 16 and 128); 1.09-1.16x at 6 and 8 requests of 128K, 1.22-1.27x at 8 and 16 of
-# 64K, 1.09x at 32 of 32K. One to four requests of 128K read 0.90-0.98x in that session, but
+# after: 0.92-0.99x at every batch timed from 160K tokens (40,960 positions; 1, 8 and 32
+# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.91-0.98x at 12, 24, 32 and 64 requests
+# of 128K (even at 16 and 128); 1.08-1.19x at 6 and 8 requests of 128K, 1.11-1.27x at 8 and 16 of
+# 64K, 1.09x at 32 of 32K. One to four requests of 128K read 0.90-1.01x in that session, but
 # 1.31x slower at one request on another H100 the session before and 1.07x on an H200: they stay
 # after it, as 64K and below do. Where the sample's scoring and the gate outlast the score
 # kernel, the gathering waits for them.
