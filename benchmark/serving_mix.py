@@ -48,23 +48,29 @@ def _portable(arg: str) -> str:
 
 
 def render(doc: dict) -> str:
-    """The mix as a markdown table (ratios are ours / SGLang: below 1 means ours is faster)."""
+    """The mix as a markdown table (ratios are ours / SGLang: below 1 means ours is faster); a
+    run with L2-cold decode replays (``ours_ms_cold``) gets their columns too."""
     env = doc["env"]
+    cold = any(r.get("ours_ms_cold") is not None for r in doc["records"])
+    head = ("| shape | route | ours ms | SGLang ms | ours / SGLang | legacy ms | host us (steady / first / checked) "
+            "| = legacy | SGLang overlap | % of HBM floor rate |")
     lines = [
         f"Serving mix on {env.get('gpu')} (torch {env.get('torch_version')}, Triton {env.get('triton_version')}, "
         f"commit {env.get('commit')}, {env.get('timestamp')}). Prefill: median CUDA-event time of eager calls "
-        "(host included); decode: CUDA-graph replays. Ratios are ours / SGLang (below 1: ours faster).",
+        "(host included); decode: CUDA-graph replays. Ratios are ours / SGLang (below 1: ours faster)."
+        + (" L2-cold: decode replays with the L2 cache overwritten before each (the keys read from HBM, as "
+           "in serving, where each layer reads its own cache); the other decode columns replay with the "
+           "keys left in L2 by the replay before where they fit." if cold else ""),
         "",
-        "| shape | route | ours ms | SGLang ms | ours / SGLang | legacy ms | host us (steady / first / checked) "
-        "| = legacy | SGLang overlap | % of HBM floor rate |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        head + (" L2-cold ours / SGLang ms | L2-cold ratio |" if cold else ""),
+        "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if cold else ""),
     ]
     from indexer_topk.bench.mix import MixShape
 
     for r in doc["records"]:
         shape = MixShape.from_record(r)
         if r.get("error"):
-            lines.append(f"| {shape.label} | error: {r['error'][:80]} | | | | | | | | |")
+            lines.append(f"| {shape.label} | error: {r['error'][:80]} | | | | | | | | |" + (" | |" if cold else ""))
             continue
         ratio = r["ours_ms"] / r["sglang_ms"] if r.get("ours_ms") and r.get("sglang_ms") else None
         host = "-" if r.get("host_us") is None else (
@@ -72,15 +78,18 @@ def render(doc: dict) -> str:
         floor = r.get("decode_floor_ms")
         pct = f"{100 * floor / r['ours_ms']:.0f}%" if floor and r.get("ours_ms") else "-"
         route = r.get("route") if not r.get("source") else f"{r.get('route')} (commit {r['source'].get('commit')})"
-        lines.append(
-            f"| {shape.label} | {route} | {_f(r.get('ours_ms'))} | {_f(r.get('sglang_ms'))} | "
-            f"{_f(ratio, '{:.2f}x')} | {_f(r.get('legacy_ms'))} | {host} | {r.get('matches_legacy')} | "
-            f"{_f(r.get('sglang_overlap'), '{:.4f}')} | {pct} |")
+        line = (f"| {shape.label} | {route} | {_f(r.get('ours_ms'))} | {_f(r.get('sglang_ms'))} | "
+                f"{_f(ratio, '{:.2f}x')} | {_f(r.get('legacy_ms'))} | {host} | {r.get('matches_legacy')} | "
+                f"{_f(r.get('sglang_overlap'), '{:.4f}')} | {pct} |")
+        if cold:
+            oc, sc = r.get("ours_ms_cold"), r.get("sglang_ms_cold")
+            line += f" {_f(oc)} / {_f(sc)} | {_f(oc / sc if oc and sc else None, '{:.2f}x')} |"
+        lines.append(line)
     s = doc.get("summary", {})
-    for kind in ("prefill", "decode"):
+    for kind, words in (("prefill", "prefill"), ("decode", "decode"), ("decode_l2_cold", "decode, L2-cold")):
         k = s.get(kind) or {}
         if k.get("shapes_with_sglang"):
-            lines.append(f"\n{kind}: geometric mean of ours / SGLang {k['geomean_ours_over_sglang']:.2f}x over "
+            lines.append(f"\n{words}: geometric mean of ours / SGLang {k['geomean_ours_over_sglang']:.2f}x over "
                          f"{k['shapes_with_sglang']} shapes, worst {k['worst']:.2f}x.")
     return "\n".join(lines) + "\n"
 

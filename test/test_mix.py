@@ -254,3 +254,43 @@ def test_rendered_mix_names_the_commit_of_a_cited_record():
     cited = [x for x in lines if "(commit cfb45cb)" in x]
     assert len(cited) == 2 and all("sglang_mxfp4" in x for x in cited)
     assert len(lines) == 16
+
+
+def test_time_call_runs_before_ahead_of_every_call_and_outside_it():
+    """``before`` (the L2 evictor of the cold replays) runs ahead of each call, warm-ups too, and
+    its time is not the call's."""
+    from indexer_topk.bench import timing
+
+    log = []
+
+    def before():
+        log.append("before")
+        time.sleep(0.02)
+
+    times = timing.time_call(lambda: log.append("call"), warmup=2, iters=3, device="cpu", before=before)
+    assert log == ["before", "call"] * 5
+    assert len(times) == 3 and max(times) < 10  # ms: the 20 ms sleeps are outside the calls
+    assert timing.l2_evictor("cpu") is None  # no cache of ours to clear on a CPU
+
+
+def test_cold_decode_ratios_are_summarized_and_rendered():
+    """A record with L2-cold times on both sides enters ``decode_l2_cold``; one without them, or
+    cited from another run, does not; the table gets the cold columns only when a record has
+    them."""
+    base = {"kind": "decode", "layout": "sglang_fp8", "topk": 1024, "requests": 1, "rows_per_request": 1,
+            "context_tokens": 131072, "spread": False, "rows": 1, "route": "legacy", "ours_ms": 0.02,
+            "sglang_ms": 0.01, "candidates": {}, "legacy_ms": 0.02, "matches_legacy": True, "sglang_overlap": 1.0}
+    recs = [dict(base, ours_ms_cold=0.03, sglang_ms_cold=0.02), dict(base, requests=8, rows=8),
+            dict(base, requests=32, rows=32, ours_ms_cold=0.5, sglang_ms_cold=0.1, source={"commit": "x"})]
+    s = mix.summarize(recs)
+    assert s["decode_l2_cold"] == {"shapes_with_sglang": 1, "geomean_ours_over_sglang": pytest.approx(1.5),
+                                   "worst": pytest.approx(1.5)}
+    assert "decode_l2_cold" not in mix.summarize(recs[1:2])
+    cli = _script("serving_mix")
+    doc = {"env": {"commit": "c"}, "records": recs, "summary": s}
+    lines = cli.render(doc).splitlines()
+    assert lines[2].endswith("L2-cold ours / SGLang ms | L2-cold ratio |")
+    assert lines[4].endswith("| 0.030 / 0.020 | 1.50x |") and lines[5].endswith("| - / - | - |")
+    assert "decode, L2-cold: geometric mean of ours / SGLang 1.50x over 1 shapes" in cli.render(doc)
+    plain = cli.render({"env": {}, "records": recs[1:2], "summary": {}}).splitlines()
+    assert "L2-cold" not in "\n".join(plain) and plain[2].endswith("% of HBM floor rate |")

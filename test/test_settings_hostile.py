@@ -325,19 +325,61 @@ def assert_refused_before_scoring(named: str, monkeypatch):
 
 @pytest.mark.parametrize("name,value", [
     ("SCORED_GATE_MIN_WIDTH", -1), ("SCORED_GATE_MIN_WIDTH", None), ("SCORED_GATE_MIN_WIDTH", 4096.0),
-    ("SCORED_GATE_MIN_WIDTH", True), ("SCORED_GATE_NARROW", [(1, 4, 16384)]),
-    ("SCORED_GATE_NARROW", ((1, 4),)), ("SCORED_GATE_NARROW", ((4, 1, 16384),)),
-    ("SCORED_GATE_NARROW", ((1, None, -1),)), ("SCORED_GATE_NARROW", ((1, 4.0, 16384),)),
-    ("SCORED_GATE_NARROW", ((True, 4, 16384),)), ("SCORED_GATE_NARROW", (1, 4, 16384)),
-    ("SCORED_GATE_NARROW", "1,4,16384"),
+    ("SCORED_GATE_MIN_WIDTH", True), ("SCORED_GATE_MIN_WIDTH", "np.int64(40960)"),
+    ("SCORED_GATE_NARROW", [(1, 4, 16384)]), ("SCORED_GATE_NARROW", ([1, 4, 16384],)),
+    ("SCORED_GATE_NARROW", ((1, 4),)), ("SCORED_GATE_NARROW", ((1, 4, 16384, 0),)),
+    ("SCORED_GATE_NARROW", ((4, 1, 16384),)), ("SCORED_GATE_NARROW", ((1, None, -1),)),
+    ("SCORED_GATE_NARROW", ((1, 4.0, 16384),)), ("SCORED_GATE_NARROW", ((True, 4, 16384),)),
+    ("SCORED_GATE_NARROW", ("np.int64(1)", 4, 16384)), ("SCORED_GATE_NARROW", (1, 4, 16384)),
+    ("SCORED_GATE_NARROW", "1,4,16384"), ("SCORED_GATE_TOPKS", 1024), ("SCORED_GATE_TOPKS", "512"),
+    ("SCORED_GATE_TOPKS", (1024.0,)), ("SCORED_GATE_TOPKS", [1024]),
 ])
-def test_scored_gate_shape_settings_it_cannot_read_are_refused(name, value, monkeypatch):
-    """The gate ahead's shape rule reads a width and bands of (fewest rows, most rows or None,
-    least width): anything else is refused naming the setting before any kernel runs, the
-    outputs untouched."""
-    monkeypatch.setattr(legacy_backend, name, value)
-    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+@pytest.mark.parametrize("call", ["fp8 decode", "fp8 prefill", "mxfp4 decode"])
+def test_scored_gate_settings_it_cannot_read_are_refused(name, value, call, monkeypatch):
+    """The gate ahead's rule reads a width, bands of (fewest rows, most rows or None, least
+    width) and a tuple of topks, all Python ints: anything else is refused naming the setting
+    before any kernel launches, the outputs untouched, on calls the rule is never asked about
+    (a prefill chunk, MXFP4 keys) too."""
+    import numpy as np
 
+    if isinstance(value, str) and value.startswith("np.int64"):
+        value = np.int64(40960)
+    elif isinstance(value, tuple) and value and value[0] == "np.int64(1)":
+        value = ((np.int64(1), 4, 16384),)
+    monkeypatch.setattr(legacy_backend, name, value)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "launch", lambda *a, **k: launched.append(1))
+    layout, hint = {"fp8 decode": ("sglang_fp8", 1), "fp8 prefill": ("sglang_fp8", None),
+                    "mxfp4 decode": ("sglang_mxfp4", 1)}[call]
+    wl = make_workload(layout, context_tokens=[4 * 6000, 4 * 300], rows_per_request=[1, 1], topk=TOPK, seed=2,
+                       device="cpu")
+    out = poisoned_result(wl.rows, wl.topk, "cpu")
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
+        it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", out=out, rows_per_request=hint)
+    assert_bitwise(out, poisoned_result(wl.rows, wl.topk, "cpu"), "outputs of a refused call")
+    assert launched == []
+
+
+@pytest.mark.parametrize("bands", [(), ((0, None, 0),), ((12, 12, 32768),), ((0, 0, 0), (3, None, 2 ** 62))])
+def test_scored_gate_bands_at_their_edges_are_taken(bands, monkeypatch):
+    """Bands the rule can read are taken as given: none, zeros, one row count, a huge width;
+    so is a tuple subclass (a named tuple)."""
+    from collections import namedtuple
+
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", bands)
+    legacy_backend._check_scored_gate()
+    Band = namedtuple("Band", "fewest most width")
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", tuple(Band(*b) for b in bands))
+    legacy_backend._check_scored_gate()
+    assert legacy_backend.scored_gate_measured_faster(12, 32768) is any(
+        lo <= 12 and (hi is None or 12 <= hi) and 32768 >= w for lo, hi, w in bands)
+
+
+def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypatch):
+    """The rule called on its own (a caller's routing, a test) checks its settings as a call does."""
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", ((12, None),))
+    with pytest.raises(ValueError, match=r"legacy\.SCORED_GATE_NARROW: "):
+        legacy_backend.scored_gate_measured_faster(12, 32768)
 
 @pytest.mark.parametrize("name,value", [("ROWS_SORT_BITS", 16), ("ROWS_SORT_BITS", 0), ("ROWS_SORT_BITS", True),
                                         ("ROWS_SORT_BITS", 32.0), ("ROWS_SORT_BITS", "32"),

@@ -164,21 +164,25 @@ SCORE_PROGRAMS_PER_SM = 8
 # registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
 # score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
 SCORE_GATHER_MAXNREG = 64
-# The gate ahead of the score kernel (scored_split), by the decode chunk's width of the key matrix
-# (C4 positions) and rows (requests): at every batch from SCORED_GATE_MIN_WIDTH, and below it in
-# the bands of SCORED_GATE_NARROW, each (fewest rows, most rows or None, least width); after the
-# score kernel elsewhere. Measured on an H100 (benchmark/research/decode_rules_round.sh and
-# split_decode.py: graph replays on the mix's bytes, each shape in two or three runs, the same
-# bits; benchmark/results/NOTES.md, "The gate ahead by width and batch"), the gate ahead against
-# after: 0.92-0.99x at every batch timed from 160K tokens (40,960 positions; 1, 8 and 32
-# requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.91-0.98x at 12, 24, 32 and 64 requests
-# of 128K (even at 16 and 128); 1.08-1.19x at 6 and 8 requests of 128K, 1.11-1.27x at 8 and 16 of
-# 64K, 1.09x at 32 of 32K. One to four requests of 128K read 0.90-1.01x in that session, but
-# 1.31x slower at one request on another H100 the session before and 1.07x on an H200: they stay
-# after it, as 64K and below do. Where the sample's scoring and the gate outlast the score
-# kernel, the gathering waits for them.
+# The gate ahead of the score kernel (scored_split), by a decode chunk's width of the key matrix
+# (C4 positions: the page table's width, the batch's longest row) and its rows (a request each; a
+# batch past the logits budget runs as several chunks): at every chunk from SCORED_GATE_MIN_WIDTH,
+# and below it in the bands of SCORED_GATE_NARROW, each (fewest rows, most rows or None, least
+# width); after the score kernel elsewhere. Measured on an H100 (benchmark/research/
+# decode_rules_round.sh and gate_band_runs.sh: graph replays on the mix's bytes, each shape in two
+# or three runs, the same bits; benchmark/results/NOTES.md, "The gate ahead by width and batch"),
+# the gate ahead's time over after's: 0.92-0.99x at every batch timed from 160K tokens (40,960
+# positions; 1, 8 and 32 requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.91-0.98x at 12,
+# 24, 32 and 64 requests of 128K; 0.99x at 16 and 1.00x at 128 requests of 128K (and 1.01x at 64
+# on an H200, before the short sample), so the band ends at 64; 1.08-1.19x at 6 and 8 requests of
+# 128K, 1.23-1.27x at 8 and 1.11-1.12x at 16 of 64K, 1.09x at 32 of 32K. Faster but left after it:
+# one to four requests of 128K (0.90-1.01x here, 1.31x the time at one request on another H100
+# the session before, 1.07x on an H200) and some batches at 32K-64K, where runs and cards
+# disagree or neighbouring batches lose. Where the sample's scoring and the gate outlast the
+# score kernel, the gathering waits for them. Like the other settings here, they are read by a
+# signature's first call; later calls of it replay its launches (indexer_topk.replay).
 SCORED_GATE_MIN_WIDTH = 40960
-SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((12, None, 32768),)
+SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((12, 64, 32768),)
 # ... at these topks (None: any). It was timed faster at 8 x 768K and 8 x 256K at each of 512,
 # 1024 and 2048 (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to
 # those topks. Below 256K only topk 1024 has been timed with it.
@@ -241,7 +245,16 @@ def _check_int_setting(name: str, value, fine, expected: str) -> None:
     """``ValueError`` naming the module setting ``name`` unless ``value`` is an int (not a bool)
     for which ``fine(value)`` holds; ``expected`` says what it must be."""
     if isinstance(value, bool) or not isinstance(value, int) or not fine(value):
-        raise ValueError(f"indexer_topk.backends.legacy.{name}: expected {expected}, got {value!r}")
+        raise ValueError(f"indexer_topk.backends.legacy.{name}: expected {expected}, got {value!r} "
+                         f"({type(value).__name__})")
+
+
+def _type_names(value) -> str:
+    """The type of ``value``, or of each entry of a tuple: a numpy int prints as a plain number
+    under numpy 1.x, so a refusal names the types it refused."""
+    if isinstance(value, tuple):
+        return ", ".join(type(x).__name__ for x in value)
+    return type(value).__name__
 
 
 def split_spread(topk: int) -> int:
@@ -539,9 +552,10 @@ def scored_gate_measured_faster(rows: int, width: int) -> bool:
 
 
 def _check_scored_gate() -> None:
-    """``ValueError`` naming the gate ahead's shape setting it cannot read: ``SCORED_GATE_MIN_WIDTH``
-    a width, ``SCORED_GATE_NARROW`` ``None`` or a tuple of ``(fewest rows, most rows or None,
-    least width)`` triples of counts, the most rows no fewer than the fewest."""
+    """``ValueError`` naming the gate ahead's setting it cannot read: ``SCORED_GATE_MIN_WIDTH`` a
+    width, ``SCORED_GATE_NARROW`` ``None`` or a tuple of ``(fewest rows, most rows or None, least
+    width)`` triples of Python ints at least 0, the most rows no fewer than the fewest, and
+    ``SCORED_GATE_TOPKS`` ``None`` or a tuple of Python ints."""
     _check_int_setting("SCORED_GATE_MIN_WIDTH", SCORED_GATE_MIN_WIDTH, lambda v: v >= 0, "a width in C4 positions")
 
     def count(v) -> bool:
@@ -551,10 +565,17 @@ def _check_scored_gate() -> None:
         return (isinstance(b, tuple) and len(b) == 3 and count(b[0]) and count(b[2])
                 and (b[1] is None or (count(b[1]) and b[1] >= b[0])))
 
-    if SCORED_GATE_NARROW is not None and (not isinstance(SCORED_GATE_NARROW, tuple)
-                                           or not all(band(b) for b in SCORED_GATE_NARROW)):
+    bands = SCORED_GATE_NARROW
+    if bands is not None and (not isinstance(bands, tuple) or not all(band(b) for b in bands)):
+        bad = bands if not isinstance(bands, tuple) else next(b for b in bands if not band(b))
         raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_NARROW: expected None or a tuple of (fewest rows, "
-                         f"most rows or None, least width) triples of counts, got {SCORED_GATE_NARROW!r}")
+                         "most rows or None, least width) triples of Python ints at least 0, the most rows no "
+                         f"fewer than the fewest; {bad!r} ({_type_names(bad)}) is not")
+    topks = SCORED_GATE_TOPKS
+    if topks is not None and (not isinstance(topks, tuple)
+                              or not all(isinstance(k, int) and not isinstance(k, bool) for k in topks)):
+        raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_TOPKS: expected None or a tuple of Python ints, "
+                         f"got {topks!r} ({type(topks).__name__})")
 
 
 @launches_kernels

@@ -39,7 +39,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
-from .timing import median_ms, synchronize, time_call
+from .timing import l2_evictor, median_ms, synchronize, time_call
 
 # key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
 DECODE_FLOOR_BYTES = {"sglang_fp8": SGLANG_FP8_SLOT_BYTES, "sglang_mxfp4": SGLANG_MXFP4_SLOT_BYTES,
@@ -149,14 +149,24 @@ def capture_graph(step: Callable[[], None]) -> "torch.cuda.CUDAGraph":
     return graph
 
 
-def graph_ms(step: Callable[[], None], *, iters: int, device) -> float:
+def graph_ms(step: Callable[[], None], *, iters: int, device, cold: bool = False) -> float:
     """Median ms of ``step`` replayed from a CUDA graph (:func:`capture_graph`); replayed once
-    more last, so the outputs left behind are the graph's."""
+    more last, so the outputs left behind are the graph's. ``cold``: L2 overwritten before each
+    replay (:func:`.timing.l2_evictor`), so the step reads its inputs from HBM."""
+    return graph_times(step, iters=iters, device=device, cold=cold)[0]
+
+
+def graph_times(step: Callable[[], None], *, iters: int, device, cold: bool = False) -> tuple:
+    """:func:`graph_ms` of one captured graph: ``(warm ms, L2-cold ms or None)``, the cold one
+    with ``cold``."""
     graph = capture_graph(step)
-    ms = median_ms(graph.replay, warmup=3, iters=iters, device=device)
+    warm = median_ms(graph.replay, warmup=3, iters=iters, device=device)
+    evict = l2_evictor(device) if cold else None
+    ms_cold = None if evict is None else median_ms(graph.replay, warmup=1, iters=iters, device=device, before=evict)
+    evict = None  # its buffer goes before the next shape's allocations
     graph.replay()
     synchronize(device)
-    return ms
+    return warm, ms_cold
 
 
 HOST_RUN = 20  # back-to-back calls between syncs when timing host time
@@ -269,7 +279,8 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     dev = path.device
     if timed_in_graphs(shape, dev):
         path.step()  # compiles and records outside the capture
-        return {"ms": graph_ms(path.step, iters=iters, device=dev)}
+        warm, cold = graph_times(path.step, iters=iters, device=dev, cold=host)
+        return {"ms": warm} if cold is None else {"ms": warm, "ms_cold": cold}
     if ms is None:
         path.step()  # compiles and records, outside the timing (an ``ms`` given was timed after that)
     synchronize(dev)
@@ -326,6 +337,8 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
     rec["route_before"] = rec.get("route")
     rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=bitwise_equal(path.out, base.out),
                **{k: v for k, v in fields.items() if k.startswith("host_us")})
+    if "ms_cold" in fields:
+        rec["ours_ms_cold"] = fields["ms_cold"]
     return rec
 
 
@@ -400,6 +413,8 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                 if name == "auto":
                     rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=same,
                         **{k: v for k, v in fields.items() if k.startswith("host_us")})
+                    if "ms_cold" in fields:
+                        rec["ours_ms_cold"] = fields["ms_cold"]
                 else:
                     rec.setdefault("candidates_all", {})[name] = {"ms": fields["ms"], "matches_legacy": same}
                     if same:
@@ -410,8 +425,10 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                 rec["sglang_ms"] = None  # SGLang has no path for this shape here
             elif sglang is not None:
                 try:
-                    ms, selected = sglang.time(w, shape, iters=iters)
+                    ms, selected, ms_cold = sglang.time(w, shape, iters=iters)
                     rec["sglang_ms"] = ms
+                    if ms_cold is not None:
+                        rec["sglang_ms_cold"] = ms_cold
                     ours = outs["auto"].raw_indices if shape.kind == "prefill" else outs["auto"].physical_indices
                     rec["sglang_overlap"] = selection_overlap(selected, ours)
                 except Exception as exc:  # noqa: BLE001 - the engine's path failing is a finding, not a stop
@@ -470,8 +487,9 @@ class SGLangPath:
         return shape.layout == "sglang_fp8"
 
     def time(self, w, shape: MixShape, *, iters: int):
-        """``(ms, selection)``: eager prefill or graph-replayed decode; the selection is raw
-        positions (prefill) or page indices (decode), ``[rows, topk]`` int32, ``-1`` padded."""
+        """``(ms, selection, L2-cold ms)``: eager prefill or graph-replayed decode; the selection
+        is raw positions (prefill) or page indices (decode), ``[rows, topk]`` int32, ``-1``
+        padded; the cold time (:func:`graph_times`) for decode, ``None`` for prefill."""
         dev = w.q.device
         q, _qs, kc, _ks, wts, pt, sl = w.args()
         width = pt.shape[1] * 64
@@ -492,7 +510,8 @@ class SGLangPath:
                 self.topk.transform(logits, sl, pt, pages, 64, plan)
 
             step()
-            return graph_ms(step, iters=iters, device=dev), pages
+            warm, cold = graph_times(step, iters=iters, device=dev, cold=True)
+            return warm, pages, cold
         cl = sl.view(-1, 1)
         plan = self.topk.plan(sl)  # SGLang plans once per forward batch, for every layer
         if w.rows < self.NONPAGED_MIN_ROWS:
@@ -518,7 +537,7 @@ class SGLangPath:
 
         step()
         synchronize(dev)
-        return median_ms(step, warmup=2, iters=iters, device=dev), raw
+        return median_ms(step, warmup=2, iters=iters, device=dev), raw, None
 
 
 def sglang_ratios(records: Sequence[dict]) -> List[tuple]:
@@ -530,14 +549,21 @@ def sglang_ratios(records: Sequence[dict]) -> List[tuple]:
 
 
 def summarize(records: Sequence[dict]) -> dict:
-    """Ratios of the mix (:func:`sglang_ratios`), their geometric means and worst per kind."""
+    """Ratios of the mix (:func:`sglang_ratios`), their geometric means and worst per kind; for
+    decode also those of the L2-cold replays (``decode_l2_cold``) where both sides have one."""
     out = {}
     for kind in ("prefill", "decode"):
         r = [ratio for x, ratio in sglang_ratios(records) if x.get("kind") == kind]
         out[kind] = {"shapes_with_sglang": len(r), "geomean_ours_over_sglang":
                      statistics.geometric_mean(r) if r else None, "worst": max(r) if r else None}
+    cold = [x["ours_ms_cold"] / x["sglang_ms_cold"] for x, _ in sglang_ratios(records)
+            if x.get("kind") == "decode" and x.get("ours_ms_cold") and x.get("sglang_ms_cold")]
+    if cold:
+        out["decode_l2_cold"] = {"shapes_with_sglang": len(cold), "geomean_ours_over_sglang":
+                                 statistics.geometric_mean(cold), "worst": max(cold)}
     return out
 
 
-__all__ = ["MixShape", "OurPath", "SGLangPath", "capture_graph", "decode_floor_ms", "default_shapes", "graph_ms", "host_us", "make_inputs", "run_mix",
+__all__ = ["MixShape", "OurPath", "SGLangPath", "capture_graph", "decode_floor_ms", "default_shapes", "graph_ms",
+           "graph_times", "host_us", "make_inputs", "run_mix",
            "retime_auto", "route_of", "selection_overlap", "sglang_ratios", "shape_route", "summarize", "time_ours"]

@@ -41,19 +41,26 @@ def effective_tflops(rows: int, c4_len: int, ms: Optional[float]) -> Optional[fl
     return 2.0 * rows * c4_len * HEADS * HEAD_DIM / (ms * 1e-3) / 1e12
 
 
-def time_call(fn: Callable[[], object], *, warmup: int, iters: int, device) -> List[float]:
+def time_call(fn: Callable[[], object], *, warmup: int, iters: int, device,
+              before: Optional[Callable[[], object]] = None) -> List[float]:
     """Per-call times in ms of ``iters`` calls of ``fn`` after ``warmup`` untimed ones.
 
     CUDA: one event pair around each call, read after a single final sync (so host overhead
-    between calls is not counted). CPU: ``time.perf_counter`` around each call.
+    between calls is not counted). CPU: ``time.perf_counter`` around each call. ``before``:
+    called ahead of every call (warm-up ones too) outside its events, on the same stream, so the
+    GPU has finished it when the call's start event is reached (:func:`l2_evictor`).
     """
     iters = max(1, int(iters))
     for _ in range(max(0, int(warmup))):
+        if before is not None:
+            before()
         fn()
     if torch.device(device).type == "cuda":
         synchronize(device)
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
         for start, end in pairs:
+            if before is not None:
+                before()
             start.record()
             fn()
             end.record()
@@ -61,15 +68,43 @@ def time_call(fn: Callable[[], object], *, warmup: int, iters: int, device) -> L
         return [start.elapsed_time(end) for start, end in pairs]
     times = []
     for _ in range(iters):
+        if before is not None:
+            before()
         t0 = time.perf_counter()
         fn()
         times.append((time.perf_counter() - t0) * 1e3)
     return times
 
 
-def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, device) -> float:
+def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, device,
+              before: Optional[Callable[[], object]] = None) -> float:
     """Median of :func:`time_call`'s per-call times, in ms."""
-    return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device))
+    return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device, before=before))
+
+
+L2_EVICT_FALLBACK_BYTES = 256 << 20  # where the device does not report its L2 size
+
+
+def l2_evictor(device) -> Optional[Callable[[], None]]:
+    """A callable that leaves nothing of the timed call's inputs in ``device``'s L2 cache: it
+    writes a buffer of twice the L2's bytes (``None`` on a CPU).
+
+    Why: a decode step replayed from a CUDA graph on the same bytes finds its keys in L2 from the
+    replay before wherever they fit (a request of 128K tokens holds 4.3 MB of FP8 keys, eight of
+    them 35 MB, against an H100's 50 MB of L2), which a server never does: each layer's step
+    reads its own layer's cache, last read a whole forward pass ago. Timed after the evictor,
+    the step reads its keys from HBM, as in serving. The buffer's dirty lines are written back
+    while the step runs, a share of HBM traffic a server's other work also makes."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or L2_EVICT_FALLBACK_BYTES // 2
+    buf = torch.empty(2 * int(l2), dtype=torch.uint8, device=dev)
+
+    def evict() -> None:
+        buf.fill_(1)
+
+    return evict
 
 
 def peak_memory_mib(fn: Callable[[], object], device) -> Optional[float]:
@@ -86,10 +121,12 @@ def peak_memory_mib(fn: Callable[[], object], device) -> Optional[float]:
 
 __all__ = [
     "FLOP_RULE",
+    "L2_EVICT_FALLBACK_BYTES",
     "PEAK_MEMORY_METHOD",
     "TIMING_METHOD",
     "clock_name",
     "effective_tflops",
+    "l2_evictor",
     "median_ms",
     "peak_memory_mib",
     "synchronize",
