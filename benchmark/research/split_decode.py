@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import indexer_topk  # noqa: E402
 from indexer_topk import api  # noqa: E402
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
-from indexer_topk.bench.mix import MixShape, graph_ms  # noqa: E402
+from indexer_topk.bench.mix import MixShape, graph_times  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
 from indexer_topk.envs import envs  # noqa: E402
 from indexer_topk.workload import make_workload  # noqa: E402
@@ -185,6 +185,8 @@ def main(argv=None) -> int:
                    help="spare page-table columns past the longest row (the serving mix uses 0)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "split_decode.json"))
     p.add_argument("--profile", action="store_true", help="the finishing kernel's phase cycles (PROF build)")
+    p.add_argument("--cold", action="store_true",
+                   help="also time each step with the L2 cache overwritten before every replay (its keys from HBM)")
     p.add_argument("--registers", action="store_true", help="print the split kernels' registers and spills at the end")
     a = p.parse_args(argv)
     device = "cuda"
@@ -208,7 +210,7 @@ def main(argv=None) -> int:
             try:
                 step()
                 torch.cuda.synchronize()
-                ms = graph_ms(step, iters=a.iters, device=device)
+                ms, ms_cold = graph_times(step, iters=a.iters, device=device, cold=a.cold)
                 kt = kernel_times(step, a.iters)
                 same = True if ref is None else bitwise_equal(out, ref)
                 if ref is None:
@@ -216,8 +218,11 @@ def main(argv=None) -> int:
                 digest = output_digest(out)
             except Exception as exc:  # noqa: BLE001 - a config that does not build is a finding
                 ms, kt, same, digest = float("nan"), {"error": f"{type(exc).__name__}: {exc}"[:300]}, None, None
+                ms_cold = float("nan") if a.cold else None
             rec = {"pattern": pattern, "shape": shape, "config": text or "shipped", "graph_ms": ms,
                    "kernels": kt, "matches_shipped": same, "digest": digest}
+            if a.cold:
+                rec["graph_ms_cold"] = ms_cold
             records.append(rec)
             print(f"{pattern} {shape} {rec['config']}: {ms:.4f} ms eq={same} digest={digest} "
                   + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in kt.items()),
@@ -225,10 +230,12 @@ def main(argv=None) -> int:
         w = ref = out = None  # freed before the next shape's workload is built
     settings.apply()
     Path(a.out).write_text(json.dumps({"records": records}, indent=1) + "\n")
-    print(f"\n{'pattern':10s} {'shape':10s} {'config':44s} {'graph ms':>9s} eq  kernels (device ms)")
+    cold = " L2-cold" if a.cold else ""
+    print(f"\n{'pattern':10s} {'shape':10s} {'config':44s} {'graph ms':>9s}{cold} eq  kernels (device ms)")
     for r in records:
         kt = " ".join(f"{k.replace('_kernel', '')[:14]}={v:.4f}" for k, v in r["kernels"].items() if isinstance(v, float))
-        print(f"{r['pattern']:10s} {r['shape']:10s} {r['config'][:44]:44s} {r['graph_ms']:9.4f} "
+        c = f" {r['graph_ms_cold']:7.4f}" if a.cold else ""
+        print(f"{r['pattern']:10s} {r['shape']:10s} {r['config'][:44]:44s} {r['graph_ms']:9.4f}{c} "
               f"{'Y' if r['matches_shipped'] else 'N'}   {kt}")
     if a.registers:
         report_registers()

@@ -26,7 +26,10 @@ the host's scheduler interrupts moves the mean, not this); ``host_us_api`` the s
 Python API called directly (what the SGLang plugin calls: the difference is the operator's
 dispatch); ``host_us_first`` the host time of a shape's first call with warm kernels
 (validation, planning and recording); ``host_us_checked`` the wall time per call with
-``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it.
+``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it:
+``ours_ms`` and ``sglang_ms`` on the bytes the replay before left in L2 wherever they fit,
+``ours_ms_cold`` and ``sglang_ms_cold`` with the L2 overwritten before each replay
+(:func:`.timing.l2_evictor`), the keys read from HBM as a server's step reads each layer's cache.
 """
 
 from __future__ import annotations
