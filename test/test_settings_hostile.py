@@ -612,3 +612,17 @@ def test_decode_step_with_every_switch_unreadable(monkeypatch, caplog):
     for name in ("INDEXER_TOPK_REPLAY", "INDEXER_TOPK_PDL", "INDEXER_TOPK_SCORED_GATE",
                  "INDEXER_TOPK_LOGITS_BUDGET_MB"):
         assert f"{name}='yes please'" in warned, name
+
+
+def test_timeline_spans_are_medians_after_each_replays_first_kernel():
+    """``--timeline``: kernel records of whole replays, in any order, as each kernel's median
+    start and end after its replay's first kernel started; records that are not whole replays
+    are refused, not misread."""
+    spans = split_decode().replay_spans
+    records = [("gate", 201, 204), ("score", 100, 102), ("gate", 101, 105), ("finish", 104, 110),
+               ("score", 200, 203), ("finish", 205, 212)]
+    assert spans(records, 3) == {"score": (0.0, 2.5), "gate": (1.0, 4.5), "finish": (4.5, 11.0)}
+    with pytest.raises(ValueError, match="not whole replays of 3"):
+        spans(records[:5], 3)
+    with pytest.raises(ValueError, match="not whole replays"):
+        spans([], 3)

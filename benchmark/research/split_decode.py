@@ -6,6 +6,12 @@ graph-replayed time, device time per kernel, and bits against the default settin
         [--configs "SPLIT_WARPS=8;SCORE_PROGRAMS_PER_SM=8,SCORE_MIN_SPAN=256;INDEXER_TOPK_PDL=0"]
         [--patterns random,increasing]
 
+``--timeline``: instead, where each kernel of the step runs within a replay: the step captured in
+a CUDA graph and replayed under the profiler (CUPTI's kernel records of the replays), each
+kernel's start and end after the replay's first kernel started, medians over the replays, in us;
+with programmatic dependent launch the kernels of a step overlap, which per-kernel times summed
+do not show (whether CUPTI itself keeps them apart is what the first run of it says).
+
 ``--profile``: instead, the finishing kernel's ``PROF`` build on each shape's key matrix (under
 each config): SM cycles per row from its start to the candidates loaded, the k-th found, the
 selection appended and the row sorted and written (by bins: the histogram read, the runs placed,
@@ -25,6 +31,7 @@ import argparse
 import hashlib
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -110,6 +117,67 @@ def workloads(a, device):
             torch.cuda.empty_cache()  # the caller has let go of the workload and its tensors
 
 
+def replay_spans(events, kernels_per_replay: int) -> dict:
+    """``{kernel: (median start, median end)}`` in us after each replay's first kernel start, from
+    ``events``: ``(name, start_us, end_us)`` of the device kernels of whole replays (every replay
+    launches the same ``kernels_per_replay`` kernels), in any order. Replays are cut by start
+    time, so a kernel of one replay must not start before the previous replay's first kernel."""
+    events = sorted(events, key=lambda e: e[1])
+    if not events or len(events) % kernels_per_replay:
+        raise ValueError(f"{len(events)} kernel records are not whole replays of {kernels_per_replay} kernels")
+    starts, ends = {}, {}
+    for r in range(0, len(events), kernels_per_replay):
+        replay = events[r:r + kernels_per_replay]
+        t0 = replay[0][1]
+        for name, start, end in replay:
+            starts.setdefault(name, []).append(start - t0)
+            ends.setdefault(name, []).append(end - t0)
+    return {n: (statistics.median(starts[n]), statistics.median(ends[n])) for n in starts}
+
+
+def timeline(a, device) -> int:
+    """Each shape's step (per config) as kernel spans within a graph replay (module docstring)."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    from indexer_topk.bench.mix import capture_graph
+
+    settings = Settings(a.configs)
+    lines = []
+    for pattern, shape, per_request, w in workloads(a, device):
+        for text in settings.configs:
+            settings.apply(text)
+            api._KNOWN.clear()
+            out = indexer_topk.allocate_result(w.rows, w.topk, device)
+
+            def step():
+                torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
+                                                        w.weight_scale, "legacy", False, per_request)
+            step()
+            graph = capture_graph(step)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(a.iters):
+                    graph.replay()
+                    torch.cuda.synchronize()  # replays apart, so that none overlaps the next
+            kernels = [(ev.name.split("(")[0].replace("_kernel", "")[:16], ev.time_range.start, ev.time_range.end)
+                       for ev in prof.events() if ev.device_type == torch.autograd.DeviceType.CUDA]
+            try:
+                spans = replay_spans(kernels, len(kernels) // a.iters)
+                cells = "  ".join(f"{n} {b:.1f}-{e:.1f}" for n, (b, e) in sorted(spans.items(), key=lambda x: x[1]))
+            except ValueError as exc:
+                cells = f"({exc})"
+            lines.append(f"{pattern:10s} {shape:9s} {text or 'shipped':44s} {cells}")
+            print(lines[-1], flush=True)
+            graph = out = None
+        w = None
+    settings.apply()
+    print("\neach kernel's start-end in us after the replay's first kernel started (medians over the replays)")
+    print("\n".join(lines))
+    return 0
+
+
 def profile(a, device) -> int:
     """Phase cycles of the finishing kernel per shape and config (see the module docstring)."""
     from indexer_topk.kernels import split_topk
@@ -185,11 +253,15 @@ def main(argv=None) -> int:
                    help="spare page-table columns past the longest row (the serving mix uses 0)")
     p.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "split_decode.json"))
     p.add_argument("--profile", action="store_true", help="the finishing kernel's phase cycles (PROF build)")
+    p.add_argument("--timeline", action="store_true",
+                   help="instead, each kernel's start and end within a graph replay (the profiler's records)")
     p.add_argument("--cold", action="store_true",
                    help="also time each step with the L2 cache overwritten before every replay (its keys from HBM)")
     p.add_argument("--registers", action="store_true", help="print the split kernels' registers and spills at the end")
     a = p.parse_args(argv)
     device = "cuda"
+    if a.timeline:
+        return timeline(a, device)
     if a.profile:
         rc = profile(a, device)
         if a.registers:
