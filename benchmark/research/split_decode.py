@@ -117,6 +117,15 @@ def workloads(a, device):
             torch.cuda.empty_cache()  # the caller has let go of the workload and its tensors
 
 
+def decode_step(w, out, per_request):
+    """The step every mode times: the out operator with ``backend="legacy"`` and the rows per
+    request as a hint, as an engine's captured decode calls it, writing ``out``."""
+    def step():
+        torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
+                                                w.weight_scale, "legacy", False, per_request)
+    return step
+
+
 def replay_spans(events, kernels_per_replay: int) -> dict:
     """``{kernel: (median start, median end)}`` in us after each replay's first kernel start, from
     ``events``: ``(name, start_us, end_us)`` of the device kernels of whole replays (every replay
@@ -149,9 +158,7 @@ def timeline(a, device) -> int:
             api._KNOWN.clear()
             out = indexer_topk.allocate_result(w.rows, w.topk, device)
 
-            def step():
-                torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
-                                                        w.weight_scale, "legacy", False, per_request)
+            step = decode_step(w, out, per_request)
             step()
             graph = capture_graph(step)
             for _ in range(3):
@@ -276,9 +283,7 @@ def main(argv=None) -> int:
             api._KNOWN.clear()  # a signature's recorded launches would replay the earlier settings
             out = indexer_topk.allocate_result(w.rows, w.topk, device)
 
-            def step():
-                torch.ops.indexer_topk.indexer_topk_out(*w.args(), w.topk, w.layout.value, *out, None,
-                                                        w.weight_scale, "legacy", False, per_request)
+            step = decode_step(w, out, per_request)
             try:
                 step()
                 torch.cuda.synchronize()

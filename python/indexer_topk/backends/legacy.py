@@ -241,10 +241,15 @@ def row_sort_bits(rows: int, width: int) -> int:
     return 32 if rows >= least else 64
 
 
+def _is_int(value) -> bool:
+    """An int of Python's, not a bool (nor a numpy int)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_int_setting(name: str, value, fine, expected: str) -> None:
     """``ValueError`` naming the module setting ``name`` unless ``value`` is an int (not a bool)
     for which ``fine(value)`` holds; ``expected`` says what it must be."""
-    if isinstance(value, bool) or not isinstance(value, int) or not fine(value):
+    if not _is_int(value) or not fine(value):
         raise ValueError(f"indexer_topk.backends.legacy.{name}: expected {expected}, got {value!r} "
                          f"({type(value).__name__})")
 
@@ -559,7 +564,7 @@ def _check_scored_gate() -> None:
     _check_int_setting("SCORED_GATE_MIN_WIDTH", SCORED_GATE_MIN_WIDTH, lambda v: v >= 0, "a width in C4 positions")
 
     def count(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+        return _is_int(v) and v >= 0
 
     def band(b) -> bool:
         return (isinstance(b, tuple) and len(b) == 3 and count(b[0]) and count(b[2])
@@ -572,8 +577,7 @@ def _check_scored_gate() -> None:
                          "most rows or None, least width) triples of Python ints at least 0, the most rows no "
                          f"fewer than the fewest; {bad!r} ({_type_names(bad)}) is not")
     topks = SCORED_GATE_TOPKS
-    if topks is not None and (not isinstance(topks, tuple)
-                              or not all(isinstance(k, int) and not isinstance(k, bool) for k in topks)):
+    if topks is not None and (not isinstance(topks, tuple) or not all(_is_int(k) for k in topks)):
         raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_TOPKS: expected None or a tuple of Python ints, "
                          f"got {topks!r} ({type(topks).__name__})")
 

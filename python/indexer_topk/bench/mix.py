@@ -275,7 +275,8 @@ def interleaved_ms(steps: Dict[str, Callable[[], None]], *, iters: int, device,
 def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, host: bool = True,
               ms: Optional[float] = None) -> Dict[str, float]:
     """The timing fields of one of our paths on one shape (see the module docstring); ``host``
-    False leaves out the host-time fields (a candidate's time is all a routes table needs).
+    False leaves out the host-time fields and a decode shape's L2-cold time (a candidate's time
+    is all a routes table needs).
     ``ms``: an eager time already measured (:func:`interleaved_ms`), kept instead of timing again."""
     from .. import api
 
@@ -339,10 +340,17 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
     fields = time_ours(path, shape, iters=iters, host_calls=host_calls, ms=eager)
     rec["route_before"] = rec.get("route")
     rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=bitwise_equal(path.out, base.out),
-               **{k: v for k, v in fields.items() if k.startswith("host_us")})
-    if "ms_cold" in fields:
-        rec["ours_ms_cold"] = fields["ms_cold"]
+               **_auto_fields(fields))
     return rec
+
+
+def _auto_fields(fields: Dict[str, float]) -> Dict[str, float]:
+    """What a record keeps of ``auto``'s :func:`time_ours` fields besides its time: the host
+    times, and the L2-cold time as ``ours_ms_cold``."""
+    kept = {k: v for k, v in fields.items() if k.startswith("host_us")}
+    if "ms_cold" in fields:
+        kept["ours_ms_cold"] = fields["ms_cold"]
+    return kept
 
 
 def shape_c4(shape: MixShape) -> int:
@@ -415,9 +423,7 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
                 outs[name] = path.out
                 if name == "auto":
                     rec.update(route=route_of(w, shape), ours_ms=fields["ms"], matches_legacy=same,
-                        **{k: v for k, v in fields.items() if k.startswith("host_us")})
-                    if "ms_cold" in fields:
-                        rec["ours_ms_cold"] = fields["ms_cold"]
+                               **_auto_fields(fields))
                 else:
                     rec.setdefault("candidates_all", {})[name] = {"ms": fields["ms"], "matches_legacy": same}
                     if same:

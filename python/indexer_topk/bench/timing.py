@@ -82,7 +82,7 @@ def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, device,
     return statistics.median(time_call(fn, warmup=warmup, iters=iters, device=device, before=before))
 
 
-L2_EVICT_FALLBACK_BYTES = 256 << 20  # where the device does not report its L2 size
+L2_EVICT_FALLBACK_BYTES = 256 << 20  # the buffer where the device does not report its L2 size
 
 
 def l2_evictor(device) -> Optional[Callable[[], None]]:
@@ -98,8 +98,8 @@ def l2_evictor(device) -> Optional[Callable[[], None]]:
     dev = torch.device(device)
     if dev.type != "cuda":
         return None
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or L2_EVICT_FALLBACK_BYTES // 2
-    buf = torch.empty(2 * int(l2), dtype=torch.uint8, device=dev)
+    l2 = int(getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0))
+    buf = torch.empty(2 * l2 or L2_EVICT_FALLBACK_BYTES, dtype=torch.uint8, device=dev)
 
     def evict() -> None:
         buf.fill_(1)
