@@ -135,6 +135,32 @@ def test_row_sort_width_by_rows(setting, rows, width, bits, monkeypatch, device)
     assert [k["SORT_BITS"] for k in launched] == [bits]
 
 
+@pytest.mark.parametrize("few,rows,programs,warps", [
+    (16, 1, 1, 16), (16, 4, 4, 16), (16, 5, 5, 8), (16, 9, 8, 8), (None, 4, 4, 8), (4, 3, 3, 4)])
+def test_row_select_launch_by_rows(few, rows, programs, warps, monkeypatch, device):
+    """While the rows number at most the SMs (four here), the row select
+    launches a program of ``ROWS_FEW_WARPS`` warps a row; past them (or with the setting
+    ``None``) ``ROWS_PROGRAMS_PER_SM`` programs an SM of ``ROWS_WARPS``, no more than the rows;
+    each program gets a pool either way (the launches are recorded, not run)."""
+    force_way(monkeypatch, device, "rows")
+    monkeypatch.setattr(legacy_backend, "ROWS_FEW_WARPS", few)
+    monkeypatch.setattr(legacy_backend, "ROWS_WARPS", 8)
+    monkeypatch.setattr(legacy_backend, "ROWS_PROGRAMS_PER_SM", 2)
+    monkeypatch.setattr(legacy_backend, "ROWS_TILE", 1024)
+    monkeypatch.setattr(legacy_backend, "device_sm_count", lambda _device: 4)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append((grid, a, k)))
+    width = 2048  # longer than the tile: each program takes a pool
+    keys = torch.zeros((rows, width), dtype=torch.int32, device=device)
+    lens = torch.full((rows,), width, dtype=torch.int32, device=device)
+    legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, device), topk=TOPK,
+                                 out=allocate_result(rows, TOPK, device))
+    [(grid, args, kw)] = launched
+    assert grid == (programs,) and kw["num_warps"] == warps
+    pools = args[11]
+    assert pools.numel() == programs * 4 * TOPK == legacy_backend.row_pool_size(rows, width, TOPK, 4)
+
+
 def run_keys(rows: int, width: int, topk: int, longest: int, seed: int, top: bool = False) -> torch.Tensor:
     """int32 keys in groups alike in all but their ``log2(topk)`` low bits (the runs of the
     32-bit sort), of 1 to ``longest`` keys each, some equal within a group, scattered along the

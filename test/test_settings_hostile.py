@@ -249,6 +249,8 @@ def test_warps_settings_are_powers_of_two():
         w = getattr(legacy_backend, name)
         assert type(w) is int and 1 <= w <= 32 and w & (w - 1) == 0, (name, w)
     assert SELECT_WARPS & (SELECT_WARPS - 1) == 0
+    few = legacy_backend.ROWS_FEW_WARPS
+    assert few is None or (type(few) is int and 1 <= few <= 32 and few & (few - 1) == 0), few
 
 
 # ---------------------------------------------------------------------------------------------
@@ -385,11 +387,15 @@ def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypa
                                         ("ROWS_SORT_BITS", 32.0), ("ROWS_SORT_BITS", "32"),
                                         ("ROWS_NARROW_MIN_ROWS", -1), ("ROWS_NARROW_MIN_ROWS", 1024.0),
                                         ("ROWS_NARROW_MIN_ROWS", None), ("ROWS_NARROW_MIN_ROWS", False),
-                                        ("ROWS_NARROW_MIN_ROWS_LONG", -1), ("ROWS_NARROW_MIN_ROWS_LONG", "1024")])
-def test_row_sort_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
+                                        ("ROWS_NARROW_MIN_ROWS_LONG", -1), ("ROWS_NARROW_MIN_ROWS_LONG", "1024"),
+                                        ("ROWS_FEW_WARPS", 12), ("ROWS_FEW_WARPS", 0), ("ROWS_FEW_WARPS", 64),
+                                        ("ROWS_FEW_WARPS", True), ("ROWS_FEW_WARPS", 16.0),
+                                        ("ROWS_FEW_WARPS", "16")])
+def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
     """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
-    ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``): any other value is refused naming the setting before any kernel
-    runs, the outputs untouched, on the path that never reaches the row select too."""
+    ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``) and its few rows take a power of
+    two warps (``ROWS_FEW_WARPS``): any other value is refused naming the setting before any
+    kernel runs, the outputs untouched, on the path that never reaches the row select too."""
     monkeypatch.setattr(legacy_backend, name, value)
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
 

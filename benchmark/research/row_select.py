@@ -9,7 +9,8 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 ("random") and from scores that increase along the row ("increasing"), and times
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
-config (MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or none: the package's rule), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
+config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
+none: the package's rule), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
 With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
         topk_v2 = load_anchor_kit(args.sglang_kit)[2]
     records = []
     lines = []
-    knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
+    knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
+             "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
@@ -92,6 +94,7 @@ def main(argv=None) -> int:
                         tile, warps, pps, maxnreg, bits = fields + [0, 0][len(fields) - 3:]
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
+                        legacy_backend.ROWS_FEW_WARPS = None  # the config names every row count's launch
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         legacy_backend.ROWS_SORT_BITS = bits or None
                         name = f"rows {cfg}"

@@ -74,6 +74,14 @@ ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer tha
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
+# ... but while the rows number no more than the SMs, each row is a program of its own and the
+# kernel takes as long as one row: one program of ROWS_FEW_WARPS warps a row, where more warps
+# share each of its tiles (None: ROWS_WARPS and ROWS_PROGRAMS_PER_SM at every size). Measured on
+# an H100 (row_select.py, the select stage alone, CUDA-graph replays, the same bits): 128 rows of
+# 4,096 keys 0.028 -> 0.022 ms, of 16,384 keys 0.041 -> 0.040; at 256 rows of 4,096, where
+# programs take two rows in turn, 0.034 -> 0.040 (benchmark/results/NOTES.md, "The row select's
+# warps by rows").
+ROWS_FEW_WARPS: Optional[int] = 16
 # The row select's sort of a row's selection: the 64-bit network over (key, position) composites,
 # or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
 # kernels.select.sort_narrow). None: 32 bits from ROWS_NARROW_MIN_ROWS rows of a matrix at most
@@ -219,9 +227,13 @@ def _check_samples() -> None:
     _check_int_setting("SPLIT_SAMPLE_HITS", SPLIT_SAMPLE_HITS, lambda v: v > 0, "a positive int")
 
 
-def _check_row_sort() -> None:
-    """``ValueError`` naming the row select's sort setting it cannot take: ``ROWS_SORT_BITS``
-    None, 32 or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows."""
+def _check_row_select() -> None:
+    """``ValueError`` naming the row select's setting it cannot take: ``ROWS_SORT_BITS`` None, 32
+    or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows,
+    ``ROWS_FEW_WARPS`` None or a power of two up to 32 (Triton's warps)."""
+    if ROWS_FEW_WARPS is not None:
+        _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, lambda v: 1 <= v <= 32 and v & (v - 1) == 0,
+                           "None or a power of two from 1 to 32")
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
     for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
@@ -234,7 +246,7 @@ def row_sort_bits(rows: int, width: int) -> int:
     ``ROWS_SORT_BITS``, else 32 from ``ROWS_NARROW_MIN_ROWS`` rows where ``width`` is at most
     ``ROWS_TILE`` (every row one register tile) and from ``ROWS_NARROW_MIN_ROWS_LONG`` rows where
     it is more, 64 below; ``ValueError`` naming a setting it cannot take."""
-    _check_row_sort()
+    _check_row_select()
     if ROWS_SORT_BITS is not None:
         return ROWS_SORT_BITS
     least = ROWS_NARROW_MIN_ROWS if width <= ROWS_TILE else ROWS_NARROW_MIN_ROWS_LONG
@@ -421,7 +433,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     if search == "rows":
         sort_bits = row_sort_bits(row_count, keys.shape[1])
         sm_count = device_sm_count(keys.device)
-        programs = min(row_count, sm_count * ROWS_PROGRAMS_PER_SM)
+        programs, warps = row_programs(row_count, sm_count)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
         # allocation the replay repeats, indexer_topk.replay)
         need = row_pool_size(row_count, keys.shape[1], topk, sm_count)
@@ -429,7 +441,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, num_warps=ROWS_WARPS,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, num_warps=warps,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return
@@ -443,6 +455,18 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
         MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=known_t, num_warps=SELECT_WARPS,
     )
+
+
+def row_programs(rows: int, sm_count: int) -> Tuple[int, int]:
+    """``(programs, warps)`` of the "rows" select over ``rows`` rows on ``sm_count`` SMs: a
+    program of ``ROWS_FEW_WARPS`` warps a row while the rows number at most the SMs, else
+    ``ROWS_PROGRAMS_PER_SM`` programs an SM (no more than the rows) of ``ROWS_WARPS`` warps.
+    :func:`row_pool_size` gives each program its pool by this count; ``ValueError`` naming
+    ``ROWS_FEW_WARPS`` where it is neither ``None`` nor a power of two up to 32."""
+    _check_row_select()
+    if ROWS_FEW_WARPS is not None and rows <= sm_count:
+        return rows, ROWS_FEW_WARPS
+    return min(rows, sm_count * ROWS_PROGRAMS_PER_SM), ROWS_WARPS
 
 
 def split_runs(rows: int, width: int, sm_count: int) -> int:
@@ -475,7 +499,7 @@ def row_pool_size(rows: int, width: int, topk: int, sm_count: int) -> int:
     """int32 entries of the row select's candidate pools for ``rows`` rows of ``width`` keys: a
     pool of ``2 * topk`` keys and as many positions for each of its programs, where rows are
     longer than its tile (0 otherwise: a row of one tile needs none)."""
-    return min(rows, sm_count * ROWS_PROGRAMS_PER_SM) * 4 * topk if width > ROWS_TILE else 0
+    return row_programs(rows, sm_count)[0] * 4 * topk if width > ROWS_TILE else 0
 
 
 def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count: int,
@@ -692,7 +716,7 @@ def legacy_indexer_topk(
     width = key_matrix_width(page_table)
     check_workspace(workspace, 0, device)
     _check_samples()  # before the score kernel runs, not at the select stage after it
-    _check_row_sort()  # likewise
+    _check_row_select()  # likewise
     _check_scored_gate()  # likewise, though only decode chunks read it
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
