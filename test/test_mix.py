@@ -273,6 +273,38 @@ def test_time_call_runs_before_ahead_of_every_call_and_outside_it():
     assert timing.l2_evictor("cpu") is None  # no cache of ours to clear on a CPU
 
 
+def test_graph_replays_are_timed_behind_a_spin_and_cold_ones_after_the_evictor(monkeypatch):
+    """Warm replays are timed behind :func:`queue_hold`'s spin, cold ones behind the evictor's
+    fill and then the spin (so the replay is queued before its start event is reached); neither
+    exists on a CPU."""
+    from indexer_topk.bench import timing
+
+    assert timing.queue_hold("cpu") is None
+    log = []
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    monkeypatch.setattr(mix, "capture_graph", lambda step: Graph())
+    monkeypatch.setattr(mix, "queue_hold", lambda device: lambda: log.append("hold"))
+    monkeypatch.setattr(mix, "l2_evictor", lambda device: lambda: log.append("evict"))
+    monkeypatch.setattr(mix, "synchronize", lambda device: None)
+
+    def median_ms(fn, *, warmup, iters, device, before=None):
+        log.append("timed")
+        before()
+        fn()
+        return 1.0 if len(log) < 4 else 2.0
+
+    monkeypatch.setattr(mix, "median_ms", median_ms)
+    assert mix.graph_times(lambda: None, iters=5, device="cuda", cold=True) == (1.0, 2.0)
+    assert log == ["timed", "hold", "replay", "timed", "evict", "hold", "replay", "replay"]
+    log.clear()
+    assert mix.graph_times(lambda: None, iters=5, device="cuda") == (1.0, None)
+    assert log == ["timed", "hold", "replay", "replay"]
+
+
 def test_cold_decode_ratios_are_summarized_and_rendered():
     """A record with L2-cold times on both sides enters ``decode_l2_cold``; one without them, or
     cited from another run, does not; the table gets the cold columns only when a record has
@@ -294,3 +326,18 @@ def test_cold_decode_ratios_are_summarized_and_rendered():
     assert "decode, L2-cold: geometric mean of ours / SGLang 1.50x over 1 shapes" in cli.render(doc)
     plain = cli.render({"env": {}, "records": recs[1:2], "summary": {}}).splitlines()
     assert "L2-cold" not in "\n".join(plain) and plain[2].endswith("% of HBM floor rate |")
+
+
+@pytest.mark.gpu
+def test_graph_times_on_the_gpu():
+    """On a GPU the spin and the evictor run as the timing's ``before`` and the replayed step's
+    outputs are the graph's: both medians positive, the step's last write in place."""
+    out = torch.zeros(4, device="cuda")
+    src = torch.arange(4.0, device="cuda")
+
+    def step():
+        out.copy_(src * 2)
+
+    warm, cold = mix.graph_times(step, iters=5, device="cuda", cold=True)
+    assert warm > 0 and cold > 0
+    assert torch.equal(out, src * 2)

@@ -29,7 +29,9 @@ dispatch); ``host_us_first`` the host time of a shape's first call with warm ker
 ``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it:
 ``ours_ms`` and ``sglang_ms`` on the bytes the replay before left in L2 wherever they fit,
 ``ours_ms_cold`` and ``sglang_ms_cold`` with the L2 overwritten before each replay
-(:func:`.timing.l2_evictor`), the keys read from HBM as a server's step reads each layer's cache.
+(:func:`.timing.l2_evictor`), the keys read from HBM as a server's step reads each layer's cache;
+each replay behind a spin of the GPU (:func:`.timing.queue_hold`), so that its events time its
+kernels, not the host's enqueueing of it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
-from .timing import l2_evictor, median_ms, synchronize, time_call
+from .timing import l2_evictor, median_ms, queue_hold, synchronize, time_call
 
 # key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
 DECODE_FLOOR_BYTES = {"sglang_fp8": SGLANG_FP8_SLOT_BYTES, "sglang_mxfp4": SGLANG_MXFP4_SLOT_BYTES,
@@ -161,12 +163,21 @@ def graph_ms(step: Callable[[], None], *, iters: int, device, cold: bool = False
 
 def graph_times(step: Callable[[], None], *, iters: int, device, cold: bool = False) -> tuple:
     """:func:`graph_ms` of one captured graph: ``(warm ms, L2-cold ms or None)``, the cold one
-    with ``cold``."""
+    with ``cold``. Each replay is timed behind :func:`~indexer_topk.bench.timing.queue_hold`'s
+    spin (and, cold, the L2 evictor's fill), so that its events count its kernels, not the host's
+    enqueueing of it."""
     graph = capture_graph(step)
-    warm = median_ms(graph.replay, warmup=3, iters=iters, device=device)
+    hold = queue_hold(device)
+    warm = median_ms(graph.replay, warmup=3, iters=iters, device=device, before=hold)
     evict = l2_evictor(device) if cold else None
-    ms_cold = None if evict is None else median_ms(graph.replay, warmup=1, iters=iters, device=device, before=evict)
-    evict = None  # its buffer goes before the next shape's allocations
+    ms_cold = None
+    if evict is not None:
+        def evict_and_hold() -> None:
+            evict()
+            hold()
+
+        ms_cold = median_ms(graph.replay, warmup=1, iters=iters, device=device, before=evict_and_hold)
+    evict = evict_and_hold = None  # the evictor's buffer goes before the next shape's allocations
     graph.replay()
     synchronize(device)
     return warm, ms_cold

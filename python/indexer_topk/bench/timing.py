@@ -83,6 +83,30 @@ def median_ms(fn: Callable[[], object], *, warmup: int, iters: int, device,
 
 
 L2_EVICT_FALLBACK_BYTES = 256 << 20  # the buffer where the device does not report its L2 size
+# SM cycles the GPU spins ahead of each timed replay (:func:`queue_hold`): 100 us at 2 GHz, 180 at
+# 1.1, past what the host takes to enqueue an event, a graph replay and an event
+HOLD_CYCLES = 200_000
+
+
+def queue_hold(device) -> Optional[Callable[[], None]]:
+    """A callable that keeps ``device`` busy for :data:`HOLD_CYCLES` cycles (one thread spinning),
+    for use as :func:`time_call`'s ``before`` (``None`` on a CPU).
+
+    Why: a graph replay of a few tens of microseconds takes about as long as the host needs to
+    enqueue it and its two events, so the GPU can reach a call's start event idle and then wait
+    for the replay's launch, whose latency the events then count. Identical replays timed that
+    way read up to 10 us apart, and some above the same replays timed after the L2 evictor's
+    fill (benchmark/results/NOTES.md, "The row select's warps by rows, the gate ahead L2-cold").
+    With the GPU spinning ahead of each start event, the
+    host has queued the replay and its end event before the start event is reached, and the
+    events time the replay's kernels alone."""
+    if torch.device(device).type != "cuda":
+        return None
+
+    def hold() -> None:
+        torch.cuda._sleep(HOLD_CYCLES)
+
+    return hold
 
 
 def l2_evictor(device) -> Optional[Callable[[], None]]:
