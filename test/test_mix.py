@@ -303,6 +303,8 @@ def test_graph_replays_are_timed_behind_a_spin_and_cold_ones_after_the_evictor(m
     log.clear()
     assert mix.graph_times(lambda: None, iters=5, device="cuda") == (1.0, None)
     assert log == ["timed", "hold", "replay", "replay"]
+    monkeypatch.setattr(timing, "HOLD_CYCLES", 0)
+    assert timing.queue_hold("cuda") is None  # the replays timed as before the spin
 
 
 def test_cold_decode_ratios_are_summarized_and_rendered():

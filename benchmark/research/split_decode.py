@@ -265,7 +265,13 @@ def main(argv=None) -> int:
     p.add_argument("--cold", action="store_true",
                    help="also time each step with the L2 cache overwritten before every replay (its keys from HBM)")
     p.add_argument("--registers", action="store_true", help="print the split kernels' registers and spills at the end")
+    p.add_argument("--hold-cycles", type=int, default=None,
+                   help="cycles the GPU spins ahead of each timed replay (bench.timing.HOLD_CYCLES; 0: none)")
     a = p.parse_args(argv)
+    if a.hold_cycles is not None:
+        from indexer_topk.bench import timing
+
+        timing.HOLD_CYCLES = a.hold_cycles
     device = "cuda"
     if a.timeline:
         return timeline(a, device)

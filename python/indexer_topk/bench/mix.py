@@ -174,7 +174,8 @@ def graph_times(step: Callable[[], None], *, iters: int, device, cold: bool = Fa
     if evict is not None:
         def evict_and_hold() -> None:
             evict()
-            hold()
+            if hold is not None:
+                hold()
 
         ms_cold = median_ms(graph.replay, warmup=1, iters=iters, device=device, before=evict_and_hold)
     evict = evict_and_hold = None  # the evictor's buffer goes before the next shape's allocations

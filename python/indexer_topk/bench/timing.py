@@ -90,7 +90,8 @@ HOLD_CYCLES = 200_000
 
 def queue_hold(device) -> Optional[Callable[[], None]]:
     """A callable that keeps ``device`` busy for :data:`HOLD_CYCLES` cycles (one thread spinning),
-    for use as :func:`time_call`'s ``before`` (``None`` on a CPU).
+    for use as :func:`time_call`'s ``before`` (``None`` on a CPU, or with ``HOLD_CYCLES`` 0: the
+    replays then timed as they were before).
 
     Why: a graph replay of a few tens of microseconds takes about as long as the host needs to
     enqueue it and its two events, so the GPU can reach a call's start event idle and then wait
@@ -100,7 +101,7 @@ def queue_hold(device) -> Optional[Callable[[], None]]:
     With the GPU spinning ahead of each start event, the
     host has queued the replay and its end event before the start event is reached, and the
     events time the replay's kernels alone."""
-    if torch.device(device).type != "cuda":
+    if torch.device(device).type != "cuda" or HOLD_CYCLES <= 0:
         return None
 
     def hold() -> None:
