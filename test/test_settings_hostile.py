@@ -390,12 +390,14 @@ def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypa
                                         ("ROWS_NARROW_MIN_ROWS_LONG", -1), ("ROWS_NARROW_MIN_ROWS_LONG", "1024"),
                                         ("ROWS_FEW_WARPS", 12), ("ROWS_FEW_WARPS", 0), ("ROWS_FEW_WARPS", 64),
                                         ("ROWS_FEW_WARPS", True), ("ROWS_FEW_WARPS", 16.0),
-                                        ("ROWS_FEW_WARPS", "16")])
+                                        ("ROWS_FEW_WARPS", "16"), ("ROWS_WARPS", 6), ("ROWS_WARPS", None),
+                                        ("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_PROGRAMS_PER_SM", 2.0)])
 def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
     """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
-    ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``) and its few rows take a power of
-    two warps (``ROWS_FEW_WARPS``): any other value is refused naming the setting before any
-    kernel runs, the outputs untouched, on the path that never reaches the row select too."""
+    ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``), its programs take a power of two
+    warps (``ROWS_WARPS``, ``ROWS_FEW_WARPS``) and an SM at least one of them
+    (``ROWS_PROGRAMS_PER_SM``): any other value is refused naming the setting before any kernel
+    runs, the outputs untouched, on the path that never reaches the row select too."""
     monkeypatch.setattr(legacy_backend, name, value)
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
 

@@ -230,10 +230,16 @@ def _check_samples() -> None:
 def _check_row_select() -> None:
     """``ValueError`` naming the row select's setting it cannot take: ``ROWS_SORT_BITS`` None, 32
     or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows,
-    ``ROWS_FEW_WARPS`` None or a power of two up to 32 (Triton's warps)."""
+    ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
+    ``ROWS_PROGRAMS_PER_SM`` a positive count (none would launch no program past the SMs' count
+    of rows, leaving the outputs unwritten)."""
+    def warps(v):
+        return 1 <= v <= 32 and v & (v - 1) == 0
+
+    _check_int_setting("ROWS_WARPS", ROWS_WARPS, warps, "a power of two from 1 to 32")
     if ROWS_FEW_WARPS is not None:
-        _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, lambda v: 1 <= v <= 32 and v & (v - 1) == 0,
-                           "None or a power of two from 1 to 32")
+        _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, warps, "None or a power of two from 1 to 32")
+    _check_int_setting("ROWS_PROGRAMS_PER_SM", ROWS_PROGRAMS_PER_SM, lambda v: v > 0, "a positive int")
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
     for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
