@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# One device call for the decode rules judged L2-cold, each step under a limit of its own and all
+# of them under TOTAL_S; logs under $OUT, a short table last:
+# 1. what the spin ahead of each timed replay changes (split_decode.py --hold-cycles 0 against
+#    the default), warm and L2-cold, at one and eight requests of 128K;
+# 2. the gate ahead of the score kernel on and off, L2-cold beside warm, at 32K-128K and 1-32
+#    requests, RUNS processes (the rule may follow the cold step: a served step's keys come
+#    from HBM);
+# 3. the finish's 8 warps (SPLIT_WARPS=8) at one to eight requests.
+#
+#   bash benchmark/research/cold_rules_round.sh
+export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
+mkdir -p "$TRITON_CACHE_DIR" "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+TOTAL_S=${TOTAL_S:-560}
+left() { echo $((TOTAL_S - SECONDS)); }
+limit() {  # the step's limit, cut to what is left of TOTAL_S
+  local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
+}
+decode() {  # decode LOG LIMIT ARGS...: split_decode.py on the mix's bytes
+  local log=$1 lim=$2; shift 2
+  timeout "$(limit "$lim")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 50 \
+    "$@" > "$OUT/$log.log" 2>&1
+  echo "== $log rc $? at ${SECONDS}s"
+}
+decode hold_off "${HOLD_S:-120}" --cold --shapes 1x128K,8x128K --hold-cycles 0 --out "$OUT/hold_off.json"
+decode hold_on "${HOLD_S:-120}" --cold --shapes 1x128K,8x128K --out "$OUT/hold_on.json"
+ON="SCORED_GATE_MIN_WIDTH=0"
+OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
+for run in $(seq 1 "${RUNS:-2}"); do
+  [ "$(left)" -lt 40 ] && break
+  decode "gate_cold_$run" "${GATE_S:-150}" --cold --configs "$ON;$OFF" --out "$OUT/gate_cold_$run.json" \
+    --shapes "${SHAPES:-1x128K,2x128K,4x128K,8x128K,8x64K,16x64K,32x32K}"
+done
+[ "$(left)" -gt 40 ] && decode finish_warps "${WARPS_S:-100}" --cold --shapes 1x128K,4x128K,8x128K \
+  --configs "SPLIT_WARPS=8" --out "$OUT/finish_warps.json"
+echo "== table"
+for f in "$OUT"/hold_*.log "$OUT"/gate_cold_*.log "$OUT/finish_warps.log"; do
+  [ -f "$f" ] && { echo "-- $(basename "$f")"; sed -n '/^pattern /,$p' "$f" | cut -c1-150; }
+done
+exit 0
