@@ -57,7 +57,10 @@ def render(doc: dict) -> str:
     lines = [
         f"Serving mix on {env.get('gpu')} (torch {env.get('torch_version')}, Triton {env.get('triton_version')}, "
         f"commit {env.get('commit')}, {env.get('timestamp')}). Prefill: median CUDA-event time of eager calls "
-        "(host included); decode: CUDA-graph replays. Ratios are ours / SGLang (below 1: ours faster)."
+        "(host included); decode: CUDA-graph replays"
+        + (f", each behind a {env['graph_hold_cycles']:,}-cycle spin of the GPU (its events time its kernels, "
+           "not its launch)" if env.get("graph_hold_cycles") else "")
+        + ". Ratios are ours / SGLang (below 1: ours faster)."
         + (" L2-cold: decode replays with the L2 cache overwritten before each (the keys read from HBM, as "
            "in serving, where each layer reads its own cache); the other decode columns replay with the "
            "keys left in L2 by the replay before where they fit." if cold else ""),
@@ -173,6 +176,7 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
+    from indexer_topk.bench import timing
     from indexer_topk.bench.environment import environment, gpu_slug
     from indexer_topk.bench.mix import SGLangPath, default_shapes, run_mix, summarize
     from indexer_topk.envs import envs
@@ -189,6 +193,8 @@ def main(argv=None) -> int:
         env["sm_count"] = torch.cuda.get_device_properties(0).multi_processor_count
         env["arch"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
     env["flags"] = {k: v for k, v in envs.snapshot().items() if v is not None}  # the switches this run read
+    if device == "cuda":
+        env["graph_hold_cycles"] = timing.HOLD_CYCLES  # the spin ahead of each timed replay
     sglang = SGLangPath(a.sglang_kit) if a.sglang_kit else None
     env["sglang_path"] = "SGLang 0.5.23: DeepGEMM MQA logits + topk_v2 (anchor kit)" if sglang else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

@@ -326,6 +326,9 @@ def test_cold_decode_ratios_are_summarized_and_rendered():
     assert lines[2].endswith("L2-cold ours / SGLang ms | L2-cold ratio |")
     assert lines[4].endswith("| 0.030 / 0.020 | 1.50x |") and lines[5].endswith("| - / - | - |")
     assert "decode, L2-cold: geometric mean of ours / SGLang 1.50x over 1 shapes" in cli.render(doc)
+    assert "spin" not in lines[0]  # a run from before the spin says nothing of one
+    held = cli.render({"env": {"graph_hold_cycles": 200000}, "records": recs, "summary": s}).splitlines()[0]
+    assert "decode: CUDA-graph replays, each behind a 200,000-cycle spin of the GPU" in held
     plain = cli.render({"env": {}, "records": recs[1:2], "summary": {}}).splitlines()
     assert "L2-cold" not in "\n".join(plain) and plain[2].endswith("% of HBM floor rate |")
 

@@ -467,8 +467,8 @@ def row_programs(rows: int, sm_count: int) -> Tuple[int, int]:
     """``(programs, warps)`` of the "rows" select over ``rows`` rows on ``sm_count`` SMs: a
     program of ``ROWS_FEW_WARPS`` warps a row while the rows number at most the SMs, else
     ``ROWS_PROGRAMS_PER_SM`` programs an SM (no more than the rows) of ``ROWS_WARPS`` warps.
-    :func:`row_pool_size` gives each program its pool by this count; ``ValueError`` naming
-    ``ROWS_FEW_WARPS`` where it is neither ``None`` nor a power of two up to 32."""
+    :func:`row_pool_size` gives each program its pool by this count; ``ValueError`` naming a
+    row select setting it cannot take (:func:`_check_row_select`)."""
     _check_row_select()
     if ROWS_FEW_WARPS is not None and rows <= sm_count:
         return rows, ROWS_FEW_WARPS

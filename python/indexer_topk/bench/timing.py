@@ -98,9 +98,8 @@ def queue_hold(device) -> Optional[Callable[[], None]]:
     for the replay's launch, whose latency the events then count. Identical replays timed that
     way read up to 10 us apart, and some above the same replays timed after the L2 evictor's
     fill (benchmark/results/NOTES.md, "The row select's warps by rows, the gate ahead L2-cold").
-    With the GPU spinning ahead of each start event, the
-    host has queued the replay and its end event before the start event is reached, and the
-    events time the replay's kernels alone."""
+    With the GPU spinning ahead of each start event, the host has queued the replay and its end
+    event before the start event is reached, and the events time the replay's kernels alone."""
     if torch.device(device).type != "cuda" or HOLD_CYCLES <= 0:
         return None
 
