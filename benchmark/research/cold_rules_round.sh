@@ -9,14 +9,8 @@
 # 3. the finish's 8 warps (SPLIT_WARPS=8) at one to eight requests.
 #
 #   bash benchmark/research/cold_rules_round.sh
-export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-mkdir -p "$TRITON_CACHE_DIR" "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-TOTAL_S=${TOTAL_S:-560}
-left() { echo $((TOTAL_S - SECONDS)); }
-limit() {  # the step's limit, cut to what is left of TOTAL_S
-  local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
-}
+# shellcheck source=benchmark/research/round_env.sh
+source "$(dirname "$0")/round_env.sh"
 decode() {  # decode LOG LIMIT ARGS...: split_decode.py on the mix's bytes
   local log=$1 lim=$2; shift 2
   timeout "$(limit "$lim")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 50 \

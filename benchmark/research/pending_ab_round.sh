@@ -9,14 +9,8 @@
 # 4. the finish's 8 warps (SPLIT_WARPS=8) at 1-64 requests.
 #
 #   bash benchmark/research/pending_ab_round.sh
-export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-mkdir -p "$TRITON_CACHE_DIR" "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-TOTAL_S=${TOTAL_S:-560}
-left() { echo $((TOTAL_S - SECONDS)); }
-limit() {  # LIMIT_S: the step's limit, cut to what is left of TOTAL_S
-  local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
-}
+# shellcheck source=benchmark/research/round_env.sh
+source "$(dirname "$0")/round_env.sh"
 ON="SCORED_GATE_MIN_WIDTH=0"
 OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
 SHAPES=${SHAPES:-1x128K,2x128K,4x128K,8x128K,12x128K}

@@ -9,14 +9,8 @@
 # 3. the split finish's 8 warps (SPLIT_WARPS=8) at one to four requests of 128K and one of 768K.
 #
 #   bash benchmark/research/row_warps_round.sh
-export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-mkdir -p "$TRITON_CACHE_DIR" "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-TOTAL_S=${TOTAL_S:-560}
-left() { echo $((TOTAL_S - SECONDS)); }
-limit() {  # the step's limit, cut to what is left of TOTAL_S
-  local l; l=$(left); [ "$l" -lt "$1" ] && echo "$l" || echo "$1"
-}
+# shellcheck source=benchmark/research/round_env.sh
+source "$(dirname "$0")/round_env.sh"
 for run in $(seq 1 "${RUNS:-2}"); do
   [ "$(left)" -lt 40 ] && break
   timeout "$(limit "${ROWS_S:-100}")" python3 benchmark/research/row_select.py \
