@@ -391,15 +391,37 @@ def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypa
                                         ("ROWS_FEW_WARPS", 12), ("ROWS_FEW_WARPS", 0), ("ROWS_FEW_WARPS", 64),
                                         ("ROWS_FEW_WARPS", True), ("ROWS_FEW_WARPS", 16.0),
                                         ("ROWS_FEW_WARPS", "16"), ("ROWS_WARPS", 6), ("ROWS_WARPS", None),
-                                        ("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_PROGRAMS_PER_SM", 2.0)])
+                                        ("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_PROGRAMS_PER_SM", 2.0),
+                                        ("ROWS_WARPS", 0), ("ROWS_WARPS", 64), ("ROWS_WARPS", True),
+                                        ("ROWS_WARPS", "np.int64"), ("ROWS_FEW_WARPS", "np.int64"),
+                                        ("ROWS_PROGRAMS_PER_SM", -1), ("ROWS_PROGRAMS_PER_SM", None),
+                                        ("ROWS_PROGRAMS_PER_SM", True), ("ROWS_PROGRAMS_PER_SM", "np.int64")])
 def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
     """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
     ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``), its programs take a power of two
     warps (``ROWS_WARPS``, ``ROWS_FEW_WARPS``) and an SM at least one of them
     (``ROWS_PROGRAMS_PER_SM``): any other value is refused naming the setting before any kernel
     runs, the outputs untouched, on the path that never reaches the row select too."""
+    if value == "np.int64":  # a numpy int (not a Python int): refused like any other type
+        import numpy as np
+
+        value = np.int64(8)
     monkeypatch.setattr(legacy_backend, name, value)
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+
+
+@pytest.mark.parametrize("name,value", [("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_FEW_WARPS", 12), ("ROWS_WARPS", 2.0)])
+def test_row_launch_helpers_refuse_a_setting_asked_directly(name, value, monkeypatch):
+    """:func:`row_programs` and :func:`row_pool_size` (the launch's grid and its pools, asked
+    by a sizing caller without a call) refuse the setting by name too, as their docstrings say:
+    with ``ROWS_PROGRAMS_PER_SM`` 0 and ``ROWS_FEW_WARPS`` None they would otherwise size no
+    program past the SMs' count of rows."""
+    monkeypatch.setattr(legacy_backend, "ROWS_FEW_WARPS", None)
+    monkeypatch.setattr(legacy_backend, name, value)
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
+        legacy_backend.row_programs(300, 4)
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
+        legacy_backend.row_pool_size(300, 2 * legacy_backend.ROWS_TILE, 512, 4)
 
 
 def test_row_sort_counts_are_checked_while_a_width_is_forced(monkeypatch):
