@@ -307,6 +307,23 @@ def test_graph_replays_are_timed_behind_a_spin_and_cold_ones_after_the_evictor(m
     assert timing.queue_hold("cuda") is None  # the replays timed as before the spin
 
 
+def test_queue_hold_spins_the_set_cycles(monkeypatch):
+    """The hold enqueues ``torch.cuda._sleep`` of :data:`HOLD_CYCLES` cycles (and nothing on
+    being made): checked on a CPU with the sleep recorded, not run; a negative count is none."""
+    from indexer_topk.bench import timing
+
+    slept = []
+    monkeypatch.setattr(torch.cuda, "_sleep", slept.append)
+    monkeypatch.setattr(timing, "HOLD_CYCLES", 1234)
+    hold = timing.queue_hold("cuda")
+    assert slept == []
+    hold()
+    hold()
+    assert slept == [1234, 1234]
+    monkeypatch.setattr(timing, "HOLD_CYCLES", -1)
+    assert timing.queue_hold("cuda:0") is None
+
+
 def test_cold_decode_ratios_are_summarized_and_rendered():
     """A record with L2-cold times on both sides enters ``decode_l2_cold``; one without them, or
     cited from another run, does not; the table gets the cold columns only when a record has
