@@ -268,9 +268,9 @@ def main(argv=None) -> int:
     p.add_argument("--hold-cycles", type=int, default=None,
                    help="cycles the GPU spins ahead of each timed replay (bench.timing.HOLD_CYCLES; 0: none)")
     a = p.parse_args(argv)
-    if a.hold_cycles is not None:
-        from indexer_topk.bench import timing
+    from indexer_topk.bench import timing
 
+    if a.hold_cycles is not None:
         timing.HOLD_CYCLES = a.hold_cycles
     device = "cuda"
     if a.timeline:
@@ -312,7 +312,9 @@ def main(argv=None) -> int:
                   flush=True)
         w = ref = out = None  # freed before the next shape's workload is built
     settings.apply()
-    Path(a.out).write_text(json.dumps({"records": records}, indent=1) + "\n")
+    # the spin the replays were timed behind (0: none), as serving_mix.py's env records it
+    hold = timing.HOLD_CYCLES if timing.queue_hold(device) else 0
+    Path(a.out).write_text(json.dumps({"records": records, "graph_hold_cycles": hold}, indent=1) + "\n")
     cold = " L2-cold" if a.cold else ""
     print(f"\n{'pattern':10s} {'shape':10s} {'config':44s} {'graph ms':>9s}{cold} eq  kernels (device ms)")
     for r in records:

@@ -157,7 +157,8 @@ def capture_graph(step: Callable[[], None]) -> "torch.cuda.CUDAGraph":
 def graph_ms(step: Callable[[], None], *, iters: int, device, cold: bool = False) -> float:
     """Median ms of ``step`` replayed from a CUDA graph (:func:`capture_graph`); replayed once
     more last, so the outputs left behind are the graph's. ``cold``: L2 overwritten before each
-    replay (:func:`.timing.l2_evictor`), so the step reads its inputs from HBM."""
+    replay (:func:`.timing.l2_evictor`), so the step reads its inputs from HBM. Timed as
+    :func:`graph_times` times it, each replay behind :func:`.timing.queue_hold`'s spin."""
     return graph_times(step, iters=iters, device=device, cold=cold)[0]
 
 
