@@ -80,7 +80,10 @@ ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # an H100 (row_select.py, the select stage alone, CUDA-graph replays, the same bits): 128 rows of
 # 4,096 keys 0.028 -> 0.022 ms, of 16,384 keys 0.041 -> 0.040; at 256 rows of 4,096, where
 # programs take two rows in turn, 0.034 -> 0.040 (benchmark/results/NOTES.md, "The row select's
-# warps by rows").
+# warps by rows"). That was one run; two later runs on another H100 (row_warps_1.log, _2.log) read
+# 128 x 4,096 0.028 -> 0.026 (random) and 0.024-0.027 -> 0.025-0.026 (increasing), 128 x 16,384
+# 0.042 -> 0.040 and 0.036 -> 0.033, all timed before bench.timing.queue_hold's spin, without
+# which warm replays this short read up to 10 us apart (NOTES.md, same section).
 ROWS_FEW_WARPS: Optional[int] = 16
 # The row select's sort of a row's selection: the 64-bit network over (key, position) composites,
 # or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
