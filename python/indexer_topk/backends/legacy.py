@@ -234,8 +234,8 @@ def _check_row_select() -> None:
     """``ValueError`` naming the row select's setting it cannot take: ``ROWS_SORT_BITS`` None, 32
     or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows,
     ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
-    ``ROWS_PROGRAMS_PER_SM`` a positive count (none would launch no program past the SMs' count
-    of rows, leaving the outputs unwritten)."""
+    ``ROWS_PROGRAMS_PER_SM`` a positive count (0 would launch no program for more rows than SMs,
+    or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten)."""
     def warps(v):
         return 1 <= v <= 32 and v & (v - 1) == 0
 
