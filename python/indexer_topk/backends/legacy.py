@@ -77,13 +77,11 @@ ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
 # ... but while the rows number no more than the SMs, each row is a program of its own and the
 # kernel takes as long as one row: one program of ROWS_FEW_WARPS warps a row, where more warps
 # share each of its tiles (None: ROWS_WARPS and ROWS_PROGRAMS_PER_SM at every size). Measured on
-# an H100 (row_select.py, the select stage alone, CUDA-graph replays, the same bits): 128 rows of
-# 4,096 keys 0.028 -> 0.022 ms, of 16,384 keys 0.041 -> 0.040; at 256 rows of 4,096, where
-# programs take two rows in turn, 0.034 -> 0.040 (benchmark/results/NOTES.md, "The row select's
-# warps by rows"). That was one run; two later runs on another H100 (row_warps_1.log, _2.log) read
-# 128 x 4,096 0.028 -> 0.026 (random) and 0.024-0.027 -> 0.025-0.026 (increasing), 128 x 16,384
-# 0.042 -> 0.040 and 0.036 -> 0.033, all timed before bench.timing.queue_hold's spin, without
-# which warm replays this short read up to 10 us apart (NOTES.md, same section).
+# H100s (row_select.py, the select stage alone, CUDA-graph replays, the same bits; three runs,
+# all timed before bench.timing.queue_hold's spin): 128 rows of 4,096 random keys 28 -> 22-26 us,
+# of 16,384 keys 41-42 -> 40 us, increasing keys within 1-3 us either way; at 256 rows of 4,096,
+# where programs take two rows in turn, 34 -> 40 us, so the rule stops at the SMs
+# (benchmark/results/NOTES.md, "The row select's warps by rows").
 ROWS_FEW_WARPS: Optional[int] = 16
 # The row select's sort of a row's selection: the 64-bit network over (key, position) composites,
 # or 32 bits (the key's high bits and the entry's index, runs alike in those bits corrected after;
