@@ -11,23 +11,15 @@
 #   bash benchmark/research/cold_rules_round.sh
 # shellcheck source=benchmark/research/round_env.sh
 source "$(dirname "$0")/round_env.sh"
-decode() {  # decode LOG LIMIT ARGS...: split_decode.py on the mix's bytes
-  local log=$1 lim=$2; shift 2
-  timeout "$(limit "$lim")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 50 \
-    "$@" > "$OUT/$log.log" 2>&1
-  echo "== $log rc $? at ${SECONDS}s"
-}
-decode hold_off "${HOLD_S:-120}" --cold --shapes 1x128K,8x128K --hold-cycles 0 --out "$OUT/hold_off.json"
-decode hold_on "${HOLD_S:-120}" --cold --shapes 1x128K,8x128K --out "$OUT/hold_on.json"
+decode_run hold_off "${HOLD_S:-120}" --iters 50 --cold --shapes 1x128K,8x128K --hold-cycles 0
+decode_run hold_on "${HOLD_S:-120}" --iters 50 --cold --shapes 1x128K,8x128K
 ON="SCORED_GATE_MIN_WIDTH=0"
 OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
 for run in $(seq 1 "${RUNS:-2}"); do
-  [ "$(left)" -lt 40 ] && break
-  decode "gate_cold_$run" "${GATE_S:-150}" --cold --configs "$ON;$OFF" --out "$OUT/gate_cold_$run.json" \
+  decode_run "gate_cold_$run" "${GATE_S:-150}" --iters 50 --cold --configs "$ON;$OFF" \
     --shapes "${SHAPES:-1x128K,2x128K,4x128K,8x128K,8x64K,16x64K,32x32K}"
 done
-[ "$(left)" -gt 40 ] && decode finish_warps "${WARPS_S:-100}" --cold --shapes 1x128K,4x128K,8x128K \
-  --configs "SPLIT_WARPS=8" --out "$OUT/finish_warps.json"
+decode_run finish_warps "${WARPS_S:-100}" --iters 50 --cold --shapes 1x128K,4x128K,8x128K --configs "SPLIT_WARPS=8"
 echo "== table"
 for f in "$OUT"/hold_*.log "$OUT"/gate_cold_*.log "$OUT/finish_warps.log"; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; sed -n '/^pattern /,$p' "$f" | cut -c1-150; }

@@ -12,29 +12,17 @@
 # 5. the row select's sort width by rows on the GPU: auto (the rule) against the forced widths.
 #
 #   bash benchmark/research/decode_rules_round.sh
-export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
-mkdir -p "$TRITON_CACHE_DIR" "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-TOTAL_S=${TOTAL_S:-560}
-step() {  # NAME LIMIT_S ARGS...: one split_decode.py run, its log $OUT/NAME.log
-  local name=$1 limit=$2 left=$((TOTAL_S - SECONDS))
-  shift 2
-  [ "$left" -lt 30 ] && { echo "== $name: not run, ${left}s left"; return; }
-  [ "$left" -lt "$limit" ] && limit=$left
-  timeout "$limit" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 20 \
-    --out "$OUT/$name.json" "$@" > "$OUT/$name.log" 2>&1
-  echo "== $name rc $? at ${SECONDS}s"
-}
+# shellcheck source=benchmark/research/round_env.sh
+source "$(dirname "$0")/round_env.sh"
 ON="SCORED_GATE_MIN_WIDTH=0"  # every shape; OFF: none
 OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
-step gate_widths "${GATE_S:-170}" --shapes "${GATE_SHAPES:-1x192K,8x192K,64x256K}" --configs "$ON;$OFF"
-step gate_topk512 "${TOPK_S:-80}" --shapes 8x256K --topk 512 --configs "$OFF"
-step gate_topk2048 "${TOPK_S:-80}" --shapes 8x256K --topk 2048 --configs "$OFF"
-step finish_warps "${WARPS_S:-90}" --shapes 1x128K,8x128K,64x128K,8x768K --configs "SPLIT_WARPS=8"
-step row_tile "${TILE_S:-70}" --shapes 256x32K --configs "ROWS_TILE=8192,ROWS_WARPS=16,ROWS_PROGRAMS_PER_SM=1"
-left=$((TOTAL_S - SECONDS))
-if [ "$left" -gt 40 ]; then
-  timeout $((left - 10)) python3 benchmark/research/row_select.py --shapes 512x4096,1024x16384 --patterns random \
+decode_run gate_widths "${GATE_S:-170}" --iters 20 --shapes "${GATE_SHAPES:-1x192K,8x192K,64x256K}" --configs "$ON;$OFF"
+decode_run gate_topk512 "${TOPK_S:-80}" --iters 20 --shapes 8x256K --topk 512 --configs "$OFF"
+decode_run gate_topk2048 "${TOPK_S:-80}" --iters 20 --shapes 8x256K --topk 2048 --configs "$OFF"
+decode_run finish_warps "${WARPS_S:-90}" --iters 20 --shapes 1x128K,8x128K,64x128K,8x768K --configs "SPLIT_WARPS=8"
+decode_run row_tile "${TILE_S:-70}" --iters 20 --shapes 256x32K --configs "ROWS_TILE=8192,ROWS_WARPS=16,ROWS_PROGRAMS_PER_SM=1"
+if [ "$(left)" -gt 40 ]; then
+  timeout $(($(left) - 10)) python3 benchmark/research/row_select.py --shapes 512x4096,1024x16384 --patterns random \
     --ways auto,rows --configs 4096:8:2:128:64,4096:8:2:128:32 > "$OUT/sort_rule.log" 2>&1
   echo "== sort rule rc $? at ${SECONDS}s"
 fi

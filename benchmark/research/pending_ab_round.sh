@@ -15,28 +15,15 @@ ON="SCORED_GATE_MIN_WIDTH=0"
 OFF="SCORED_GATE_MIN_WIDTH=1048576,SCORED_GATE_NARROW=None"
 SHAPES=${SHAPES:-1x128K,2x128K,4x128K,8x128K,12x128K}
 for run in $(seq 1 "${RUNS:-2}"); do
-  [ "$(left)" -lt 40 ] && break
-  timeout "$(limit "${GATE_S:-150}")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 \
-    --iters 50 --cold --shapes "$SHAPES" --configs "$ON;$OFF" --out "$OUT/gate_cold_$run.json" \
-    > "$OUT/gate_cold_$run.log" 2>&1
-  echo "== gate, warm and cold, run $run rc $? at ${SECONDS}s"
+  decode_run "gate_cold_$run" "${GATE_S:-150}" --iters 50 --cold --shapes "$SHAPES" --configs "$ON;$OFF"
 done
-if [ "$(left)" -gt 40 ]; then
-  timeout "$(limit "${TIMELINE_S:-90}")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 \
-    --iters 20 --timeline --shapes 4x128K,8x128K,12x128K --configs "$ON;$OFF" > "$OUT/timeline.log" 2>&1
-  echo "== timeline rc $? at ${SECONDS}s"
-fi
+decode_run timeline "${TIMELINE_S:-90}" --iters 20 --timeline --shapes 4x128K,8x128K,12x128K --configs "$ON;$OFF"
 if [ "$(left)" -gt 40 ]; then
   timeout "$(limit "${ROWS_S:-120}")" python3 benchmark/research/row_select.py --shapes 128x4096,128x16384,256x4096 \
     --patterns random --ways rows --configs 4096:8:2:128,4096:16:1:0,4096:16:1:128 > "$OUT/row_few.log" 2>&1
   echo "== row select few rows rc $? at ${SECONDS}s"
 fi
-if [ "$(left)" -gt 40 ]; then
-  timeout "$(limit "${WARPS_S:-100}")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 \
-    --iters 50 --shapes 1x128K,8x128K,64x128K,8x768K --configs "SPLIT_WARPS=8" --out "$OUT/finish_warps.json" \
-    > "$OUT/finish_warps.log" 2>&1
-  echo "== finish warps rc $? at ${SECONDS}s"
-fi
+decode_run finish_warps "${WARPS_S:-100}" --iters 50 --shapes 1x128K,8x128K,64x128K,8x768K --configs "SPLIT_WARPS=8"
 echo "== table"
 for f in "$OUT"/gate_cold_*.log "$OUT/timeline.log" "$OUT/finish_warps.log"; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; sed -n '/^pattern /,$p;/^each kernel/,$p' "$f" | cut -c1-150; }

@@ -23,11 +23,7 @@ if [ "$(left)" -gt 40 ]; then
     > "$OUT/gpu_tests_row_topk.log" 2>&1
   echo "== GPU tests rc $? at ${SECONDS}s: $(tail -1 "$OUT/gpu_tests_row_topk.log")"
 fi
-if [ "$(left)" -gt 40 ]; then
-  timeout "$(limit "${WARPS_S:-150}")" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 \
-    --iters 50 --shapes 1x128K,2x128K,4x128K,1x768K --configs "SPLIT_WARPS=8" > "$OUT/finish_warps.log" 2>&1
-  echo "== finish warps rc $? at ${SECONDS}s"
-fi
+decode_run finish_warps "${WARPS_S:-150}" --iters 50 --shapes 1x128K,2x128K,4x128K,1x768K --configs "SPLIT_WARPS=8"
 echo "== table"
 for f in "$OUT"/row_warps_*.log; do
   [ -f "$f" ] && { echo "-- $(basename "$f")"; sed -n '/^ms per call/,$p' "$f"; }
