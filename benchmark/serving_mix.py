@@ -194,8 +194,7 @@ def main(argv=None) -> int:
         env["arch"] = "sm_{}{}".format(*torch.cuda.get_device_capability())
     env["flags"] = {k: v for k, v in envs.snapshot().items() if v is not None}  # the switches this run read
     if device == "cuda":
-        # the spin ahead of each timed replay (0 where queue_hold makes none: a count of 0 or less)
-        env["graph_hold_cycles"] = timing.HOLD_CYCLES if timing.queue_hold(device) else 0
+        env["graph_hold_cycles"] = timing.hold_cycles(device)  # the spin ahead of each timed replay
     sglang = SGLangPath(a.sglang_kit) if a.sglang_kit else None
     env["sglang_path"] = "SGLang 0.5.23: DeepGEMM MQA logits + topk_v2 (anchor kit)" if sglang else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")

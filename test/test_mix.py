@@ -320,8 +320,10 @@ def test_queue_hold_spins_the_set_cycles(monkeypatch):
     hold()
     hold()
     assert slept == [1234, 1234]
+    assert timing.hold_cycles("cuda") == 1234 and timing.hold_cycles("cpu") == 0  # what the records say
     monkeypatch.setattr(timing, "HOLD_CYCLES", -1)
     assert timing.queue_hold("cuda:0") is None
+    assert timing.hold_cycles("cuda:0") == 0
 
 
 def test_cold_decode_ratios_are_summarized_and_rendered():

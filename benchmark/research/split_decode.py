@@ -312,9 +312,8 @@ def main(argv=None) -> int:
                   flush=True)
         w = ref = out = None  # freed before the next shape's workload is built
     settings.apply()
-    # the spin the replays were timed behind (0: none), as serving_mix.py's env records it
-    hold = timing.HOLD_CYCLES if timing.queue_hold(device) else 0
-    Path(a.out).write_text(json.dumps({"records": records, "graph_hold_cycles": hold}, indent=1) + "\n")
+    Path(a.out).write_text(json.dumps({"records": records, "graph_hold_cycles": timing.hold_cycles(device)},
+                                      indent=1) + "\n")
     cold = " L2-cold" if a.cold else ""
     print(f"\n{'pattern':10s} {'shape':10s} {'config':44s} {'graph ms':>9s}{cold} eq  kernels (device ms)")
     for r in records:

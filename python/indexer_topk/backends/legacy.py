@@ -443,7 +443,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         programs, warps = row_programs(row_count, sm_count)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
         # allocation the replay repeats, indexer_topk.replay)
-        need = row_pool_size(row_count, keys.shape[1], topk, sm_count)
+        need = _pool_entries(programs, keys.shape[1], topk)
         pools = torch.empty(need, dtype=torch.int32, device=keys.device) if need else keys
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
@@ -506,7 +506,12 @@ def row_pool_size(rows: int, width: int, topk: int, sm_count: int) -> int:
     """int32 entries of the row select's candidate pools for ``rows`` rows of ``width`` keys: a
     pool of ``2 * topk`` keys and as many positions for each of its programs, where rows are
     longer than its tile (0 otherwise: a row of one tile needs none)."""
-    return row_programs(rows, sm_count)[0] * 4 * topk if width > ROWS_TILE else 0
+    return _pool_entries(row_programs(rows, sm_count)[0], width, topk)
+
+
+def _pool_entries(programs: int, width: int, topk: int) -> int:
+    """:func:`row_pool_size` for a launch of ``programs`` programs (:func:`row_programs`)."""
+    return programs * 4 * topk if width > ROWS_TILE else 0
 
 
 def legacy_scratch_bytes(rows: int, page_table_columns: int, topk: int, sm_count: int,

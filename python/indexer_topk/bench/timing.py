@@ -100,13 +100,19 @@ def queue_hold(device) -> Optional[Callable[[], None]]:
     fill (benchmark/results/NOTES.md, "The row select's warps by rows, the gate ahead L2-cold").
     With the GPU spinning ahead of each start event, the host has queued the replay and its end
     event before the start event is reached, and the events time the replay's kernels alone."""
-    if torch.device(device).type != "cuda" or HOLD_CYCLES <= 0:
+    if not hold_cycles(device):
         return None
 
     def hold() -> None:
         torch.cuda._sleep(HOLD_CYCLES)
 
     return hold
+
+
+def hold_cycles(device) -> int:
+    """The cycles :func:`queue_hold` spins ``device`` for ahead of each timed replay: 0 where it
+    makes no spin (a CPU, or ``HOLD_CYCLES`` 0 or less); what a run's records say of it."""
+    return HOLD_CYCLES if torch.device(device).type == "cuda" and HOLD_CYCLES > 0 else 0
 
 
 def l2_evictor(device) -> Optional[Callable[[], None]]:
