@@ -249,8 +249,8 @@ def test_warps_settings_are_powers_of_two():
         w = getattr(legacy_backend, name)
         assert type(w) is int and 1 <= w <= 32 and w & (w - 1) == 0, (name, w)
     assert SELECT_WARPS & (SELECT_WARPS - 1) == 0
-    few = legacy_backend.ROWS_FEW_WARPS
-    assert few is None or (type(few) is int and 1 <= few <= 32 and few & (few - 1) == 0), few
+    for few in (legacy_backend.ROWS_FEW_WARPS, legacy_backend.SPLIT_FEW_WARPS):
+        assert few is None or (type(few) is int and 1 <= few <= 32 and few & (few - 1) == 0), few
 
 
 # ---------------------------------------------------------------------------------------------
@@ -408,6 +408,35 @@ def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, mon
         value = np.int64(8)
     monkeypatch.setattr(legacy_backend, name, value)
     assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+
+
+@pytest.mark.parametrize("name,value", [("SPLIT_WARPS", 6), ("SPLIT_WARPS", None), ("SPLIT_WARPS", 64),
+                                        ("SPLIT_WARPS", "np.int64"), ("SPLIT_FEW_WARPS", 12), ("SPLIT_FEW_WARPS", 0),
+                                        ("SPLIT_FEW_WARPS", True), ("SPLIT_FEW_WARPS", 8.0),
+                                        ("SPLIT_FEW_WARPS", "np.int64"), ("SPLIT_FEW_ROWS", -1),
+                                        ("SPLIT_FEW_ROWS", None), ("SPLIT_FEW_ROWS", 4.0)])
+def test_split_finish_warps_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
+    """The split finish takes a power of two warps (``SPLIT_WARPS``, ``SPLIT_FEW_WARPS`` up to
+    ``SPLIT_FEW_ROWS`` rows, a count): any other value is refused naming the setting before any
+    kernel runs, the outputs untouched, and by :func:`split_finish_warps` asked directly."""
+    if value == "np.int64":  # a numpy int (not a Python int): refused like any other type
+        import numpy as np
+
+        value = np.int64(8)
+    monkeypatch.setattr(legacy_backend, name, value)
+    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
+        legacy_backend.split_finish_warps(1)
+
+
+@pytest.mark.parametrize("few,rows,warps", [(8, 1, 8), (8, 4, 8), (8, 5, 16), (None, 1, 16), (4, 0, 4)])
+def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
+    """Up to ``SPLIT_FEW_ROWS`` rows (four) the finish takes ``SPLIT_FEW_WARPS``, past them
+    (or with it None) ``SPLIT_WARPS``."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_FEW_WARPS", few)
+    monkeypatch.setattr(legacy_backend, "SPLIT_FEW_ROWS", 4)
+    monkeypatch.setattr(legacy_backend, "SPLIT_WARPS", 16)
+    assert legacy_backend.split_finish_warps(rows) == warps
 
 
 @pytest.mark.parametrize("name,value", [("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_FEW_WARPS", 12), ("ROWS_WARPS", 2.0)])

@@ -645,6 +645,23 @@ def test_split_spread(monkeypatch):
     assert [spread(k) for k in (16, 32, 512)] == [16, 32, 16]
 
 
+@pytest.mark.parametrize("rows,warps", [(1, 8), (4, 8), (5, 16)])
+def test_split_finish_launch_takes_its_warps_by_rows(rows, warps, split_way, monkeypatch, device):
+    """The finishing kernel is launched with :func:`split_finish_warps` of the chunk's rows
+    (``SPLIT_FEW_WARPS`` up to ``SPLIT_FEW_ROWS``); the other kernels keep theirs (the launches
+    are recorded, not run)."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_FEW_WARPS", 8)
+    monkeypatch.setattr(legacy_backend, "SPLIT_FEW_ROWS", 4)
+    monkeypatch.setattr(legacy_backend, "SPLIT_WARPS", 16)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append((kernel, k)))
+    keys = torch.zeros((rows, 2048), dtype=torch.int32, device=device)
+    lens = torch.full((rows,), 2048, dtype=torch.int32, device=device)
+    split(keys, lens, TOPK)
+    assert [k["num_warps"] for kernel, k in launched if kernel is finish_rows_kernel] == [warps]
+    assert [k["num_warps"] for kernel, k in launched if kernel is gate_rows_kernel] == [legacy_backend.SPLIT_GATE_WARPS]
+
+
 def test_split_sample_by_width(monkeypatch):
     """The gate kernel's sample: ``SPLIT_SAMPLE_SHORT`` keys where a row's best topk hold at
     least ``SPLIT_SAMPLE_HITS`` of them on average (128K tokens at topk 1024, 256K at the edge),

@@ -118,6 +118,13 @@ SPLIT_SAMPLE_HITS = 16
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
 SPLIT_WARPS = 16
+# ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
+# chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
+# mix's bytes, the same bits; benchmark/results/NOTES.md, "The row select's warps by rows"): the
+# finishing kernel took 8.7 us against 9.3 at 1 x 128K and 1 x 768K, 8.9 against 9.3 at 2 x 128K
+# and 9.1 against 9.6 at 4 x 128K; at 8 x 128K no change, at 64 x 128K 1.0 us more.
+SPLIT_FEW_WARPS: Optional[int] = 8
+SPLIT_FEW_ROWS = 4
 # The gate kernel's warps: 8 gated a row faster than 16 (and 4) in device time at 1 x 128K and
 # 1 x 768K on an H200 and at 1 x 128K and 8 x 128K on an H100, the same bits
 # (split_decode.py --configs SPLIT_GATE_WARPS=8; benchmark/results/NOTES.md). The gate ahead's
@@ -482,6 +489,30 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
     return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
 
 
+def split_finish_warps(rows: int) -> int:
+    """Warps of the "split" select's finishing program for a chunk of ``rows`` rows:
+    ``SPLIT_FEW_WARPS`` up to ``SPLIT_FEW_ROWS`` rows, ``SPLIT_WARPS`` past them (and always
+    where ``SPLIT_FEW_WARPS`` is None); ``ValueError`` naming a setting it cannot take
+    (:func:`_check_split_warps`)."""
+    _check_split_warps()
+    if SPLIT_FEW_WARPS is not None and rows <= SPLIT_FEW_ROWS:
+        return SPLIT_FEW_WARPS
+    return SPLIT_WARPS
+
+
+def _check_split_warps() -> None:
+    """``ValueError`` naming the split finish's warps setting it cannot take: ``SPLIT_WARPS`` a
+    power of two from 1 to 32 (Triton's warps), ``SPLIT_FEW_WARPS`` None or one, and
+    ``SPLIT_FEW_ROWS`` a count of rows."""
+    def warps(v):
+        return 1 <= v <= 32 and v & (v - 1) == 0
+
+    _check_int_setting("SPLIT_WARPS", SPLIT_WARPS, warps, "a power of two from 1 to 32")
+    if SPLIT_FEW_WARPS is not None:
+        _check_int_setting("SPLIT_FEW_WARPS", SPLIT_FEW_WARPS, warps, "None or a power of two from 1 to 32")
+    _check_int_setting("SPLIT_FEW_ROWS", SPLIT_FEW_ROWS, lambda v: v >= 0, "a count of rows")
+
+
 def split_finish_parts(rows: int, topk: int, sm_count: int) -> int:
     """Finishing programs per row of the "split" select: the largest power of two up to
     ``SPLIT_FINISH_PARTS`` that leaves no more programs than SMs, each a share of ``topk``
@@ -697,7 +728,7 @@ def _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, 
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
            SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
-           num_warps=SPLIT_WARPS, **pdl_options(pdl))
+           num_warps=split_finish_warps(rows), **pdl_options(pdl))
 
 
 @launches_kernels
@@ -730,6 +761,7 @@ def legacy_indexer_topk(
     _check_samples()  # before the score kernel runs, not at the select stage after it
     _check_row_select()  # likewise
     _check_scored_gate()  # likewise, though only decode chunks read it
+    _check_split_warps()  # likewise
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
