@@ -395,11 +395,14 @@ def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypa
                                         ("ROWS_WARPS", 0), ("ROWS_WARPS", 64), ("ROWS_WARPS", True),
                                         ("ROWS_WARPS", "np.int64"), ("ROWS_FEW_WARPS", "np.int64"),
                                         ("ROWS_PROGRAMS_PER_SM", -1), ("ROWS_PROGRAMS_PER_SM", None),
-                                        ("ROWS_PROGRAMS_PER_SM", True), ("ROWS_PROGRAMS_PER_SM", "np.int64")])
+                                        ("ROWS_PROGRAMS_PER_SM", True), ("ROWS_PROGRAMS_PER_SM", "np.int64"),
+                                        ("ROWS_FEW_WARPS", 32), ("ROWS_WARPS", 32), ("ROWS_MAXNREG", 0),
+                                        ("ROWS_MAXNREG", 256), ("ROWS_MAXNREG", 128.0), ("ROWS_MAXNREG", "128")])
 def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
     """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
     ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``), its programs take a power of two
-    warps (``ROWS_WARPS``, ``ROWS_FEW_WARPS``) and an SM at least one of them
+    warps (``ROWS_WARPS``, ``ROWS_FEW_WARPS``) whose registers under the cap (``ROWS_MAXNREG``,
+    128: 32 warps need twice the register file) fit a program, and an SM at least one of them
     (``ROWS_PROGRAMS_PER_SM``): any other value is refused naming the setting before any kernel
     runs, the outputs untouched, on the path that never reaches the row select too."""
     if value == "np.int64":  # a numpy int (not a Python int): refused like any other type
@@ -437,6 +440,15 @@ def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
     monkeypatch.setattr(legacy_backend, "SPLIT_FEW_ROWS", 4)
     monkeypatch.setattr(legacy_backend, "SPLIT_WARPS", 16)
     assert legacy_backend.split_finish_warps(rows) == warps
+
+
+@pytest.mark.parametrize("cap", [None, 64])
+def test_row_select_takes_32_warps_under_a_cap_that_fits(cap, monkeypatch):
+    """32 warps are refused only for the registers the cap gives them: with no cap (the compiler
+    fits 1,024 threads) or a cap of 64, the launch is planned."""
+    monkeypatch.setattr(legacy_backend, "ROWS_MAXNREG", cap)
+    monkeypatch.setattr(legacy_backend, "ROWS_FEW_WARPS", 32)
+    assert legacy_backend.row_programs(3, 4) == (3, 32)
 
 
 @pytest.mark.parametrize("name,value", [("ROWS_PROGRAMS_PER_SM", 0), ("ROWS_FEW_WARPS", 12), ("ROWS_WARPS", 2.0)])

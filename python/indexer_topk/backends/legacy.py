@@ -74,6 +74,10 @@ ROWS_SAMPLE = 2048  # at most ROWS_TILE (the kernel asserts it): rows longer tha
 ROWS_WARPS = 8
 ROWS_PROGRAMS_PER_SM = 2
 ROWS_MAXNREG = 128  # register cap per thread (None: the compiler's choice)
+# A program's registers, threads times the cap, must fit the SM's register file (64 K 32-bit
+# registers on NVIDIA GPUs from Volta on): 32 warps capped at 128 compile (ptxas keeps the cap)
+# and are refused at launch, after the score kernel has run.
+REGISTERS_PER_PROGRAM = 65536
 # ... but while the rows number no more than the SMs, each row is a program of its own and the
 # kernel takes as long as one row: one program of ROWS_FEW_WARPS warps a row, where more warps
 # share each of its tiles (None: ROWS_WARPS and ROWS_PROGRAMS_PER_SM at every size). Measured on
@@ -240,7 +244,9 @@ def _check_row_select() -> None:
     or 64, ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG`` counts of rows,
     ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
     ``ROWS_PROGRAMS_PER_SM`` a positive count (0 would launch no program for more rows than SMs,
-    or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten)."""
+    or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten), and
+    ``ROWS_MAXNREG`` None or a register count that leaves each warps setting's program within
+    ``REGISTERS_PER_PROGRAM`` (the launch would fail after the score kernel ran)."""
     def warps(v):
         return 1 <= v <= 32 and v & (v - 1) == 0
 
@@ -248,6 +254,13 @@ def _check_row_select() -> None:
     if ROWS_FEW_WARPS is not None:
         _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, warps, "None or a power of two from 1 to 32")
     _check_int_setting("ROWS_PROGRAMS_PER_SM", ROWS_PROGRAMS_PER_SM, lambda v: v > 0, "a positive int")
+    if ROWS_MAXNREG is not None:
+        _check_int_setting("ROWS_MAXNREG", ROWS_MAXNREG, lambda v: 1 <= v <= 255, "None or registers a thread, 1 to 255")
+        for name, w in (("ROWS_WARPS", ROWS_WARPS), ("ROWS_FEW_WARPS", ROWS_FEW_WARPS)):
+            if w is not None and w * 32 * ROWS_MAXNREG > REGISTERS_PER_PROGRAM:
+                raise ValueError(f"indexer_topk.backends.legacy.{name}: {w} warps of ROWS_MAXNREG = {ROWS_MAXNREG} "
+                                 f"registers a thread need {w * 32 * ROWS_MAXNREG}, past the "
+                                 f"{REGISTERS_PER_PROGRAM} a program may hold: fewer warps, or a lower cap")
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
     for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
