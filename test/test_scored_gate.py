@@ -372,16 +372,16 @@ def test_scored_gate_way(monkeypatch):
 
 @pytest.mark.parametrize("rows,width,ahead", [
     (1, 16384, False), (8, 16384, False), (16, 16384, False), (1, 8192, False), (32, 8192, False),
-    (1, 32768, False), (4, 32768, False), (6, 32768, False), (8, 32768, False), (11, 32768, False), (12, 32768, True),
-    (64, 32768, True), (65, 32768, False), (128, 32768, False), (12, 32767, False),
+    (1, 32768, True), (4, 32768, True), (6, 32768, True), (8, 32768, True), (11, 32768, True), (12, 32768, True),
+    (64, 32768, True), (65, 32768, False), (128, 32768, False), (1, 32767, False), (12, 32767, False),
     (128, 40960, True),
-    (8, 40959, False), (8, 40960, True), (1, 40960, True), (64, 65536, True), (8, 196608, True),
+    (129, 40959, False), (8, 40960, True), (1, 40960, True), (64, 65536, True), (8, 196608, True),
 ])
 def test_scored_gate_by_width_and_batch(rows, width, ahead):
-    """The shipped rule places the gate ahead where it measured faster: every chunk from 160K
-    tokens (40,960 positions), 12-64 requests from 128K; not at fewer requests of 128K (slower at
-    6 and 8, and at one on other cards) or more (even at 128), nor at 64K (slower at 8 and 16) or
-    32K (slower at 32). The band's and the width's edges on both sides."""
+    """The shipped rule places the gate ahead where it measured faster, L2-cold: every chunk from
+    160K tokens (40,960 positions), one to 64 requests from 128K; not at more requests of 128K
+    (even at 128), nor at 64K (slower at 8, even at 16) or 32K (even at 32). The band's and the
+    width's edges on both sides."""
     assert legacy_backend.scored_gate_measured_faster(rows, width) is ahead
 
 

@@ -126,7 +126,9 @@ SPLIT_WARPS = 16
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
 # mix's bytes, the same bits; benchmark/results/NOTES.md, "The row select's warps by rows"): the
 # finishing kernel took 8.7 us against 9.3 at 1 x 128K and 1 x 768K, 8.9 against 9.3 at 2 x 128K
-# and 9.1 against 9.6 at 4 x 128K; at 8 x 128K no change, at 64 x 128K 1.0 us more.
+# and 9.1 against 9.6 at 4 x 128K; at 8 x 128K no change, at 64 x 128K 1.0 us more. Again on
+# another H100, with the rule against 16 warps (cold_rules_round.sh): 8.8 against 9.4 us at
+# 1 x 128K, 8.7 against 9.2 at 1 x 768K, 9.2 against 9.7 at 4 x 128K, 9.7 either way at 8.
 SPLIT_FEW_WARPS: Optional[int] = 8
 SPLIT_FEW_ROWS = 4
 # The gate kernel's warps: 8 gated a row faster than 16 (and 4) in device time at 1 x 128K and
@@ -195,14 +197,19 @@ SCORE_GATHER_MAXNREG = 64
 # positions; 1, 8 and 32 requests at 160K-192K, 1-64 at 256K, topk 512-2048), 0.91-0.98x at 12,
 # 24, 32 and 64 requests of 128K; 0.99x at 16 and 1.00x at 128 requests of 128K (and 1.01x at 64
 # on an H200, before the short sample), so the band ends at 64; 1.08-1.19x at 6 and 8 requests of
-# 128K, 1.23-1.27x at 8 and 1.11-1.12x at 16 of 64K, 1.09x at 32 of 32K. Faster but left after it:
-# one to four requests of 128K (0.90-1.01x here, 1.31x the time at one request on another H100
-# the session before, 1.07x on an H200) and some batches at 32K-64K, where runs and cards
-# disagree or neighbouring batches lose. Where the sample's scoring and the gate outlast the
-# score kernel, the gathering waits for them. Like the other settings here, they are read by a
-# signature's first call; later calls of it replay its launches (indexer_topk.replay).
+# 128K, 1.23-1.27x at 8 and 1.11-1.12x at 16 of 64K, 1.09x at 32 of 32K. Those replays read
+# keys left in L2 by the replay before; a served step reads a layer's keys from HBM (the other
+# layers pass through L2 between two of its steps), so the band now follows the L2-cold step
+# (split_decode.py --cold: the L2 overwritten before each replay, cold_rules_round.sh; three runs
+# on two H100s, the same bits; benchmark/results/NOTES.md, "The gate ahead from one request of
+# 128K"): against the step after it, 0.95-0.96x, 0.94-0.95x and 0.95-0.96x at two, four and eight
+# requests of 128K in every run, 0.96x, 0.97x and 1.02x at one. Warm, eight requests still read
+# 1.05-1.09x. Left after it: 8 of 64K (1.11x cold), 16 of 64K and 32 of 32K (0.98-1.00x cold,
+# slower warm). Where the sample's scoring and the gate outlast the score kernel, the gathering
+# waits for them. Like the other settings here, they are read by a signature's first call; later
+# calls of it replay its launches (indexer_topk.replay).
 SCORED_GATE_MIN_WIDTH = 40960
-SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((12, 64, 32768),)
+SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 64, 32768),)
 # ... at these topks (None: any). It was timed faster at 8 x 768K and 8 x 256K at each of 512,
 # 1024 and 2048 (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to
 # those topks. Below 256K only topk 1024 has been timed with it.
