@@ -202,10 +202,10 @@ SCORE_GATHER_MAXNREG = 64
 # layers pass through L2 between two of its steps), so the band now follows the L2-cold step
 # (split_decode.py --cold: the L2 overwritten before each replay, cold_rules_round.sh; three runs
 # on two H100s, the same bits; benchmark/results/NOTES.md, "The gate ahead from one request of
-# 128K"): against the step after it, 0.95-0.96x, 0.94-0.95x and 0.95-0.96x at two, four and eight
+# 128K"): against the step after it, 0.94-0.95x, 0.95-0.96x and 0.96-0.97x at two, four and eight
 # requests of 128K in every run, 0.96x, 0.97x and 1.02x at one. Warm, eight requests still read
-# 1.05-1.09x. Left after it: 8 of 64K (1.11x cold), 16 of 64K and 32 of 32K (0.98-1.00x cold,
-# slower warm). Where the sample's scoring and the gate outlast the score kernel, the gathering
+# 1.06-1.09x. Left after it: 8 of 64K (1.10x cold), 16 of 64K and 32 of 32K (0.98-0.99x cold,
+# 1.08-1.11x warm). Where the sample's scoring and the gate outlast the score kernel, the gathering
 # waits for them. Like the other settings here, they are read by a signature's first call; later
 # calls of it replay its launches (indexer_topk.replay).
 SCORED_GATE_MIN_WIDTH = 40960
