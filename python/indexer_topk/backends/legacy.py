@@ -254,12 +254,9 @@ def _check_row_select() -> None:
     or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten), and
     ``ROWS_MAXNREG`` None or a register count that leaves each warps setting's program within
     ``REGISTERS_PER_PROGRAM`` (the launch would fail after the score kernel ran)."""
-    def warps(v):
-        return 1 <= v <= 32 and v & (v - 1) == 0
-
-    _check_int_setting("ROWS_WARPS", ROWS_WARPS, warps, "a power of two from 1 to 32")
+    _check_int_setting("ROWS_WARPS", ROWS_WARPS, _is_warps, "a power of two from 1 to 32")
     if ROWS_FEW_WARPS is not None:
-        _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, warps, "None or a power of two from 1 to 32")
+        _check_int_setting("ROWS_FEW_WARPS", ROWS_FEW_WARPS, _is_warps, "None or a power of two from 1 to 32")
     _check_int_setting("ROWS_PROGRAMS_PER_SM", ROWS_PROGRAMS_PER_SM, lambda v: v > 0, "a positive int")
     if ROWS_MAXNREG is not None:
         _check_int_setting("ROWS_MAXNREG", ROWS_MAXNREG, lambda v: 1 <= v <= 255, "None or registers a thread, 1 to 255")
@@ -285,6 +282,11 @@ def row_sort_bits(rows: int, width: int) -> int:
         return ROWS_SORT_BITS
     least = ROWS_NARROW_MIN_ROWS if width <= ROWS_TILE else ROWS_NARROW_MIN_ROWS_LONG
     return 32 if rows >= least else 64
+
+
+def _is_warps(value: int) -> bool:
+    """A warps count Triton takes: a power of two from 1 to 32."""
+    return 1 <= value <= 32 and value & (value - 1) == 0
 
 
 def _is_int(value) -> bool:
@@ -524,12 +526,9 @@ def _check_split_warps() -> None:
     """``ValueError`` naming the split finish's warps setting it cannot take: ``SPLIT_WARPS`` a
     power of two from 1 to 32 (Triton's warps), ``SPLIT_FEW_WARPS`` None or one, and
     ``SPLIT_FEW_ROWS`` a count of rows."""
-    def warps(v):
-        return 1 <= v <= 32 and v & (v - 1) == 0
-
-    _check_int_setting("SPLIT_WARPS", SPLIT_WARPS, warps, "a power of two from 1 to 32")
+    _check_int_setting("SPLIT_WARPS", SPLIT_WARPS, _is_warps, "a power of two from 1 to 32")
     if SPLIT_FEW_WARPS is not None:
-        _check_int_setting("SPLIT_FEW_WARPS", SPLIT_FEW_WARPS, warps, "None or a power of two from 1 to 32")
+        _check_int_setting("SPLIT_FEW_WARPS", SPLIT_FEW_WARPS, _is_warps, "None or a power of two from 1 to 32")
     _check_int_setting("SPLIT_FEW_ROWS", SPLIT_FEW_ROWS, lambda v: v >= 0, "a count of rows")
 
 
