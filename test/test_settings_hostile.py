@@ -96,8 +96,8 @@ class Spy:
             self.launches.append((kernel, tuple(grid), kwargs))
             return real_launch(kernel, grid, *args, **kwargs)
 
-        def finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl):
-            real_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl)
+        def finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps):
+            real_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps)
             self.finishes.append((bufs[1].clone(), bufs[3].clone()))  # counts, hows (the interpreter: done)
 
         monkeypatch.setattr(legacy_backend, "launch", launch)

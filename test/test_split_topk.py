@@ -662,6 +662,21 @@ def test_split_finish_launch_takes_its_warps_by_rows(rows, warps, split_way, mon
     assert [k["num_warps"] for kernel, k in launched if kernel is gate_rows_kernel] == [legacy_backend.SPLIT_GATE_WARPS]
 
 
+def test_split_select_refuses_a_warps_setting_before_its_first_kernel(split_way, monkeypatch, device):
+    """Called on its own (a caller's decode step, as legacy_select does), the split select refuses
+    a finish warps setting Triton cannot take before its gate and gathering kernels launch, not
+    at the finish after them."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_FEW_WARPS", 12)
+    launched = []
+    monkeypatch.setattr(legacy_backend, "launch", lambda kernel, grid, *a, **k: launched.append(kernel))
+    keys = torch.zeros((2, 2048), dtype=torch.int32, device=device)
+    lens = torch.full((2,), 2048, dtype=torch.int32, device=device)
+    with pytest.raises(ValueError, match=r"legacy\.SPLIT_FEW_WARPS: "):
+        legacy_backend.split_select(keys, lens, page_table_for(2, 2048, device), topk=TOPK,
+                                    out=allocate_result(2, TOPK, device))
+    assert launched == []
+
+
 def test_split_sample_by_width(monkeypatch):
     """The gate kernel's sample: ``SPLIT_SAMPLE_SHORT`` keys where a row's best topk hold at
     least ``SPLIT_SAMPLE_HITS`` of them on average (128K tokens at topk 1024, 256K at the edge),

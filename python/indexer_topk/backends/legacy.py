@@ -600,6 +600,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     launched with programmatic dependent launch (see :func:`legacy_select`)."""
     keys = keys.view(torch.int32)
     bufs = _split_scratch(keys, topk, scratch, prof)
+    warps = split_finish_warps(keys.shape[0])  # its settings refused before the first kernel
     rows, width = keys.shape
     if rows == 0:
         return
@@ -612,7 +613,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
-    _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl)
+    _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps)
 
 
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
@@ -695,6 +696,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
         raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "
                          f"{key_matrix_width(inputs.page_table)} positions")
     bufs = _split_scratch(keys, topk, scratch, prof)
+    warps = split_finish_warps(keys.shape[0])  # its settings refused before the first kernel
     gates, counts, scales, _hows, cand, hist = bufs
     ka = pack_args(inputs)
     sample = split_sample(width, topk)
@@ -710,7 +712,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SCORED_GATE_WARPS,
            **pdl_options(pdl))
     _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
-    _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl)
+    _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl, warps)
 
 
 def _split_scratch(keys, topk, scratch, prof):
@@ -737,9 +739,9 @@ def _split_scratch(keys, topk, scratch, prof):
     return gates, counts, scales, hows, cand, hist
 
 
-def _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl):
-    """The split select's finishing kernel over ``keys``' rows (see :func:`split_select`; ``bufs``:
-    :func:`_split_scratch`'s)."""
+def _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps):
+    """The split select's finishing kernel over ``keys``' rows, of ``warps`` warps
+    (:func:`split_finish_warps`; see :func:`split_select`; ``bufs``: :func:`_split_scratch`'s)."""
     gates, counts, scales, hows, cand, hist = bufs
     rows, width = keys.shape
     parts = split_finish_parts(rows, topk, device_sm_count(keys.device))
@@ -747,7 +749,7 @@ def _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, 
            out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, gates, counts,
            scales, hows, hist, cand, counts if prof is None else prof, TOPK=topk, TILE=SPLIT_TILE,
            SAMPLE=SPLIT_SAMPLE, BINS=SPLIT_BINS, MAXSEG=SPLIT_MAXSEG, PARTS=parts, PROF=prof is not None, PDL=pdl,
-           num_warps=split_finish_warps(rows), **pdl_options(pdl))
+           num_warps=warps, **pdl_options(pdl))
 
 
 @launches_kernels
