@@ -39,9 +39,10 @@ def small_split(monkeypatch, device):
     return force_way(monkeypatch, device, "split", SPLIT_TILE=1024, SPLIT_SAMPLE=1024, SPLIT_BLOCK=256)
 
 
-def both_ways(wl, row_start=0, rows=None):
+def both_ways(wl, row_start=0, rows=None, group=1):
     """``(the gate ahead, four kernels)``: each ``(outputs, key matrix, scratch header)`` for rows
-    ``row_start .. row_start + rows`` of the decode batch ``wl``, outputs poisoned first."""
+    ``row_start .. row_start + rows`` of the decode batch ``wl``, outputs poisoned first; ``group``:
+    the score tile's rows (2: requests of two rows), in both ways."""
     inputs = wl.inputs()
     rows = wl.rows - row_start if rows is None else rows
     width = legacy_backend.key_matrix_width(wl.page_table)
@@ -54,9 +55,10 @@ def both_ways(wl, row_start=0, rows=None):
         need = legacy_backend.split_scratch_size(rows, wl.topk)
         scratch = torch.full((need + GUARD,), SENTINEL, dtype=torch.int32, device=wl.q.device)
         if scored:
-            legacy_backend.scored_split(inputs, keys, out=out, row_start=row_start, scratch=scratch[:need])
+            legacy_backend.scored_split(inputs, keys, out=out, row_start=row_start, scratch=scratch[:need], group=group)
         else:
-            legacy_backend.legacy_score(inputs, keys=keys, row_start=row_start, row_count=rows, rows_per_request=1)
+            legacy_backend.legacy_score(inputs, keys=keys, row_start=row_start, row_count=rows,
+                                        rows_per_request=group)
             legacy_backend.split_select(keys, wl.seq_lens, wl.page_table, topk=wl.topk, out=out, row_start=row_start,
                                         scratch=scratch[:need])
         assert bool((scratch[need:] == SENTINEL).all()), "a write past the scratch"
@@ -66,10 +68,10 @@ def both_ways(wl, row_start=0, rows=None):
     return got
 
 
-def assert_same_step(wl, row_start=0, rows=None, ways=None):
+def assert_same_step(wl, row_start=0, rows=None, ways=None, group=1):
     """The gate ahead and the four kernels (``ways``: :func:`both_ways`'s, run here when ``None``)
     agree on the key matrix, each row's header and the outputs; returns the outputs."""
-    (out3, keys3, head3), (out4, keys4, head4) = both_ways(wl, row_start, rows) if ways is None else ways
+    (out3, keys3, head3), (out4, keys4, head4) = both_ways(wl, row_start, rows, group) if ways is None else ways
     assert torch.equal(keys3, keys4), "key matrix"
     # the gate and scale of rows that took none (no longer than the tile) are left as they were
     lens = wl.seq_lens[row_start: row_start + keys3.shape[0]].clamp(0, keys3.shape[1]).cpu()
@@ -146,6 +148,59 @@ def test_gate_ahead_on_a_chunk_of_rows(small_split, device):
                        f"row {r}, outside the chunk")
 
 
+MTP_LENS = [5000, 1025, 4096, 300, 3000]  # a request's last row; its draft row one shorter
+
+
+def mtp_batch(device, pattern="random", seed=12, lens=MTP_LENS, topk=128):
+    """Requests of two rows (a decode step with one draft row of multi-token prediction each):
+    the rows of a request share its pages and differ in length by one position."""
+    return make_workload("sglang_fp8", context_tokens=[4 * n for n in lens], rows_per_request=[2] * len(lens),
+                         topk=topk, seed=seed, device=device, pattern=pattern)
+
+
+@pytest.mark.parametrize("pattern", ["random", "increasing", "equal", "zero_plateau", "nan_rows"])
+def test_gate_ahead_in_two_row_tiles(pattern, small_split, device):
+    """Requests of two rows, a request a score tile (``group=2``), lengths around the tile and
+    topk: the four-kernel step's outputs, key matrix and header (its score kernel in the same
+    two-row tiles), and the fp64 reference's selection."""
+    wl = mtp_batch(device, pattern)
+    lens = wl.seq_lens.cpu().tolist()
+    assert all(lens[2 * r] + 1 == lens[2 * r + 1] for r in range(len(MTP_LENS)))  # the draft row's length
+    out = assert_same_step(wl, group=2)
+    assert unwritten_slots(out) == []
+    assert_contract(out, wl)
+    if pattern in ("random", "increasing"):
+        assert_matches_reference(out, wl)
+
+
+def test_gate_ahead_in_two_row_tiles_off_the_requests(small_split, device):
+    """Two-row tiles that straddle requests (a chunk starting at an odd row, so each tile holds the
+    draft row of one request and the last row of the next, whose pages differ) and a chunk of an
+    odd number of rows (its last tile one row): the rows are scored apart, the same bits, and
+    rows beside the chunk keep their poison."""
+    wl = mtp_batch(device, seed=14)
+    for row_start, rows in ((1, 6), (0, 7), (3, 5)):
+        out = assert_same_step(wl, row_start=row_start, rows=rows, group=2)
+        inside = IndexerTopKResult(*(t[row_start: row_start + rows] for t in out))
+        assert unwritten_slots(inside) == []
+        for r in [r for r in range(wl.rows) if not row_start <= r < row_start + rows]:
+            assert_bitwise(IndexerTopKResult(*(t[r: r + 1] for t in out)), poisoned_result(1, wl.topk, device),
+                           f"row {r}, outside the chunk {row_start}+{rows}")
+
+
+def test_gate_ahead_in_two_row_tiles_with_scattered_pages(small_split, device):
+    """A request's two rows whose page-table rows differ (a caller's batch, not an engine's): the
+    tile scores each row's own pages, the same bits as the four kernels."""
+    wl = mtp_batch(device, seed=15, lens=[4000, 2600, 1500])
+    pt = wl.page_table.clone()
+    pt[1] = pt[1].flip(0)
+    pt[3, : pt.shape[1] // 2] = pt[3, : pt.shape[1] // 2].roll(7)
+    wl = dataclasses.replace(wl, page_table=pt)
+    out = assert_same_step(wl, group=2)
+    assert unwritten_slots(out) == []
+    assert_matches_reference(out, wl)
+
+
 def test_gate_ahead_reads_no_page_outside_the_cache(small_split, device):
     """Page ids outside the cache (the checks off) score as zeros in both ways, the same bits,
     and write nothing outside the outputs and the scratch."""
@@ -206,16 +261,18 @@ w = make_workload("sglang_fp8", context_tokens=[2000], rows_per_request=[1], top
 ka = pack_args(w.inputs(), launch=False)
 cfg = tile_config(w.inputs().layout)
 tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
+R = int(sys.argv[2])
 c = dict(LAYOUT=ka.layout, TMA=True, INTERPRET=False, STAGES=cfg.logits_stages, TOPK=64, TILE=1024, BLOCK=256,
-         BINS=64, PDL=True)
+         BINS=64, PDL=True, R=R)
 sig = report._signature(gather_logits_kernel, tensors, constexprs=c)
 print(report._compile(gather_logits_kernel, sig, c, 90, cfg.num_warps, cfg.logits_stages,
-                      SCORE_GATHER_MAXNREG).asm["ptx"])
+                      SCORE_GATHER_MAXNREG * R).asm["ptx"])
 """
 
 
-def test_gathering_score_kernel_touches_the_gates_scratch_only_after_waiting():
-    """Compiled for sm_90 here (no device, no interpreter), ``PDL``: the score kernel that
+@pytest.mark.parametrize("rows", [1, 2])
+def test_gathering_score_kernel_touches_the_gates_scratch_only_after_waiting(rows):
+    """Compiled for sm_90 here (no device, no interpreter), ``PDL``, one-row and two-row tiles: the score kernel that
     gathers starts while the gate is taken, so every global access of its gathering (the gate,
     scale, count, bins and candidates the gate kernel clears or writes, and the keys read back)
     must follow its ``griddepcontrol.wait``, and the keys read back must follow a CTA barrier
@@ -231,8 +288,8 @@ def test_gathering_score_kernel_touches_the_gates_scratch_only_after_waiting():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(repo / "python")
     report = repo / "benchmark" / "research" / "compile_report.py"
-    done = subprocess.run([sys.executable, "-c", _GATHER_PTX, str(report)], env=env, capture_output=True, text=True,
-                          timeout=900)
+    done = subprocess.run([sys.executable, "-c", _GATHER_PTX, str(report), str(rows)], env=env, capture_output=True,
+                          text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     files = {int(n): Path(name).name for n, name in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', done.stdout, re.M)}
     mem = re.compile(r"\b(ld|st|atom|red|cp\.async)\.(?:[\w:]+\.)*?global|\bcp\.async\S*\.global")
@@ -370,6 +427,74 @@ def test_scored_gate_way(monkeypatch):
 
 
 
+def test_scored_gate_way_for_requests_of_two_rows(monkeypatch):
+    """Requests of two rows take the gate ahead in two-row tiles while ``SCORED_GATE_MAX_ROWS`` is
+    2, not at 1, and never requests of three (no tile holds them); the width and batch rule reads
+    the requests, not the rows."""
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", None)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[2, 2], topk=128, seed=0,
+                       device="cpu")
+    inputs = wl.inputs()
+    assert legacy_backend.scored_gate_group(inputs, 1) == 1
+    assert legacy_backend.scored_gate_group(inputs, 2) == 2
+    assert legacy_backend.scored_gate_group(inputs, 3) is None
+    assert legacy_backend.scored_gate_group(inputs, None) is None
+    assert legacy_backend.scored_gate_way(inputs, 2, 4, 1024)
+    assert not legacy_backend.scored_gate_way(inputs, 3, 3, 1024)
+    assert not legacy_backend.scored_gate_way(inputs, 2, 4, 1023)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", ((1, 2, 1000),))
+    assert legacy_backend.scored_gate_way(inputs, 2, 4, 1023)  # two requests, in the band
+    assert not legacy_backend.scored_gate_way(inputs, 2, 6, 1023)  # three requests, past it
+    assert not legacy_backend.scored_gate_way(inputs, 1, 4, 1023)  # four one-row requests, past it
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 1)
+    assert legacy_backend.scored_gate_group(inputs, 2) is None
+    assert not legacy_backend.scored_gate_way(inputs, 2, 4, 1024)
+    assert legacy_backend.scored_gate_way(inputs, 1, 2, 1024)
+    mx = make_workload("sglang_mxfp4", context_tokens=[256], rows_per_request=[2], topk=128, seed=0, device="cpu")
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 2)
+    assert legacy_backend.scored_gate_group(mx.inputs(), 2) is None
+
+
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, None, "2"])
+def test_scored_gate_max_rows_refused_by_name(value, monkeypatch):
+    """A ``SCORED_GATE_MAX_ROWS`` the rule cannot read is refused by name, not read as a row count."""
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", value)
+    wl = make_workload("sglang_fp8", context_tokens=[256], rows_per_request=[2], topk=128, seed=0, device="cpu")
+    with pytest.raises(ValueError, match="SCORED_GATE_MAX_ROWS"):
+        legacy_backend.scored_gate_group(wl.inputs(), 2)
+    with pytest.raises(ValueError, match="SCORED_GATE_MAX_ROWS"):
+        legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=2)
+
+
+def test_legacy_decode_of_two_row_requests_takes_the_gate_ahead(small_split, monkeypatch, device):
+    """Requests of two rows (``rows_per_request=2``) launch the sample's scoring, the gate, the
+    score kernel that gathers in two-row tiles and the finish; with ``SCORED_GATE_MAX_ROWS = 1``
+    the four kernels, the same bits."""
+    launched = []
+    real = legacy_backend.launch
+
+    def spy(kernel, grid, *args, **kwargs):
+        launched.append((kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__, kwargs.get("R")))
+        return real(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(legacy_backend, "launch", spy)
+    monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
+    wl = mtp_batch(device, seed=16, lens=[5000, 2400])
+    ahead = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=2)
+    assert launched == [("score_sample_kernel", None), ("gate_rows_kernel", None), ("gather_logits_kernel", 2),
+                        ("finish_rows_kernel", None)]
+    launched.clear()
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 1)
+    four = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=2)
+    assert launched == [("logits_kernel", 2), ("gate_rows_kernel", None), ("gather_rows_kernel", None),
+                        ("finish_rows_kernel", None)]
+    assert unwritten_slots(ahead) == []
+    assert_bitwise(ahead, four, "two-row requests, the gate ahead against the four kernels")
+
+
 @pytest.mark.parametrize("rows,width,ahead", [
     (1, 16384, False), (8, 16384, False), (16, 16384, False), (1, 8192, False), (32, 8192, False),
     (1, 32768, True), (4, 32768, True), (6, 32768, True), (8, 32768, True), (11, 32768, True), (12, 32768, True),
@@ -445,3 +570,19 @@ def test_mixed_batch_gate_ahead_gpu(monkeypatch, device):
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
     ahead = it.indexer_topk(*wl.args(), **wl.kwargs(), backend="legacy", rows_per_request=1)
     assert_bitwise(ahead, four, "mixed batch")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", ["random", "increasing", "equal", "nan_rows"])
+@pytest.mark.parametrize("shape", [(1, 786432), (8, 786432), (32, 131072)], ids=["1x768K", "8x768K", "32x128K"])
+def test_gate_ahead_in_two_row_tiles_gpu(pattern, shape, monkeypatch, device):
+    """Requests of two rows (one draft row each) at DeepSeek-V4 decode widths, a request a tile:
+    the four-kernel step's bits, every slot written."""
+    requests, tokens = shape
+    monkeypatch.setattr(legacy_backend, "KTH_SEARCH", "split")
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
+    wl = make_workload("sglang_fp8", context_tokens=[tokens - 4096 * r for r in range(requests)],
+                       rows_per_request=[2] * requests, topk=1024, seed=17, device=device, pattern=pattern)
+    out = assert_same_step(wl, group=2)
+    assert unwritten_slots(out) == []

@@ -154,6 +154,10 @@ def main(argv=None) -> int:
                 k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
                              a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
                 print(f"{layout:13s} logits, gather  {_report(k)}")
+                const["R"] = cfg.rows  # requests of two rows (a draft row each), the cap per tile row
+                k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
+                             a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG * cfg.rows)
+                print(f"{layout:13s} gather, 2 rows  {_report(k)}")
                 const = dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, INTERPRET=False, PDL=True)
                 k = _compile(score_sample_kernel, _signature(score_sample_kernel, tensors, constexprs=const),
                              const, a.arch, cfg.num_warps, 1)

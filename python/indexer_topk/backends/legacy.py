@@ -183,8 +183,9 @@ SCORE_MIN_SPAN = 512
 SCORE_MIN_SPAN_ONE_ROW = 256
 SCORE_PROGRAMS_PER_SM = 8
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
-# registers a thread, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an SM as the plain
-# score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as two.
+# registers a thread per row of its tile, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an
+# SM as the plain score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as
+# two. A two-row tile gets twice the cap.
 SCORE_GATHER_MAXNREG = 64
 # The gate ahead of the score kernel (scored_split), by a decode chunk's width of the key matrix
 # (C4 positions: the page table's width, the batch's longest row) and its rows (a request each; a
@@ -214,6 +215,11 @@ SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 
 # 1024 and 2048 (benchmark/results/scored_gate/), so no topk is left out; a tuple keeps it to
 # those topks. Below 256K only topk 1024 has been timed with it.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
+# ... and for requests of two rows (a decode step with one draft row of multi-token prediction a
+# request, ``rows_per_request=2``) while this is 2: the score kernel then takes a request's two rows
+# in one tile, as legacy_score scores them, and gathers each; 1 keeps the gate ahead to one-row
+# requests. The rule above is read by requests (a chunk's score-tile groups), not rows.
+SCORED_GATE_MAX_ROWS = 2
 
 
 def split_sample(width: int, topk: int) -> int:
@@ -372,7 +378,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
                   pdl: bool = False) -> None:
     """The score kernel over rows ``row_start .. row_start + row_count`` into ``keys`` (``[row_count,
     width]`` int32, ``width > 0``), ``group`` rows a tile; ``ka``: :func:`pack_args` of ``inputs``.
-    ``gather``: the split select's buffers (:func:`_split_scratch`, one row a tile): the kernel that
+    ``gather``: the split select's buffers (:func:`_split_scratch`): the kernel that
     also gathers each span's keys reaching the gate, waiting for the gate only then with ``pdl``
     (:func:`scored_split`)."""
     cfg = tile_config(inputs.layout)
@@ -389,10 +395,12 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
         launch(logits_kernel, grid, *args, 0, width, span, R=group, **tile)
         return
     gates, counts, scales, _hows, cand, hist = gather
-    assert group == 1, "the score kernel gathers in one-row tiles"
+    # the cap is a tile row's: two-row tiles get the 128 the plain score kernel's take uncapped,
+    # and as many programs an SM (compiled for sm_90 uncapped, 145 registers, one program fewer)
+    cap = None if SCORE_GATHER_MAXNREG is None else SCORE_GATHER_MAXNREG * group
     launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
-           TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, **tile,
-           **launch_options(SCORE_GATHER_MAXNREG, ka.interpret), **pdl_options(pdl))
+           TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, R=group, **tile,
+           **launch_options(cap, ka.interpret), **pdl_options(pdl))
 
 
 def kth_keys(keys: torch.Tensor, topk: int, lengths: torch.Tensor):
@@ -618,17 +626,32 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
 
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
-    :func:`scored_split`: a decode batch (``rows_per_request=1``) of FP8 keys that
-    :func:`scored_gate_measured_faster` places there and the "split" select serves, at a ``topk``
-    of ``SCORED_GATE_TOPKS``, while ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region
-    holds the gate's sample (a ``topk`` of at least ``split_sample(width, topk) / CAND_PER_TOPK``:
-    103 with the shipped sample at the widths the gate ahead serves)."""
-    if (rows_per_request != 1 or inputs.layout is not Layout.SGLANG_FP8 or rows == 0 or width == 0
-            or not scored_gate_measured_faster(rows, width)
+    :func:`scored_split`: a decode batch of FP8 keys (``rows_per_request`` 1, or 2 while
+    ``SCORED_GATE_MAX_ROWS`` is 2) whose requests :func:`scored_gate_measured_faster` places there
+    and whose rows the "split" select serves, at a ``topk`` of ``SCORED_GATE_TOPKS``, while
+    ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region holds the gate's sample (a
+    ``topk`` of at least ``split_sample(width, topk) / CAND_PER_TOPK``: 103 with the shipped sample
+    at the widths the gate ahead serves)."""
+    if (scored_gate_group(inputs, rows_per_request) is None or rows == 0 or width == 0
+            or not scored_gate_measured_faster(-(-rows // rows_per_request), width)
             or (SCORED_GATE_TOPKS is not None and inputs.topk not in SCORED_GATE_TOPKS)
             or split_sample(width, inputs.topk) > CAND_PER_TOPK * inputs.topk):
         return False
     return _select_mode(rows, width, inputs.device) == "split" and envs.INDEXER_TOPK_SCORED_GATE.get()
+
+
+def scored_gate_group(inputs: IndexerInputs, rows_per_request: Optional[int]) -> Optional[int]:
+    """The score tile's rows a group when :func:`scored_split` may serve this decode batch of FP8
+    keys: 1 for one-row requests, the tile's rows (2) for requests of that many rows while
+    ``SCORED_GATE_MAX_ROWS`` allows it (a group is then one request, its pages shared); ``None``
+    for any other batch, or another layout."""
+    _check_scored_gate()
+    if inputs.layout is not Layout.SGLANG_FP8 or not _is_int(rows_per_request):
+        return None
+    if rows_per_request == 1:
+        return 1
+    tile_rows = tile_config(inputs.layout).rows
+    return tile_rows if rows_per_request == tile_rows <= SCORED_GATE_MAX_ROWS else None
 
 
 def scored_gate_measured_faster(rows: int, width: int) -> bool:
@@ -646,8 +669,9 @@ def scored_gate_measured_faster(rows: int, width: int) -> bool:
 def _check_scored_gate() -> None:
     """``ValueError`` naming the gate ahead's setting it cannot read: ``SCORED_GATE_MIN_WIDTH`` a
     width, ``SCORED_GATE_NARROW`` ``None`` or a tuple of ``(fewest rows, most rows or None, least
-    width)`` triples of Python ints at least 0, the most rows no fewer than the fewest, and
-    ``SCORED_GATE_TOPKS`` ``None`` or a tuple of Python ints."""
+    width)`` triples of Python ints at least 0, the most rows no fewer than the fewest,
+    ``SCORED_GATE_MAX_ROWS`` a Python int of at least 1, and ``SCORED_GATE_TOPKS`` ``None`` or a
+    tuple of Python ints."""
     _check_int_setting("SCORED_GATE_MIN_WIDTH", SCORED_GATE_MIN_WIDTH, lambda v: v >= 0, "a width in C4 positions")
 
     def count(v) -> bool:
@@ -663,6 +687,7 @@ def _check_scored_gate() -> None:
         raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_NARROW: expected None or a tuple of (fewest rows, "
                          "most rows or None, least width) triples of Python ints at least 0, the most rows no "
                          f"fewer than the fewest; {bad!r} ({_type_names(bad)}) is not")
+    _check_int_setting("SCORED_GATE_MAX_ROWS", SCORED_GATE_MAX_ROWS, lambda v: v >= 1, "1 or more rows a request")
     topks = SCORED_GATE_TOPKS
     if topks is not None and (not isinstance(topks, tuple) or not all(_is_int(k) for k in topks)):
         raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_TOPKS: expected None or a tuple of Python ints, "
@@ -671,11 +696,14 @@ def _check_scored_gate() -> None:
 
 @launches_kernels
 def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_start=0, scratch=None, prof=None,
-                 pdl: bool = False) -> None:
+                 pdl: bool = False, group: int = 1) -> None:
     """:func:`legacy_score` then :func:`split_select` of rows ``row_start .. row_start + rows`` of
-    a decode batch (one query row a request, FP8 keys; ``keys``: their ``[rows, width]`` key
-    matrix, written in full), with the same bits in ``out``, in ``keys`` and in ``scratch``
-    (arguments as there), the gate ahead of the score kernel: the gate's sample is scored from
+    a decode batch (FP8 keys; ``keys``: their ``[rows, width]`` key matrix, written in full), with
+    the same bits in ``out``, in ``keys`` and in ``scratch`` (arguments as there), the gate ahead
+    of the score kernel. ``group``: rows a score tile, 1 (one query row a request) or the tile's
+    rows (2: requests of two rows, each request's rows at an even row of the batch, as
+    :func:`scored_gate_group` gives it; other pairings are scored apart, slower, with the same
+    bits): the gate's sample is scored from
     the cache (:func:`indexer_topk.kernels.scored_gate.score_sample_kernel`), the gate taken from
     it, and the score kernel gathers the keys of its own span that reach the gate
     (:func:`indexer_topk.kernels.logits.gather_logits_kernel`). ``pdl``: the score kernel scores
@@ -692,6 +720,9 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
         raise ValueError(f"scored_split: expected sglang_fp8 keys, got {inputs.layout}")
     if row_start < 0 or row_start + rows > inputs.rows:
         raise ValueError(f"scored_split: rows {row_start}..{row_start + rows} outside the batch's {inputs.rows}")
+    if group not in (1, tile_config(inputs.layout).rows):
+        raise ValueError(f"scored_split: a group of {group!r} rows; expected 1 or the score tile's "
+                         f"{tile_config(inputs.layout).rows}")
     if width != key_matrix_width(inputs.page_table):
         raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "
                          f"{key_matrix_width(inputs.page_table)} positions")
@@ -711,7 +742,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
            TILE=SPLIT_TILE, SAMPLE=sample, BINS=SPLIT_BINS, PDL=pdl, SAMPLED=True,
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SCORED_GATE_WARPS,
            **pdl_options(pdl))
-    _launch_score(inputs, ka, keys, row_start, rows, 1, gather=bufs, pdl=pdl)
+    _launch_score(inputs, ka, keys, row_start, rows, group, gather=bufs, pdl=pdl)
     _split_finish(keys, ka.seq_lens, ka.page_table, topk, out, row_start, bufs, prof, pdl, warps)
 
 
@@ -797,7 +828,7 @@ def legacy_indexer_topk(
         n = min(chunk, rows - r0)
         keys = storage[:n]
         if scored_gate_way(inputs, rows_per_request, n, width):
-            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl)
+            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=scored_gate_group(inputs, rows_per_request))
             continue
         legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)

@@ -56,28 +56,31 @@ def gather_logits_kernel(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
     weight_scale, keys, stride_keys, width, span, gates, counts, scales, hist, cand,
     LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr, TOPK: tl.constexpr,
-    TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
+    TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False, R: tl.constexpr = 1,
 ):
-    """:func:`logits_kernel` of one row a group (``R = 1``, ``col0 = 0``) that also does the
-    split select's gathering (:func:`.split_topk.gather_rows_kernel`) over its own span: the
+    """:func:`logits_kernel` (``col0 = 0``) that also does the split select's gathering
+    (:func:`.split_topk.gather_rows_kernel`) over its own span, for each row of its group: the
     keys it stored that reach the row's gate, read back, appended to the row's candidate buffer
-    and counted in its bins. The gate, the zero count and the cleared bins come from the kernel
+    and counted in its bins. ``R``: rows a group, 1 for one-row requests, 2 for requests of two
+    rows (a draft row of multi-token prediction beside each), whose pages the group shares. The gate, the zero count and the cleared bins come from the kernel
     before it (:func:`.split_topk.gate_rows_kernel` of a sample scored on its own,
     :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while those run
     and waits for them only once its own keys are scored, so the gate's work hides under the
     scoring, and the gathering's launch and its second pass over the matrix go."""
     _score_program(
         q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
-        weight_scale, keys, stride_keys, 0, width, span, LAYOUT, 1, TMA, INTERPRET, STAGES,
+        weight_scale, keys, stride_keys, 0, width, span, LAYOUT, R, TMA, INTERPRET, STAGES,
     )
     tl.debug_barrier()  # the program's keys are stored before its threads read each other's back
-    wait_for_producer(PDL)  # the row's gate and its cleared count and bins
-    i = tl.program_id(0)
-    n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
-    if n > TILE:
-        lo = tl.program_id(1) * span
-        gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts, scales, hist,
-                   cand, TOPK, BLOCK, BINS)
+    wait_for_producer(PDL)  # the rows' gates and their cleared counts and bins
+    lo = tl.program_id(1) * span
+    for j in tl.static_range(R):
+        i = tl.program_id(0) * R + j  # the row's index in the chunk
+        if row_start + i < n_rows:  # a last group of an odd chunk has one row
+            n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
+            if n > TILE:
+                gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts, scales,
+                           hist, cand, TOPK, BLOCK, BINS)
 
 
 @triton.jit
