@@ -434,6 +434,7 @@ def test_scored_gate_way_for_requests_of_two_rows(monkeypatch):
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_MIN_WIDTH", 1024)
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_NARROW", None)
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_TOPKS", None)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 2)
     monkeypatch.setenv("INDEXER_TOPK_SCORED_GATE", "1")
     wl = make_workload("sglang_fp8", context_tokens=[256, 256], rows_per_request=[2, 2], topk=128, seed=0,
                        device="cpu")
@@ -470,9 +471,12 @@ def test_scored_gate_max_rows_refused_by_name(value, monkeypatch):
 
 
 def test_legacy_decode_of_two_row_requests_takes_the_gate_ahead(small_split, monkeypatch, device):
-    """Requests of two rows (``rows_per_request=2``) launch the sample's scoring, the gate, the
-    score kernel that gathers in two-row tiles and the finish; with ``SCORED_GATE_MAX_ROWS = 1``
-    the four kernels, the same bits."""
+    """Requests of two rows (``rows_per_request=2``) with ``SCORED_GATE_MAX_ROWS = 2`` launch the
+    sample's scoring, the gate, the score kernel that gathers in two-row tiles and the finish; at
+    the shipped 1 the four kernels, the same bits."""
+    shipped = legacy_backend.SCORED_GATE_MAX_ROWS
+    assert shipped == 1
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 2)
     launched = []
     real = legacy_backend.launch
 
@@ -487,7 +491,7 @@ def test_legacy_decode_of_two_row_requests_takes_the_gate_ahead(small_split, mon
     assert launched == [("score_sample_kernel", None), ("gate_rows_kernel", None), ("gather_logits_kernel", 2),
                         ("finish_rows_kernel", None)]
     launched.clear()
-    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", 1)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_MAX_ROWS", shipped)
     four = legacy_backend.legacy_indexer_topk(wl.inputs(), rows_per_request=2)
     assert launched == [("logits_kernel", 2), ("gate_rows_kernel", None), ("gather_rows_kernel", None),
                         ("finish_rows_kernel", None)]

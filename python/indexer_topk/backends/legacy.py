@@ -217,9 +217,15 @@ SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 # ... and for requests of two rows (a decode step with one draft row of multi-token prediction a
 # request, ``rows_per_request=2``) while this is 2: the score kernel then takes a request's two rows
-# in one tile, as legacy_score scores them, and gathers each; 1 keeps the gate ahead to one-row
-# requests. The rule above is read by requests (a chunk's score-tile groups), not rows.
-SCORED_GATE_MAX_ROWS = 2
+# in one tile, as legacy_score scores them, and gathers each (the rule above read by requests, a
+# chunk's score-tile groups); 1 keeps the gate ahead to one-row requests. Measured on an H100
+# against the four kernels (split_decode.py --cold on the mix's bytes, the same bits;
+# benchmark/results/NOTES.md, "The gate ahead at requests of two rows"): slower at 32 x 768K
+# (0.4647 against 0.4509 ms warm, 0.4706 against 0.4568 L2-cold), 8 x 768K and 4-32 x 128K, where
+# the two-row tile's gathering took longer inside the score kernel (78 us at 32 x 768K) than the
+# gathering kernel of its own (67 us); faster only at one request of 768K (0.0424 against 0.0451
+# L2-cold). So 1.
+SCORED_GATE_MAX_ROWS = 1
 
 
 def split_sample(width: int, topk: int) -> int:
