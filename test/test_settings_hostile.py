@@ -444,6 +444,41 @@ def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
     assert legacy_backend.split_finish_warps(rows) == warps
 
 
+@pytest.mark.parametrize("name,value", [("SPLIT_PROGRAMS_PER_SM", 0), ("SPLIT_PROGRAMS_PER_SM", None),
+                                        ("SPLIT_PROGRAMS_PER_SM", 4.5), ("SPLIT_PROGRAMS_PER_SM", "np.int64"),
+                                        ("SPLIT_MORE_PROGRAMS_PER_SM", 0), ("SPLIT_MORE_PROGRAMS_PER_SM", True),
+                                        ("SPLIT_MORE_PROGRAMS_PER_SM", 16.0), ("SPLIT_MORE_PROGRAMS_ROWS", -1),
+                                        ("SPLIT_MORE_PROGRAMS_ROWS", None), ("SPLIT_MORE_PROGRAMS_ROWS", "64")])
+def test_split_gathering_programs_settings_it_cannot_take_are_refused(name, value, monkeypatch):
+    """The gathering kernel's programs an SM (``SPLIT_PROGRAMS_PER_SM``, ``SPLIT_MORE_PROGRAMS_PER_SM``
+    up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows) are counts: a float would reach the launch's grid,
+    0 would run one program a row. Anything else is refused naming the setting before any
+    kernel runs, the outputs untouched, and by :func:`split_runs` asked directly."""
+    if value == "np.int64":
+        import numpy as np
+
+        value = np.int64(4)
+    monkeypatch.setattr(legacy_backend, name, value)
+    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
+    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
+        legacy_backend.split_runs(1, 65536, 132)
+
+
+@pytest.mark.parametrize("more,rows,width,runs", [
+    (16, 64, 196608, 33), (16, 65, 196608, 9), (16, 16, 196608, 132), (16, 8, 16384, 16), (16, 1, 1000, 1),
+    (None, 64, 196608, 9), (None, 16, 196608, 33),
+])
+def test_split_gathering_programs_by_rows(more, rows, width, runs, monkeypatch):
+    """Up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows (64) a row's runs are ``SPLIT_MORE_PROGRAMS_PER_SM``
+    (16) an SM over the rows, past them (or with it None) ``SPLIT_PROGRAMS_PER_SM`` (4), never
+    more than the row's blocks of ``SPLIT_BLOCK`` keys and at least one; on 132 SMs."""
+    monkeypatch.setattr(legacy_backend, "SPLIT_PROGRAMS_PER_SM", 4)
+    monkeypatch.setattr(legacy_backend, "SPLIT_MORE_PROGRAMS_PER_SM", more)
+    monkeypatch.setattr(legacy_backend, "SPLIT_MORE_PROGRAMS_ROWS", 64)
+    monkeypatch.setattr(legacy_backend, "SPLIT_BLOCK", 1024)
+    assert legacy_backend.split_runs(rows, width, 132) == runs
+
+
 @pytest.mark.parametrize("cap", [None, 64])
 def test_row_select_takes_32_warps_under_a_cap_that_fits(cap, monkeypatch):
     """32 warps are refused only for the registers the cap gives them: with no cap (the compiler

@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     records = []
     lines = []
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
-             "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM")
+             "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
@@ -88,6 +88,7 @@ def main(argv=None) -> int:
                     if cfg and way == "split":
                         warps, pps = (int(x) for x in cfg.split(":"))
                         legacy_backend.SPLIT_WARPS, legacy_backend.SPLIT_PROGRAMS_PER_SM = warps, pps
+                        legacy_backend.SPLIT_MORE_PROGRAMS_PER_SM = None  # pps at every row count
                         name = f"split {cfg}"
                     elif cfg:
                         fields = [int(x) for x in cfg.split(":")]

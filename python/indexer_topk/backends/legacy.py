@@ -121,6 +121,18 @@ SPLIT_SAMPLE_SHORT = 1024
 SPLIT_SAMPLE_HITS = 16
 SPLIT_BLOCK = 1024
 SPLIT_PROGRAMS_PER_SM = 4
+# ... and up to SPLIT_MORE_PROGRAMS_ROWS rows, SPLIT_MORE_PROGRAMS_PER_SM gathering programs an SM
+# (split_runs; None: SPLIT_PROGRAMS_PER_SM at every chunk). A program's blocks are a chain of a
+# load and a returning atomic add each, so the kernel waits on latency, and more chains at once
+# (4 warps each: 16 fill an SM's 64 warps) shorten it. Measured on an H100 (split_decode.py --cold
+# on the mix's bytes, the same bits; benchmark/results/NOTES.md, "The gathering kernel's
+# programs"): 16 against 4 took the gathering kernel 67 -> 57 us and the step 456 -> 447 us
+# L2-cold at 64 rows (32 requests of 768K with a draft row each), 20 -> 16 and 145 -> 140 at 16
+# rows (8 of them); 32 read 52 and 442 at 64 rows but 142 at 16; rows of 16,384 keys and fewer
+# unchanged (their blocks, not this, bound the runs). Chunks past 64 rows (prefill chunks of 128
+# rows from 64K tokens take the split select) were not timed with it.
+SPLIT_MORE_PROGRAMS_PER_SM: Optional[int] = 16
+SPLIT_MORE_PROGRAMS_ROWS = 64
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
@@ -221,10 +233,10 @@ SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 # chunk's score-tile groups); 1 keeps the gate ahead to one-row requests. Measured on an H100
 # against the four kernels (split_decode.py --cold on the mix's bytes, the same bits;
 # benchmark/results/NOTES.md, "The gate ahead at requests of two rows"): slower at 32 x 768K
-# (0.4647 against 0.4509 ms warm, 0.4706 against 0.4568 L2-cold), 8 x 768K and 4-32 x 128K, where
-# the two-row tile's gathering took longer inside the score kernel (78 us at 32 x 768K) than the
-# gathering kernel of its own (67 us); faster only at one request of 768K (0.0424 against 0.0451
-# L2-cold). So 1.
+# (465 against 451 us warm, 471 against 457 L2-cold), 8 x 768K and 4-32 x 128K, where the two-row
+# tile's gathering took longer inside the score kernel (78 us at 32 x 768K) than the gathering
+# kernel of its own (67 us); faster only at one request of 768K (42.4 against 45.1 us L2-cold).
+# So 1.
 SCORED_GATE_MAX_ROWS = 1
 
 
@@ -520,9 +532,26 @@ def row_programs(rows: int, sm_count: int) -> Tuple[int, int]:
 
 
 def split_runs(rows: int, width: int, sm_count: int) -> int:
-    """Gathering programs per row of the "split" select: ``SPLIT_PROGRAMS_PER_SM`` an SM over
-    the batch, no more than the row's blocks."""
-    return max(1, min(-(-SPLIT_PROGRAMS_PER_SM * sm_count // rows), -(-width // SPLIT_BLOCK)))
+    """Gathering programs per row of the "split" select: ``SPLIT_MORE_PROGRAMS_PER_SM`` an SM over
+    the batch up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows, ``SPLIT_PROGRAMS_PER_SM`` past them (and
+    always where the first is None), no more than the row's blocks; ``ValueError`` naming a
+    setting it cannot take (:func:`_check_split_programs`)."""
+    _check_split_programs()
+    per_sm = SPLIT_PROGRAMS_PER_SM
+    if SPLIT_MORE_PROGRAMS_PER_SM is not None and rows <= SPLIT_MORE_PROGRAMS_ROWS:
+        per_sm = SPLIT_MORE_PROGRAMS_PER_SM
+    return max(1, min(-(-per_sm * sm_count // rows), -(-width // SPLIT_BLOCK)))
+
+
+def _check_split_programs() -> None:
+    """``ValueError`` naming the gathering programs' setting it cannot take: ``SPLIT_PROGRAMS_PER_SM``
+    a count of at least 1, ``SPLIT_MORE_PROGRAMS_PER_SM`` None or one, ``SPLIT_MORE_PROGRAMS_ROWS``
+    a count of rows."""
+    _check_int_setting("SPLIT_PROGRAMS_PER_SM", SPLIT_PROGRAMS_PER_SM, lambda v: v >= 1, "a count of at least 1")
+    if SPLIT_MORE_PROGRAMS_PER_SM is not None:
+        _check_int_setting("SPLIT_MORE_PROGRAMS_PER_SM", SPLIT_MORE_PROGRAMS_PER_SM, lambda v: v >= 1,
+                           "None or a count of at least 1")
+    _check_int_setting("SPLIT_MORE_PROGRAMS_ROWS", SPLIT_MORE_PROGRAMS_ROWS, lambda v: v >= 0, "a count of rows")
 
 
 def split_finish_warps(rows: int) -> int:
@@ -820,6 +849,7 @@ def legacy_indexer_topk(
     _check_row_select()  # likewise
     _check_scored_gate()  # likewise, though only decode chunks read it
     _check_split_warps()  # likewise
+    _check_split_programs()  # likewise
     chunk = chunk_rows(rows, width, budget_bytes)
     if workspace is not None and workspace.numel() < chunk * width * 4:
         workspace = None
