@@ -201,6 +201,23 @@ def test_gate_ahead_in_two_row_tiles_with_scattered_pages(small_split, device):
     assert_matches_reference(out, wl)
 
 
+def test_gate_ahead_in_two_row_tiles_on_garbage(small_split, device):
+    """Requests of two rows with what the checks would refuse (lengths negative, past the page
+    table, int32's extremes, the width exactly, rows of one request of different lengths far
+    apart; page ids outside the cache): both ways read no further than the key matrix and the
+    cache, the same bits, nothing written outside the outputs, the matrix and the scratch."""
+    wl = mtp_batch(device, seed=18, lens=[5000, 3000, 2000, 4000])
+    width = legacy_backend.key_matrix_width(wl.page_table)
+    lens = [-5, width + 100, 2**31 - 1, width, -(2**31), 1025, 3000, 7]
+    pt = wl.page_table.clone()
+    pt[0, 3] = -7
+    pt[1, 5] = wl.k_cache.shape[0] + 5
+    pt[6:, ::4] = 2**31 - 1
+    wl = dataclasses.replace(wl, seq_lens=torch.tensor(lens, dtype=torch.int32, device=device), page_table=pt)
+    out = assert_same_step(wl, group=2)
+    assert unwritten_slots(out) == []
+
+
 def test_gate_ahead_reads_no_page_outside_the_cache(small_split, device):
     """Page ids outside the cache (the checks off) score as zeros in both ways, the same bits,
     and write nothing outside the outputs and the scratch."""
