@@ -448,12 +448,15 @@ def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
                                         ("SPLIT_PROGRAMS_PER_SM", 4.5), ("SPLIT_PROGRAMS_PER_SM", "np.int64"),
                                         ("SPLIT_MORE_PROGRAMS_PER_SM", 0), ("SPLIT_MORE_PROGRAMS_PER_SM", True),
                                         ("SPLIT_MORE_PROGRAMS_PER_SM", 16.0), ("SPLIT_MORE_PROGRAMS_ROWS", -1),
-                                        ("SPLIT_MORE_PROGRAMS_ROWS", None), ("SPLIT_MORE_PROGRAMS_ROWS", "64")])
+                                        ("SPLIT_MORE_PROGRAMS_ROWS", None), ("SPLIT_MORE_PROGRAMS_ROWS", "64"),
+                                        ("SPLIT_GATHER_PREFETCH", 2), ("SPLIT_GATHER_PREFETCH", True),
+                                        ("SPLIT_GATHER_PREFETCH", None), ("SPLIT_GATHER_PREFETCH", 1.0)])
 def test_split_gathering_programs_settings_it_cannot_take_are_refused(name, value, monkeypatch):
     """The gathering kernel's programs an SM (``SPLIT_PROGRAMS_PER_SM``, ``SPLIT_MORE_PROGRAMS_PER_SM``
     up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows) are counts: a float would reach the launch's grid,
-    0 would run one program a row. Anything else is refused naming the setting before any
-    kernel runs, the outputs untouched, and by :func:`split_runs` asked directly."""
+    0 would run one program a row; their prefetch (``SPLIT_GATHER_PREFETCH``) is 0 or 1. Anything
+    else is refused naming the setting before any kernel runs, the outputs untouched, and by
+    :func:`split_runs` asked directly."""
     if value == "np.int64":
         import numpy as np
 

@@ -57,14 +57,16 @@ def gather_logits_kernel(
     weight_scale, keys, stride_keys, width, span, gates, counts, scales, hist, cand,
     LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr, TOPK: tl.constexpr,
     TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False, R: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False,
 ):
     """:func:`logits_kernel` (``col0 = 0``) that also does the split select's gathering
     (:func:`.split_topk.gather_rows_kernel`) over its own span, for each row of its group: the
     keys it stored that reach the row's gate, read back, appended to the row's candidate buffer
     and counted in its bins. ``R``: rows a group, 1 for one-row requests, 2 for requests of two
-    rows (a draft row of multi-token prediction beside each), whose pages the group shares. The gate, the zero count and the cleared bins come from the kernel
-    before it (:func:`.split_topk.gate_rows_kernel` of a sample scored on its own,
-    :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while those run
+    rows (a draft row of multi-token prediction beside each), whose pages the group shares;
+    ``PREFETCH``: see :func:`.split_topk.gather_run`. The gate, the zero count and the cleared
+    bins come from the kernel before it (:func:`.split_topk.gate_rows_kernel` of a sample scored
+    on its own, :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while those run
     and waits for them only once its own keys are scored, so the gate's work hides under the
     scoring, and the gathering's launch and its second pass over the matrix go."""
     _score_program(
@@ -79,7 +81,7 @@ def gather_logits_kernel(
         if n > TILE:
             lo = tl.program_id(1) * span
             gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts, scales,
-                       hist, cand, TOPK, BLOCK, BINS)
+                       hist, cand, TOPK, BLOCK, BINS, PREFETCH)
     else:
         lo = tl.program_id(1) * span
         for j in tl.static_range(R):
@@ -88,7 +90,7 @@ def gather_logits_kernel(
                 n = row_length(seq_lens, row_start + i, stride_keys)
                 if n > TILE:
                     gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts,
-                               scales, hist, cand, TOPK, BLOCK, BINS)
+                               scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH)
 
 
 @triton.jit

@@ -200,12 +200,13 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
 def gather_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist, cand, splits,
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
     gate, appended to its candidate buffer (``cand``: ``CAND_PER_TOPK * TOPK`` int32 a row, the
     buffer's ``BUF = 8 * TOPK`` keys then as many positions first) and counted in their bins
     (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the bins then the finishing kernel's
-    counters of where their runs fill)."""
+    counters of where their runs fill). ``PREFETCH``: see :func:`gather_run`."""
     wait_for_producer(PDL)
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
@@ -213,35 +214,56 @@ def gather_rows_kernel(
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
         lo = tl.program_id(1) * run
         gather_run(src + i.to(tl.int64) * stride_src, lo, tl.minimum(lo + run, n), i, gates, counts, scales, hist,
-                   cand, TOPK, BLOCK, BINS)
+                   cand, TOPK, BLOCK, BINS, PREFETCH)
 
 
 @triton.jit
 def gather_run(row, lo, hi, i, gates, counts, scales, hist, cand, TOPK: tl.constexpr, BLOCK: tl.constexpr,
-               BINS: tl.constexpr):
+               BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
     """The keys of ``row[lo:hi]`` (row ``i`` of the key matrix, positions ``lo .. hi - 1``) that
     reach the row's gate, appended to its candidate buffer and counted in its bins (see
-    :func:`gather_rows_kernel`)."""
+    :func:`gather_rows_kernel`). ``PREFETCH``: each block's keys are loaded while the block
+    before is appended, so a block's load waits behind the last one's returning atomic add no
+    longer; the same appends, block by block, in the same order."""
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     gate = tl.load(gates + i)
     if BINS > 0:
         scale = tl.load(scales + i).to(tl.float32, bitcast=True)
         hist_row = hist + i.to(tl.int64) * (2 * BINS)
+    else:  # unread without bins
+        scale = 0.0
+        hist_row = hist
     ck = cand + i.to(tl.int64) * (_CAND_PER_TOPK * TOPK)
     offs = tl.arange(0, BLOCK)
-    for c0 in range(lo, hi, BLOCK):
-        pos = c0 + offs
-        key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
-        enter = (pos < hi) & (key >= gate)
-        enter_i = enter.to(tl.int32)
-        n_in = tl.sum(enter_i, axis=0)
-        if n_in > 0:
-            dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
-            room = enter & (dst < BUF)
-            tl.store(ck + dst, key, mask=room)
-            tl.store(ck + BUF + dst, pos, mask=room)
-            if BINS > 0:
-                tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
+    if PREFETCH:
+        key = tl.load(row + lo + offs, mask=lo + offs < hi, other=KEY_MIN, eviction_policy="evict_first")
+        for c0 in range(lo, hi, BLOCK):
+            pos = c0 + offs
+            ahead = pos + BLOCK
+            following = tl.load(row + ahead, mask=ahead < hi, other=KEY_MIN, eviction_policy="evict_first")
+            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS)
+            key = following
+    else:
+        for c0 in range(lo, hi, BLOCK):
+            pos = c0 + offs
+            key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
+            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS)
+
+
+@triton.jit
+def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.constexpr, BINS: tl.constexpr):
+    """A block's keys ``key`` at positions ``pos`` (below ``hi`` taken) that reach ``gate``,
+    appended at row ``i``'s count to its buffer ``ck`` and counted in its bins."""
+    enter = (pos < hi) & (key >= gate)
+    enter_i = enter.to(tl.int32)
+    n_in = tl.sum(enter_i, axis=0)
+    if n_in > 0:
+        dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
+        room = enter & (dst < BUF)
+        tl.store(ck + dst, key, mask=room)
+        tl.store(ck + BUF + dst, pos, mask=room)
+        if BINS > 0:
+            tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
 # a function of its own in the machine code: inlined, its two tiles raised the finishing
