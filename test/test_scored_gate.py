@@ -221,8 +221,9 @@ def test_gate_ahead_in_two_row_tiles_on_garbage(small_split, device):
 @pytest.mark.parametrize("group,pattern", [(1, "random"), (1, "equal"), (1, "increasing"), (2, "random"),
                                            (2, "zero_plateau")])
 def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split, monkeypatch, device):
-    """``SPLIT_GATHER_PREFETCH = 1`` (each block's keys loaded while the block before is appended,
-    in the gathering kernel and inside the score kernel): both ways agree with each other and
+    """``SPLIT_GATHER_PREFETCH = 1`` and ``SCORED_GATE_PREFETCH = 1`` (each block's keys loaded
+    while the block before is appended, in the gathering kernel and inside the score kernel that
+    gathers): both ways agree with each other and
     with the shipped build's outputs, key matrix and headers, on runs of several blocks, a run's
     last block part full and rows no longer than the tile."""
     wl = (make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
@@ -230,6 +231,7 @@ def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split
           if group == 1 else mtp_batch(device, pattern, seed=19))
     shipped = both_ways(wl, group=group)
     monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_PREFETCH", 1)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_PREFETCH", 1)
     ahead = both_ways(wl, group=group)
     out = assert_same_step(wl, ways=ahead, group=group)
     assert unwritten_slots(out) == []

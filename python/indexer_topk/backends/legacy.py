@@ -133,12 +133,14 @@ SPLIT_PROGRAMS_PER_SM = 4
 # rows from 64K tokens take the split select) were not timed with it.
 SPLIT_MORE_PROGRAMS_PER_SM: Optional[int] = 16
 SPLIT_MORE_PROGRAMS_ROWS = 64
-# Whether the gathering (the gathering kernel's, and the gate ahead's inside the score kernel)
-# loads each block's keys while it appends the block before (1), rather than after (0): the
-# chain's load then waits behind the previous block's returning atomic add no longer. The same
-# appends in the same order, so the same bits (kernels/split_topk.py, gather_run). Not yet timed
-# on a GPU: 0.
+# Whether the gathering kernel loads each block's keys while it appends the block before (1),
+# rather than after (0): the chain's load then waits behind the previous block's returning atomic
+# add no longer. The same appends in the same order, so the same bits (kernels/split_topk.py,
+# gather_run). SCORED_GATE_PREFETCH: the same inside the score kernel that gathers (the gate
+# ahead), where the block held ahead costs registers under its cap (compiled for sm_90 at one row
+# a tile: 14 spilled loads against 1). Neither timed on a GPU yet: 0.
 SPLIT_GATHER_PREFETCH = 0
+SCORED_GATE_PREFETCH = 0
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
@@ -424,7 +426,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     cap = None if SCORE_GATHER_MAXNREG is None else SCORE_GATHER_MAXNREG * group
     launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
            TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, R=group,
-           PREFETCH=bool(SPLIT_GATHER_PREFETCH), **tile,
+           PREFETCH=bool(SCORED_GATE_PREFETCH), **tile,
            **launch_options(cap, ka.interpret), **pdl_options(pdl))
 
 
@@ -553,13 +555,14 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 def _check_split_programs() -> None:
     """``ValueError`` naming the gathering programs' setting it cannot take: ``SPLIT_PROGRAMS_PER_SM``
     a count of at least 1, ``SPLIT_MORE_PROGRAMS_PER_SM`` None or one, ``SPLIT_MORE_PROGRAMS_ROWS``
-    a count of rows, ``SPLIT_GATHER_PREFETCH`` 0 or 1."""
+    a count of rows, ``SPLIT_GATHER_PREFETCH`` and ``SCORED_GATE_PREFETCH`` 0 or 1."""
     _check_int_setting("SPLIT_PROGRAMS_PER_SM", SPLIT_PROGRAMS_PER_SM, lambda v: v >= 1, "a count of at least 1")
     if SPLIT_MORE_PROGRAMS_PER_SM is not None:
         _check_int_setting("SPLIT_MORE_PROGRAMS_PER_SM", SPLIT_MORE_PROGRAMS_PER_SM, lambda v: v >= 1,
                            "None or a count of at least 1")
     _check_int_setting("SPLIT_MORE_PROGRAMS_ROWS", SPLIT_MORE_PROGRAMS_ROWS, lambda v: v >= 0, "a count of rows")
     _check_int_setting("SPLIT_GATHER_PREFETCH", SPLIT_GATHER_PREFETCH, lambda v: v in (0, 1), "0 or 1")
+    _check_int_setting("SCORED_GATE_PREFETCH", SCORED_GATE_PREFETCH, lambda v: v in (0, 1), "0 or 1")
 
 
 def split_finish_warps(rows: int) -> int:
