@@ -876,7 +876,8 @@ def legacy_indexer_topk(
         n = min(chunk, rows - r0)
         keys = storage[:n]
         if scored_gate_way(inputs, rows_per_request, n, width):
-            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=scored_gate_group(inputs, rows_per_request))
+            group = scored_gate_group(inputs, rows_per_request)
+            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=group)
             continue
         legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)
