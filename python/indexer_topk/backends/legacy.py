@@ -766,9 +766,9 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
         raise ValueError(f"scored_split: expected sglang_fp8 keys, got {inputs.layout}")
     if row_start < 0 or row_start + rows > inputs.rows:
         raise ValueError(f"scored_split: rows {row_start}..{row_start + rows} outside the batch's {inputs.rows}")
-    if group not in (1, tile_config(inputs.layout).rows):
-        raise ValueError(f"scored_split: a group of {group!r} rows; expected 1 or the score tile's "
-                         f"{tile_config(inputs.layout).rows}")
+    tile_rows = tile_config(inputs.layout).rows
+    if group not in (1, tile_rows):
+        raise ValueError(f"scored_split: a group of {group!r} rows; expected 1 or the score tile's {tile_rows}")
     if width != key_matrix_width(inputs.page_table):
         raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "
                          f"{key_matrix_width(inputs.page_table)} positions")
@@ -872,12 +872,12 @@ def legacy_indexer_topk(
     # the select kernels follow the score kernel on the GPU, the gap between them hidden (a
     # matrix of no columns is not scored: then the select follows the caller's work)
     pdl = width > 0 and pdl_launch(device)
+    gate_group = scored_gate_group(inputs, rows_per_request)  # the gate ahead's tile, where a chunk takes it
     for r0 in range(0, rows, chunk):
         n = min(chunk, rows - r0)
         keys = storage[:n]
         if scored_gate_way(inputs, rows_per_request, n, width):
-            group = scored_gate_group(inputs, rows_per_request)
-            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=group)
+            scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=gate_group)
             continue
         legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
         legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)

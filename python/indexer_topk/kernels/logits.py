@@ -75,23 +75,14 @@ def gather_logits_kernel(
     )
     tl.debug_barrier()  # the program's keys are stored before its threads read each other's back
     wait_for_producer(PDL)  # the rows' gates and their cleared counts and bins
-    if R == 1:  # (the one-row build as it was before two-row tiles, instruction for instruction)
-        i = tl.program_id(0)
-        n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
-        if n > TILE:
-            lo = tl.program_id(1) * span
-            gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts, scales,
-                       hist, cand, TOPK, BLOCK, BINS, PREFETCH)
-    else:
-        lo = tl.program_id(1) * span
-        for j in tl.static_range(R):
-            i = tl.program_id(0) * R + j  # the row's index in the chunk
-            if row_start + i < n_rows:  # a last group of an odd chunk has one row
-                n = row_length(seq_lens, row_start + i, stride_keys)
-                if n > TILE:
-                    gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts,
-                               scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH)
-
+    lo = tl.program_id(1) * span
+    for j in tl.static_range(R):
+        i = tl.program_id(0) * R + j  # the row's index in the chunk
+        if row_start + i < n_rows:  # a last group of an odd chunk has one row
+            n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
+            if n > TILE:
+                gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts,
+                           scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH)
 
 @triton.jit
 def _score_program(
