@@ -139,7 +139,7 @@ SPLIT_MORE_PROGRAMS_ROWS = 64
 # gather_run). SCORED_GATE_PREFETCH: the same inside the score kernel that gathers (the gate
 # ahead), where the block held ahead costs registers under its cap (compiled for sm_90 at one row
 # a tile: 14 spilled loads against 1). Neither timed on a GPU yet: 0.
-SPLIT_GATHER_PREFETCH = 0
+SPLIT_GATHER_PREFETCH = 1
 SCORED_GATE_PREFETCH = 0
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
