@@ -129,8 +129,9 @@ SPLIT_PROGRAMS_PER_SM = 4
 # programs"): 16 against 4 took the gathering kernel 67 -> 57 us and the step 456 -> 447 us
 # L2-cold at 64 rows (32 requests of 768K with a draft row each), 20 -> 16 and 145 -> 140 at 16
 # rows (8 of them); 32 read 52 and 442 at 64 rows but 142 at 16; rows of 16,384 keys and fewer
-# unchanged (their blocks, not this, bound the runs). Chunks past 64 rows (prefill chunks of 128
-# rows from 64K tokens take the split select) were not timed with it.
+# unchanged (their blocks, not this, bound the runs). Past 64 rows it is no rule: at prefill chunks
+# of 128 rows 16 read 134 against 141 us at 192K random scores but 44 against 42 at 64K
+# increasing ones (benchmark/results/scored_gate/split_128_152d37c_h100/).
 SPLIT_MORE_PROGRAMS_PER_SM: Optional[int] = 16
 SPLIT_MORE_PROGRAMS_ROWS = 64
 # Whether the gathering kernel loads each block's keys while it appends the block before (1),
@@ -138,7 +139,11 @@ SPLIT_MORE_PROGRAMS_ROWS = 64
 # add no longer. The same appends in the same order, so the same bits (kernels/split_topk.py,
 # gather_run). SCORED_GATE_PREFETCH: the same inside the score kernel that gathers (the gate
 # ahead), where the block held ahead costs registers under its cap (compiled for sm_90 at one row
-# a tile: 14 spilled loads against 1). Neither timed on a GPU yet: 0.
+# a tile: 14 spilled loads against 1). Timed on an H100 (benchmark/results/scored_gate/
+# prefetch_fc3fc41_h100/ and split_128_152d37c_h100/, the same bits): in the gathering kernel it
+# is faster at every shape that kernel serves (the MTP step of 32 x 768K 447 -> 440 us L2-cold,
+# 65 requests of 128K 150 -> 148, the select of 128 rows from 192K tokens 159 -> 140); inside
+# the score kernel it is as fast or slower at every shape of the gate ahead, so it stays off there.
 SPLIT_GATHER_PREFETCH = 1
 SCORED_GATE_PREFETCH = 0
 SPLIT_WARPS = 16
