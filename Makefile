@@ -67,7 +67,7 @@ demo: $(STAMP)
 	$(BIN)/indexer-topk demo $(ARGS)
 
 test: $(STAMP)
-	@echo "==> CPU test suite in $(JOBS) processes: about 20 minutes on two cores, more on a busy"
+	@echo "==> CPU test suite in $(JOBS) processes: about 40 minutes on two cores, more on a busy"
 	@echo "    machine; a line per test file as it completes (kernels run under the Triton interpreter;"
 	@echo "    the first run also downloads SGLang's release to test the plugin on SGLang's own code)"
 	$(BIN)/python -m pytest -m "not gpu" -q -n $(JOBS) $(ARGS)
