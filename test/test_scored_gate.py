@@ -274,8 +274,9 @@ def test_gate_ahead_on_garbage_lengths(small_split, device):
 
 def test_scored_split_refuses_what_its_kernels_cannot_serve(small_split, device):
     """Rows past the batch (lengths, page-table rows and queries read unmasked, output rows
-    written), a matrix wider than the page table (sample positions past its rows) and MXFP4
-    keys (the sample is scored as FP8): refused before any launch."""
+    written), a matrix wider than the page table (sample positions past its rows), a group that
+    is not 1 or the score tile's rows as a Python int, and MXFP4 keys (the sample is scored as
+    FP8): refused before any launch."""
     wl = decode_like("sglang_fp8", device)
     width = legacy_backend.key_matrix_width(wl.page_table)
     out = poisoned_result(wl.rows, wl.topk, device)
@@ -283,6 +284,10 @@ def test_scored_split_refuses_what_its_kernels_cannot_serve(small_split, device)
         keys = torch.zeros((rows, cols), dtype=torch.int32, device=device)
         with pytest.raises(ValueError, match="scored_split"):
             legacy_backend.scored_split(wl.inputs(), keys, out=out, row_start=row_start)
+    keys = torch.zeros((2, width), dtype=torch.int32, device=device)
+    for group in (True, 2.0, 3, 0, None):  # True == 1 and 2.0 == 2 would reach the launch grid
+        with pytest.raises(ValueError, match="a group of"):
+            legacy_backend.scored_split(wl.inputs(), keys, out=out, group=group)
     mx = decode_like("sglang_mxfp4", device)
     keys = torch.zeros((2, legacy_backend.key_matrix_width(mx.page_table)), dtype=torch.int32, device=device)
     with pytest.raises(ValueError, match="sglang_fp8"):

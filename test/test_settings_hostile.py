@@ -337,11 +337,14 @@ def assert_refused_before_scoring(named: str, monkeypatch):
     ("SCORED_GATE_TOPKS", (1024.0,)), ("SCORED_GATE_TOPKS", [1024]),
     ("SCORED_GATE_MAX_ROWS", 0), ("SCORED_GATE_MAX_ROWS", None), ("SCORED_GATE_MAX_ROWS", 2.0),
     ("SCORED_GATE_MAX_ROWS", True), ("SCORED_GATE_MAX_ROWS", "np.int64(40960)"),
+    ("SCORE_GATHER_MAXNREG", 0), ("SCORE_GATHER_MAXNREG", 256), ("SCORE_GATHER_MAXNREG", 64.0),
+    ("SCORE_GATHER_MAXNREG", True), ("SCORE_GATHER_MAXNREG", "np.int64(40960)"),
 ])
 @pytest.mark.parametrize("call", ["fp8 decode", "fp8 prefill", "mxfp4 decode"])
 def test_scored_gate_settings_it_cannot_read_are_refused(name, value, call, monkeypatch):
     """The gate ahead's rule reads a width, bands of (fewest rows, most rows or None, least
-    width), a tuple of topks and the most rows a request, all Python ints: anything else is refused naming the setting
+    width), a tuple of topks and the most rows a request, all Python ints, and its score kernel a
+    register cap (None or 16-255): anything else is refused naming the setting
     before any kernel launches, the outputs untouched, on calls the rule is never asked about
     (a prefill chunk, MXFP4 keys) too."""
     import numpy as np

@@ -210,8 +210,9 @@ SCORE_PROGRAMS_PER_SM = 8
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
 # registers a thread per row of its tile, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an
 # SM as the plain score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as
-# two. A two-row tile gets twice the cap.
-SCORE_GATHER_MAXNREG = 64
+# two. A two-row tile gets twice the cap, up to the 255 a thread can address; None leaves the
+# registers to the compiler.
+SCORE_GATHER_MAXNREG: Optional[int] = 64
 # The gate ahead of the score kernel (scored_split), by a decode chunk's width of the key matrix
 # (C4 positions: the page table's width, the batch's longest row) and its rows (a request each; a
 # batch past the logits budget runs as several chunks): at every chunk from SCORED_GATE_MIN_WIDTH,
@@ -241,7 +242,7 @@ SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 
 # those topks. Below 256K only topk 1024 has been timed with it.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 # ... and for requests of two rows (a decode step with one draft row of multi-token prediction a
-# request, ``rows_per_request=2``) while this is 2: the score kernel then takes a request's two rows
+# request, ``rows_per_request=2``) while this is 2 or more: the score kernel then takes a request's two rows
 # in one tile, as legacy_score scores them, and gathers each (the rule above read by requests, a
 # chunk's score-tile groups); 1 keeps the gate ahead to one-row requests. Measured on an H100
 # against the four kernels (split_decode.py --cold on the mix's bytes, the same bits;
@@ -428,7 +429,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     gates, counts, scales, _hows, cand, hist = gather
     # the cap is a tile row's: two-row tiles get the 128 the plain score kernel's take uncapped,
     # and as many programs an SM (compiled for sm_90 uncapped, 145 registers, one program fewer)
-    cap = None if SCORE_GATHER_MAXNREG is None else SCORE_GATHER_MAXNREG * group
+    cap = None if SCORE_GATHER_MAXNREG is None else min(255, SCORE_GATHER_MAXNREG * group)
     launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
            TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, R=group,
            PREFETCH=bool(SCORED_GATE_PREFETCH), **tile,
@@ -547,7 +548,8 @@ def row_programs(rows: int, sm_count: int) -> Tuple[int, int]:
 
 def split_runs(rows: int, width: int, sm_count: int) -> int:
     """Gathering programs per row of the "split" select: ``SPLIT_MORE_PROGRAMS_PER_SM`` an SM over
-    the batch up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows, ``SPLIT_PROGRAMS_PER_SM`` past them (and
+    a chunk of up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows (``rows``: the chunk's, not the batch's),
+    ``SPLIT_PROGRAMS_PER_SM`` over a longer one (and
     always where the first is None), no more than the row's blocks; ``ValueError`` naming a
     setting it cannot take (:func:`_check_split_programs`)."""
     _check_split_programs()
@@ -678,7 +680,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
 def scored_gate_way(inputs: IndexerInputs, rows_per_request: Optional[int], rows: int, width: int) -> bool:
     """Whether :func:`legacy_indexer_topk` serves a chunk of ``rows`` rows of ``width`` keys by
     :func:`scored_split`: a decode batch of FP8 keys (``rows_per_request`` 1, or 2 while
-    ``SCORED_GATE_MAX_ROWS`` is 2) whose requests :func:`scored_gate_measured_faster` places there
+    ``SCORED_GATE_MAX_ROWS`` is 2 or more) whose requests :func:`scored_gate_measured_faster` places there
     and whose rows the "split" select serves, at a ``topk`` of ``SCORED_GATE_TOPKS``, while
     ``INDEXER_TOPK_SCORED_GATE`` is on, and whose candidate region holds the gate's sample (a
     ``topk`` of at least ``split_sample(width, topk) / CAND_PER_TOPK``: 103 with the shipped sample
@@ -721,8 +723,8 @@ def _check_scored_gate() -> None:
     """``ValueError`` naming the gate ahead's setting it cannot read: ``SCORED_GATE_MIN_WIDTH`` a
     width, ``SCORED_GATE_NARROW`` ``None`` or a tuple of ``(fewest rows, most rows or None, least
     width)`` triples of Python ints at least 0, the most rows no fewer than the fewest,
-    ``SCORED_GATE_MAX_ROWS`` a Python int of at least 1, and ``SCORED_GATE_TOPKS`` ``None`` or a
-    tuple of Python ints."""
+    ``SCORED_GATE_MAX_ROWS`` a Python int of at least 1, ``SCORED_GATE_TOPKS`` ``None`` or a
+    tuple of Python ints, and ``SCORE_GATHER_MAXNREG`` ``None`` or a Python int of 16 to 255."""
     _check_int_setting("SCORED_GATE_MIN_WIDTH", SCORED_GATE_MIN_WIDTH, lambda v: v >= 0, "a width in C4 positions")
 
     def count(v) -> bool:
@@ -739,6 +741,9 @@ def _check_scored_gate() -> None:
                          "most rows or None, least width) triples of Python ints at least 0, the most rows no "
                          f"fewer than the fewest; {bad!r} ({_type_names(bad)}) is not")
     _check_int_setting("SCORED_GATE_MAX_ROWS", SCORED_GATE_MAX_ROWS, lambda v: v >= 1, "1 or more rows a request")
+    if SCORE_GATHER_MAXNREG is not None:
+        _check_int_setting("SCORE_GATHER_MAXNREG", SCORE_GATHER_MAXNREG, lambda v: 16 <= v <= 255,
+                           "None or 16 to 255 registers a thread")
     topks = SCORED_GATE_TOPKS
     if topks is not None and (not isinstance(topks, tuple) or not all(_is_int(k) for k in topks)):
         raise ValueError("indexer_topk.backends.legacy.SCORED_GATE_TOPKS: expected None or a tuple of Python ints, "
@@ -772,7 +777,7 @@ def scored_split(inputs: IndexerInputs, keys, *, out: IndexerTopKResult, row_sta
     if row_start < 0 or row_start + rows > inputs.rows:
         raise ValueError(f"scored_split: rows {row_start}..{row_start + rows} outside the batch's {inputs.rows}")
     tile_rows = tile_config(inputs.layout).rows
-    if group not in (1, tile_rows):
+    if not _is_int(group) or group not in (1, tile_rows):
         raise ValueError(f"scored_split: a group of {group!r} rows; expected 1 or the score tile's {tile_rows}")
     if width != key_matrix_width(inputs.page_table):
         raise ValueError(f"scored_split: a key matrix of {width} columns for a page table of "

@@ -84,6 +84,7 @@ def gather_logits_kernel(
                 gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts,
                            scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH)
 
+
 @triton.jit
 def _score_program(
     q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
