@@ -103,6 +103,20 @@ def test_host_us_runs_and_their_median():
     assert runs[1] > 5000 and statistics.median(runs) < mean / 10
 
 
+def test_host_us_in_turn_takes_runs_in_turn():
+    """The steps take runs of ``HOST_RUN`` calls in turn, in reverse order every other round, each
+    mean over all its calls (a last run shorter) and each run's mean kept."""
+    calls = []
+    steps = {name: (lambda name=name: calls.append(name)) for name in "ab"}
+    got = mix.host_us_in_turn(steps, 2 * mix.HOST_RUN + 3, "cpu")
+    n = mix.HOST_RUN
+    assert calls == ["a"] * n + ["b"] * n + ["b"] * n + ["a"] * n + ["a"] * 3 + ["b"] * 3
+    for name in "ab":
+        mean, runs = got[name]
+        assert len(runs) == 3 and mean > 0
+        assert mean == pytest.approx((runs[0] * n + runs[1] * n + runs[2] * 3) / (2 * n + 3), rel=1e-6)
+
+
 def _script(name: str):
     """``benchmark/<name>.py`` loaded as a module."""
     import importlib.util

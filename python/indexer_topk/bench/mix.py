@@ -24,14 +24,14 @@ back-to-back calls without a sync (the calls after a shape's first, which replay
 and ``host_us_run_median`` the median of its runs' means (a run of :data:`HOST_RUN` calls that
 the host's scheduler interrupts moves the mean, not this); ``host_us_api`` the same for the
 Python API called directly (what the SGLang plugin calls: the difference is the operator's
-dispatch); ``host_us_first`` the host time of a shape's first call with warm kernels
-(validation, planning and recording); ``host_us_checked`` the wall time per call with
-``check_values=True`` (which syncs). Decode is replayed from a CUDA graph, as a server runs it:
-``ours_ms`` and ``sglang_ms`` on the bytes the replay before left in L2 wherever they fit,
-``ours_ms_cold`` and ``sglang_ms_cold`` with the L2 overwritten before each replay
-(:func:`.timing.l2_evictor`), the keys read from HBM as a server's step reads each layer's cache;
-each replay behind a spin of the GPU (:func:`.timing.queue_hold`), so that its events time its
-kernels, not the host's enqueueing of it.
+dispatch), the two timed run by run in turn (:func:`host_us_in_turn`); ``host_us_first`` the
+host time of a shape's first call with warm kernels (validation, planning and recording);
+``host_us_checked`` the wall time per call with ``check_values=True`` (which syncs). Decode is
+replayed from a CUDA graph, as a server runs it: ``ours_ms`` and ``sglang_ms`` on the bytes the
+replay before left in L2 wherever they fit, ``ours_ms_cold`` and ``sglang_ms_cold`` with the L2
+overwritten before each replay (:func:`.timing.l2_evictor`), the keys read from HBM as a
+server's step reads each layer's cache; each replay behind a spin of the GPU
+(:func:`.timing.queue_hold`), so that its events time its kernels, not the host's enqueueing of it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -188,6 +188,32 @@ def graph_times(step: Callable[[], None], *, iters: int, device, cold: bool = Fa
 HOST_RUN = 20  # back-to-back calls between syncs when timing host time
 
 
+def host_us_in_turn(steps: Dict[str, Callable[[], None]], calls: int, device) -> Dict[str, Tuple[float, List[float]]]:
+    """``{name: (mean, runs)}``: the mean host wall time per call (us) of each of ``steps`` over
+    ``calls`` calls, and each run's mean, made in runs of :data:`HOST_RUN` back-to-back calls with a
+    sync before each run (as :func:`host_us`), the steps taking runs in turn, in reverse order every
+    other round, so that no step is always timed first. Timed one after the other, the operator
+    read up to twice the Python API's host time at shapes of tens of milliseconds on one H100 host
+    (``benchmark/results/NOTES.md``): an order or a cost, which only timing them in turn tells apart."""
+    elapsed = {name: 0.0 for name in steps}
+    runs: Dict[str, List[float]] = {name: [] for name in steps}
+    done = 0
+    while done < calls:
+        n = min(HOST_RUN, calls - done)
+        for name in list(steps)[:: 1 if done // HOST_RUN % 2 == 0 else -1]:
+            step = steps[name]
+            synchronize(device)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                step()
+            took = time.perf_counter() - t0
+            elapsed[name] += took
+            runs[name].append(took / n * 1e6)
+        done += n
+    synchronize(device)
+    return {name: (elapsed[name] / calls * 1e6, runs[name]) for name in steps}
+
+
 def host_us(step: Callable[[], None], calls: int, device, runs: Optional[List[float]] = None) -> float:
     """Mean host wall time per call of ``calls`` calls, made back to back in runs of
     :data:`HOST_RUN` without a sync; between runs a sync, not counted, keeps a full launch queue
@@ -309,10 +335,10 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     first = (time.perf_counter() - t0) * 1e6
     if ms is None:
         ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
-    runs: List[float] = []
-    fields = {"ms": ms, "host_us_first": first, "host_us": host_us(path.step, host_calls, dev, runs)}
-    fields["host_us_run_median"] = statistics.median(runs)
-    fields["host_us_api"] = host_us(path.direct, host_calls, dev)
+    (op_us, runs), (api_us, _) = host_us_in_turn({"operator": path.step, "api": path.direct}, host_calls,
+                                                 dev).values()
+    fields = {"ms": ms, "host_us_first": first, "host_us": op_us, "host_us_run_median": statistics.median(runs),
+              "host_us_api": api_us}
     synchronize(dev)
     t0 = time.perf_counter()
     checked = max(5, host_calls // 20)
