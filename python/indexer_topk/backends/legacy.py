@@ -130,8 +130,8 @@ SPLIT_PROGRAMS_PER_SM = 4
 # L2-cold at 64 rows (32 requests of 768K with a draft row each), 20 -> 16 and 145 -> 140 at 16
 # rows (8 of them); 32 read 52 and 442 at 64 rows but 142 at 16; rows of 16,384 keys and fewer
 # unchanged (their blocks, not this, bound the runs). Past 64 rows it is no rule: at prefill chunks
-# of 128 rows 16 read 134 against 141 us at 192K random scores but 44 against 42 at 64K
-# increasing ones (benchmark/results/scored_gate/split_128_152d37c_h100/).
+# of 128 rows 16 read 134 against 141 us on rows of 196,608 keys of random scores but 44 against
+# 42 on rows of 65,536 increasing ones (benchmark/results/scored_gate/split_128_152d37c_h100/).
 SPLIT_MORE_PROGRAMS_PER_SM: Optional[int] = 16
 SPLIT_MORE_PROGRAMS_ROWS = 64
 # Whether the gathering kernel loads each block's keys while it appends the block before (1),
@@ -142,7 +142,7 @@ SPLIT_MORE_PROGRAMS_ROWS = 64
 # a tile: 14 spilled loads against 1). Timed on an H100 (benchmark/results/scored_gate/
 # prefetch_fc3fc41_h100/ and split_128_152d37c_h100/, the same bits): in the gathering kernel it
 # is faster at every shape that kernel serves (the MTP step of 32 x 768K 447 -> 440 us L2-cold,
-# 65 requests of 128K 150 -> 148, the select of 128 rows from 192K tokens 159 -> 140); inside
+# 65 requests of 128K 150 -> 148, the select of 128 rows of 196,608 keys 159 -> 140); inside
 # the score kernel it is as fast or slower at every shape of the gate ahead, so it stays off there.
 SPLIT_GATHER_PREFETCH = 1
 SCORED_GATE_PREFETCH = 0
