@@ -223,9 +223,9 @@ def test_gate_ahead_in_two_row_tiles_on_garbage(small_split, device):
 def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split, monkeypatch, device):
     """``SPLIT_GATHER_PREFETCH = 1`` and ``SCORED_GATE_PREFETCH = 1`` (each block's keys loaded
     while the block before is appended, in the gathering kernel and inside the score kernel that
-    gathers): both ways agree with each other and
-    with the build without it (both 0): outputs, key matrix and headers, on runs of several blocks, a run's
-    last block part full and rows no longer than the tile."""
+    gathers): both ways agree with each other and with the build without it (both 0): outputs,
+    key matrix and headers, on runs of several blocks, a run's last block part full and rows no
+    longer than the tile."""
     wl = (make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
                         topk=128, seed=19, device=device, pattern=pattern)
           if group == 1 else mtp_batch(device, pattern, seed=19))

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the gathering's prefetch (each block's keys loaded while the block before is
-# appended: SPLIT_GATHER_PREFETCH=1 in the gathering kernel, SCORED_GATE_PREFETCH=1 inside the
-# score kernel that gathers) against the shipped gathering, each step under a limit of
-# its own and all under TOTAL_S; logs under $OUT, a short table last:
+# appended), each switch against the shipped build: SPLIT_GATHER_PREFETCH=0 (the gathering kernel
+# without it; shipped on since 152d37c) and SCORED_GATE_PREFETCH=1 (inside the score kernel that
+# gathers; shipped off), each step under a limit of its own and all under TOTAL_S; logs under
+# $OUT, a short table last:
 # 1. split_decode.py on the mix's bytes, warm and L2-cold, every digest against the shipped
 #    step's: the gathering kernel (MTP steps, 65 one-row requests of 128K) and the gathering inside
 #    the score kernel (the gate ahead at one to 32 requests of 128K and 768K);
@@ -11,7 +12,7 @@
 #   bash benchmark/research/prefetch_round.sh
 # shellcheck source=benchmark/research/round_env.sh
 source "$(dirname "$0")/round_env.sh"
-decode_run prefetch "${AB_S:-300}" --iters 30 --cold --configs "SPLIT_GATHER_PREFETCH=1;SCORED_GATE_PREFETCH=1" \
+decode_run prefetch "${AB_S:-300}" --iters 30 --cold --configs "SPLIT_GATHER_PREFETCH=0;SCORED_GATE_PREFETCH=1" \
   --shapes "${SHAPES:-32x768Kx2,8x768Kx2,65x128K,32x768K,8x768K,8x128K,1x128K}"
 timeout "$(limit "${TESTS_S:-220}")" python3 -c '
 import sys

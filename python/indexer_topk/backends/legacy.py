@@ -242,9 +242,9 @@ SCORED_GATE_NARROW: Optional[Tuple[Tuple[int, Optional[int], int], ...]] = ((1, 
 # those topks. Below 256K only topk 1024 has been timed with it.
 SCORED_GATE_TOPKS: Optional[Tuple[int, ...]] = None
 # ... and for requests of two rows (a decode step with one draft row of multi-token prediction a
-# request, ``rows_per_request=2``) while this is 2 or more: the score kernel then takes a request's two rows
-# in one tile, as legacy_score scores them, and gathers each (the rule above read by requests, a
-# chunk's score-tile groups); 1 keeps the gate ahead to one-row requests. Measured on an H100
+# request, ``rows_per_request=2``) while this is 2 or more: the score kernel then takes a
+# request's two rows in one tile, as legacy_score scores them, and gathers each (the rule above
+# read by requests, a chunk's score-tile groups); 1 keeps the gate ahead to one-row requests. Measured on an H100
 # against the four kernels (split_decode.py --cold on the mix's bytes, the same bits;
 # benchmark/results/NOTES.md, "The gate ahead at requests of two rows"): slower at 32 x 768K
 # (465 against 451 us warm, 471 against 457 L2-cold), 8 x 768K and 4-32 x 128K, where the two-row
@@ -549,9 +549,9 @@ def row_programs(rows: int, sm_count: int) -> Tuple[int, int]:
 def split_runs(rows: int, width: int, sm_count: int) -> int:
     """Gathering programs per row of the "split" select: ``SPLIT_MORE_PROGRAMS_PER_SM`` an SM over
     a chunk of up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows (``rows``: the chunk's, not the batch's),
-    ``SPLIT_PROGRAMS_PER_SM`` over a longer one (and
-    always where the first is None), no more than the row's blocks; ``ValueError`` naming a
-    setting it cannot take (:func:`_check_split_programs`)."""
+    ``SPLIT_PROGRAMS_PER_SM`` over a longer one (and always where the first is None), no more
+    than the row's blocks; ``ValueError`` naming a setting it cannot take
+    (:func:`_check_split_programs`)."""
     _check_split_programs()
     per_sm = SPLIT_PROGRAMS_PER_SM
     if SPLIT_MORE_PROGRAMS_PER_SM is not None and rows <= SPLIT_MORE_PROGRAMS_ROWS:

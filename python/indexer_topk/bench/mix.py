@@ -219,21 +219,10 @@ def host_us(step: Callable[[], None], calls: int, device, runs: Optional[List[fl
     :data:`HOST_RUN` without a sync; between runs a sync, not counted, keeps a full launch queue
     (a GPU slower than the host) from blocking the host and counting GPU time as host time.
     ``runs``: a list that gets each run's mean (us per call)."""
-    elapsed = 0.0
-    done = 0
-    while done < calls:
-        n = min(HOST_RUN, calls - done)
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(n):
-            step()
-        took = time.perf_counter() - t0
-        elapsed += took
-        done += n
-        if runs is not None:
-            runs.append(took / n * 1e6)
-    synchronize(device)
-    return elapsed / calls * 1e6
+    mean, per_run = host_us_in_turn({"step": step}, calls, device)["step"]
+    if runs is not None:
+        runs.extend(per_run)
+    return mean
 
 
 def selection_overlap(theirs: torch.Tensor, ours: torch.Tensor) -> float:
@@ -335,10 +324,9 @@ def time_ours(path: OurPath, shape: MixShape, *, iters: int, host_calls: int, ho
     first = (time.perf_counter() - t0) * 1e6
     if ms is None:
         ms = median_ms(path.step, warmup=2, iters=iters, device=dev)
-    (op_us, runs), (api_us, _) = host_us_in_turn({"operator": path.step, "api": path.direct}, host_calls,
-                                                 dev).values()
-    fields = {"ms": ms, "host_us_first": first, "host_us": op_us, "host_us_run_median": statistics.median(runs),
-              "host_us_api": api_us}
+    host = host_us_in_turn({"operator": path.step, "api": path.direct}, host_calls, dev)
+    fields = {"ms": ms, "host_us_first": first, "host_us": host["operator"][0],
+              "host_us_run_median": statistics.median(host["operator"][1]), "host_us_api": host["api"][0]}
     synchronize(dev)
     t0 = time.perf_counter()
     checked = max(5, host_calls // 20)

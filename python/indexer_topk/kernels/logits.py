@@ -66,9 +66,9 @@ def gather_logits_kernel(
     rows (a draft row of multi-token prediction beside each), whose pages the group shares;
     ``PREFETCH``: see :func:`.split_topk.gather_run`. The gate, the zero count and the cleared
     bins come from the kernel before it (:func:`.split_topk.gate_rows_kernel` of a sample scored
-    on its own, :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while those run
-    and waits for them only once its own keys are scored, so the gate's work hides under the
-    scoring, and the gathering's launch and its second pass over the matrix go."""
+    on its own, :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while
+    those run and waits for them only once its own keys are scored, so the gate's work hides
+    under the scoring, and the gathering's launch and its second pass over the matrix go."""
     _score_program(
         q_ptr, qs_ptr, w_ptr, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_ptr, stride_pt, seq_lens, n_rows, row_start,
         weight_scale, keys, stride_keys, 0, width, span, LAYOUT, R, TMA, INTERPRET, STAGES,
