@@ -107,7 +107,10 @@ def main():
         t0 = time.perf_counter()
         for _ in range(1000):
             calls.signature(tensors, (1, 2, 3))
-        print(f"   signature {1e3 * (time.perf_counter() - t0):.2f} us; route "
+        guard = ""
+        if getattr(known, "guard", None) is not None:  # a tree with the signature's guard
+            guard = f"; guard {host_us(lambda: known.guard.addresses(tensors, known.guard.scalars), 200, 'cuda'):.2f} us"
+        print(f"   signature {1e3 * (time.perf_counter() - t0):.2f} us{guard}; route "
               f"{host_us(lambda: indexer_topk.resolve_backend('auto', layout=known.layout, topk=1024, rows=known.rows, c4_len=known.c4_len), 200, 'cuda'):.1f} us")
     if not a.kth:
         return

@@ -71,6 +71,8 @@ def main():
         "API": direct,
         "  signature": lambda: calls.signature(tensors, scalars, *keyed),
         "  lookup": lambda: api._KNOWN.get(key),
+        **({"  or the guard instead": lambda: known.guard.addresses(tensors, scalars)}
+           if getattr(known, "guard", None) is not None else {}),
         "  replay switch": lambda: envs.INDEXER_TOPK_REPLAY.get(),
         "  overlap check": (lambda: calls.disjoint(ptrs, known.lengths, known.sized)) if hasattr(known, "sized")
         else (lambda: calls.disjoint(ptrs, known.lengths)),

@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 
 from .backends import require_runnable
-from .calls import KnownCall, KnownCalls, current_device_index, disjoint, raw_stream, signature
+from .calls import KnownCall, KnownCalls, current_device_index, disjoint, make_guard, raw_stream, signature
 from .contract import (
     PAGE_SIZE, IndexerInputs, IndexerTopKResult, _allocate_result, _check_values, allocate_result, validate_inputs,
 )
@@ -212,10 +212,16 @@ def indexer_topk(
     scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, backend,
                type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
-    key, ptrs = signature(tensors, scalars, _OFFSET_KEYED, _SIGN_KEYED)
-    if topk_key is _UNREAD or scale_key is _UNREAD:
-        key = None
-    known = _KNOWN.get(key) if key is not None and envs.INDEXER_TOPK_REPLAY.get() else None
+    replaying = envs.INDEXER_TOPK_REPLAY.get()
+    # the signature of the call before, checked by its guard, else the key built and looked up
+    known, ptrs = _KNOWN.guarded(tensors, scalars) if replaying else (None, None)
+    if known is None:
+        key, ptrs = signature(tensors, scalars, _OFFSET_KEYED, _SIGN_KEYED)
+        if topk_key is _UNREAD or scale_key is _UNREAD:
+            key = None
+        known = _KNOWN.get(key) if key is not None and replaying else None
+    else:
+        key = None  # unread: the call is known
     if known is None or not disjoint(ptrs, known.lengths, known.sized):
         # a call whose tensors overlap takes the full path and leaves the signature's record
         # alone: its launches, recorded, would name one buffer for two arguments
@@ -305,6 +311,7 @@ def _first_call(key, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_
         _check_auto_workspace(workspace, inputs)
     remember = key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get()
     if remember:
+        known.guard = make_guard(tensors, key[0], ptrs, _OFFSET_KEYED)
         _KNOWN.add(key, known)
     name = resolve_backend(backend, layout=known.layout, topk=topk, rows=known.rows, c4_len=known.c4_len)
     if name != "aiter" and workspace is not None and not isinstance(workspace, torch.Tensor):

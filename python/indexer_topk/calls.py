@@ -12,6 +12,9 @@ addresses, so the first call of a *signature* pays for them and the others skip 
   layout, the rows, the C4 positions of the page table, and per backend the
   :class:`~indexer_topk.replay.Replay` of its recorded launches (or ``None`` where the backend's
   host work is not a replayable sequence of launches).
+- The call found last is checked first by its :class:`SignatureGuard` (the same key's checks,
+  made by torch's C++ tensor guards without building the key): the layers of a forward pass
+  call one signature back to back. A call it refuses builds its key.
 - A later call of the key still checks what depends on addresses (that no two of its tensors
   share a byte: :func:`disjoint`), routes (the policy may answer differently during graph
   capture), runs the value checks when asked, and then replays.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from itertools import compress
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -36,11 +40,16 @@ MAX_KNOWN = 64
 
 _TENSOR = torch.Tensor
 
+try:  # torch's own tensor guards, in C++: what torch.compile checks a compiled graph's inputs with
+    from torch._C._dynamo.guards import TensorGuards as _TensorGuards
+except Exception:  # noqa: BLE001 - a torch without them: every call builds its key in Python
+    _TensorGuards = None
+
 
 class KnownCall:
     """What full validation established for one call signature (see the module docstring)."""
 
-    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "sized", "replays", "routes")
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "sized", "replays", "routes", "guard")
 
     def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int]):
         self.layout = layout
@@ -55,6 +64,7 @@ class KnownCall:
         # capturing or not -> (the policy asked, the backend ``auto`` stood for): the policy is
         # frozen, the call's shape fixed by the signature, so only a capture changes the answer
         self.routes: Dict[bool, tuple] = {}
+        self.guard: Optional[SignatureGuard] = None  # set where the signature is remembered
 
     def inputs(self, tensors: Sequence, topk: int) -> IndexerInputs:
         """The backends' :class:`~indexer_topk.contract.IndexerInputs` of a call of this signature
@@ -97,6 +107,64 @@ def signature(tensors: Sequence, scalars: tuple, offsets: Sequence[int] = (2,),
     return tuple(parts), ptrs
 
 
+class SignatureGuard:
+    """A remembered signature, checked again without building its key.
+
+    :func:`signature` reads five attributes of each of a call's dozen tensors in Python and
+    hashes the result: several microseconds a call, most of what a replayed call's host path
+    spends before its first launch. A guard holds what the key held and checks a later call
+    against it directly: the scalars and each argument's exact type compared as tuples; dtype,
+    shape, strides, device and dispatch keys (which carry negated and conjugate views) of the
+    tensors by torch's ``TensorGuards`` in one C++ call (every size and stride given, so none is
+    left unchecked; requires-grad is checked too, which the key does not hold: such a call
+    merely takes the key's path); the addresses modulo 16 and the keyed storage offsets as the
+    key holds them. A call it accepts has the signature's key; one it refuses may still have it
+    (the caller then builds the key). Where torch has no ``TensorGuards``, or they refuse these
+    tensors, :func:`make_guard` gives ``None`` and calls build their keys.
+    """
+
+    __slots__ = ("scalars", "types", "present", "tensors", "aligns", "offsets")
+
+    def __init__(self, tensors: Sequence, scalars: tuple, ptrs: Sequence[Optional[int]], offsets: Sequence[int]):
+        present = [t is not None for t in tensors]
+        live = list(compress(tensors, present))
+        self.scalars = scalars
+        self.types = tuple(map(type, tensors))
+        self.present = tuple(present)
+        self.tensors = _TensorGuards(*live, dynamic_dims_sizes=[list(t.shape) for t in live],
+                                     dynamic_dims_strides=[list(t.stride()) for t in live])
+        self.aligns = [p & 15 for p in compress(ptrs, present)]
+        self.offsets = tuple((i, tensors[i].storage_offset() & 15) for i in offsets
+                             if i < len(tensors) and tensors[i] is not None)
+
+    def addresses(self, tensors: Sequence, scalars: tuple) -> Optional[List[Optional[int]]]:
+        """The tensors' addresses (``None`` for no tensor) if ``tensors`` and ``scalars`` have
+        this guard's signature, else ``None``."""
+        if scalars != self.scalars or tuple(map(type, tensors)) != self.types:
+            return None
+        if not self.tensors.check(*compress(tensors, self.present)):
+            return None
+        ptrs = [None if t is None else t.data_ptr() for t in tensors]
+        if [p & 15 for p in compress(ptrs, self.present)] != self.aligns:
+            return None
+        for i, offset in self.offsets:
+            if tensors[i].storage_offset() & 15 != offset:
+                return None
+        return ptrs
+
+
+def make_guard(tensors: Sequence, scalars: tuple, ptrs: Sequence[Optional[int]],
+               offsets: Sequence[int] = (2,)) -> Optional[SignatureGuard]:
+    """A :class:`SignatureGuard` of a call whose :func:`signature` was remembered (``ptrs`` its
+    addresses, ``offsets`` as the key was built), or ``None`` where torch gives no guards."""
+    if _TensorGuards is None:
+        return None
+    try:
+        return SignatureGuard(tensors, scalars, ptrs, offsets)
+    except Exception:  # noqa: BLE001 - guards refused (a torch whose TensorGuards differ): keys instead
+        return None
+
+
 def disjoint(ptrs: Sequence[Optional[int]], lens: Sequence[int], sized: Optional[Sequence[int]] = None) -> bool:
     """Whether no two of the tensors (addresses ``ptrs``, ``None`` for no tensor; ``lens`` bytes)
     share a byte (empty tensors share none). ``sized``: the indices of the tensors with bytes,
@@ -123,12 +191,28 @@ class KnownCalls:
         self.limit = limit
         self._calls: "OrderedDict[tuple, KnownCall]" = OrderedDict()
         self._lock = threading.Lock()
+        # the call found last, checked first by its guard: the layers of a forward pass make one
+        # signature's calls back to back (one attribute, so threads swap it whole)
+        self.last: Optional[KnownCall] = None
 
     def get(self, key) -> Optional[KnownCall]:
         try:
-            return self._calls.get(key)
+            call = self._calls.get(key)
         except TypeError:  # an unhashable argument: nothing to remember it by
             return None
+        if call is not None and call.guard is not None:
+            self.last = call
+        return call
+
+    def guarded(self, tensors: Sequence, scalars: tuple):
+        """``(call, addresses)`` where the last call found has the signature of ``tensors`` and
+        ``scalars`` by its guard (:class:`SignatureGuard`); ``(None, None)`` otherwise."""
+        call = self.last
+        if call is not None:
+            ptrs = call.guard.addresses(tensors, scalars)
+            if ptrs is not None:
+                return call, ptrs
+        return None, None
 
     def add(self, key, call: KnownCall) -> None:
         try:
@@ -137,12 +221,17 @@ class KnownCalls:
             return
         with self._lock:
             self._calls[key] = call
+            if call.guard is not None:
+                self.last = call
             while len(self._calls) > self.limit:
-                self._calls.popitem(last=False)
+                _, gone = self._calls.popitem(last=False)
+                if gone is self.last:
+                    self.last = None
 
     def clear(self) -> None:
         with self._lock:
             self._calls.clear()
+            self.last = None
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -162,4 +251,5 @@ def raw_stream(device: torch.device, index: Optional[int] = None) -> int:
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
 
 
-__all__ = ["KnownCall", "KnownCalls", "MAX_KNOWN", "current_device_index", "disjoint", "raw_stream", "signature"]
+__all__ = ["KnownCall", "KnownCalls", "MAX_KNOWN", "SignatureGuard", "current_device_index", "disjoint", "make_guard",
+           "raw_stream", "signature"]
