@@ -39,7 +39,7 @@ def scalars_of(w, backend="legacy", **over):
              rpr=None, no_out=False, device=-1)
     s.update(over)
     return (type(s["topk"]), s["topk"], type(s["layout"]), s["layout"], type(s["scale"]), s["scale"], s["negzero"],
-            s["backend"], type(s["check"]), s["check"], s["rpr"], s["no_out"], s["device"])
+            type(s["backend"]), s["backend"], type(s["check"]), s["check"], s["rpr"], s["no_out"], s["device"])
 
 
 def key_of(tensors, scalars):
@@ -194,3 +194,80 @@ def test_clearing_or_forgetting_the_last_call_forgets_its_guard():
     assert known.last is call
     known.add(("another",), KnownCall(None, 1.0, 1, 0, torch.device("cpu"), [0]))  # evicts the first
     assert known.last is None and known.guarded(base, s) == (None, None)
+
+
+@needs_guards
+def test_a_negated_view_is_refused_while_the_thread_excludes_the_negated_views_key():
+    """Torch's dispatch-key guards (private) can make a negated view look plain to the tensor
+    guards: then the key decides, and validation refuses the view as on a first call."""
+    w = batch(seed=1)
+    it.indexer_topk(*w.args(), **w.kwargs(), backend="legacy", out=poisoned_result(w.rows, w.topk, "cpu"))
+    q, q_scale, k_cache, k_scale, weights, page_table, seq_lens = batch(seed=2).args()
+    negated = torch._neg_view(weights.neg())  # reads as weights, stored negated
+    for key in (torch._C.DispatchKey.Negative, torch._C.DispatchKey.Conjugate):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            assert api._KNOWN.guarded(call_tensors(w), scalars_of(w)) == (None, None)
+    with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Negative)):
+        with pytest.raises(ValueError, match="negated or conjugated view"):
+            it.indexer_topk(q, q_scale, k_cache, k_scale, negated, page_table, seq_lens, **w.kwargs(),
+                            backend="legacy", out=poisoned_result(w.rows, w.topk, "cpu"))
+
+
+@pytest.mark.parametrize("which", [5, 6])
+def test_negated_views_of_the_int_tensors_are_refused_on_a_replayed_signature(which):
+    """The key reads every tensor's negation bit (validation refuses a negated view of any), so
+    a call that differs from a replayed one only there is validated, not replayed."""
+    w = batch(seed=1)
+    for seed in (1, 2):
+        w2 = batch(seed=seed)
+        it.indexer_topk(*w2.args(), **w2.kwargs(), backend="legacy", check_values=False,
+                        out=poisoned_result(w.rows, w.topk, "cpu"))
+    args = list(batch(seed=3).args())
+    args[which] = torch._neg_view(args[which])
+    with pytest.raises(ValueError, match="negated or conjugated view"):
+        it.indexer_topk(*args, **w.kwargs(), backend="legacy", check_values=False,
+                        out=poisoned_result(w.rows, w.topk, "cpu"))
+
+
+@needs_guards
+def test_a_call_cleared_while_it_is_found_is_not_left_as_the_last():
+    """``get`` sets the call it found as the last one only while the map still holds it: a
+    clear between its lookup and that store leaves no stale guard serving later calls."""
+    w = batch()
+    base = call_tensors(w, poisoned_result(w.rows, w.topk, "cpu"))
+    s = scalars_of(w)
+    key, ptrs = key_of(base, s)
+    known = KnownCalls()
+    call = KnownCall(None, 1.0, w.rows, 0, torch.device("cpu"), [0] * len(base))
+    call.guard = make_guard(base, s, ptrs)
+    known.add(key, call)
+    known.last = None
+
+    class ClearedMidway(dict):
+        cleared = False
+
+        def get(self, k, default=None):
+            found = dict.get(self, k, default)
+            if not ClearedMidway.cleared:  # once: the lookup's, not the check under the lock
+                ClearedMidway.cleared = True
+                known.clear()
+            return found
+
+    known._calls = ClearedMidway(known._calls)
+    assert known.get(key) is call
+    assert len(known) == 0 and known.last is None and known.guarded(base, s) == (None, None)
+
+
+@needs_guards
+def test_a_backend_of_a_str_subclass_equal_to_anything_is_not_taken_for_the_remembered_one():
+    class Agreeable(str):
+        __hash__ = str.__hash__
+
+        def __eq__(self, other):
+            return True
+
+    w = batch()
+    base = call_tensors(w)
+    s = scalars_of(w)
+    guard = make_guard(base, s, key_of(base, s)[1])
+    assert guard.addresses(base, scalars_of(w, backend=Agreeable("fused"))) is None

@@ -209,8 +209,8 @@ def indexer_topk(
     # -0.0 equals 0.0 (and hashes alike) but ranks scores the other way round: its sign is keyed too
     negative_zero = type(scale_key) is float and scale_key == 0.0 and math.copysign(1.0, scale_key) < 0
     device_index = current_device_index()
-    scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, backend,
-               type(check_values), check_values, rows_per_request, out is None, device_index)
+    scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, type(backend),
+               backend, type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
     replaying = envs.INDEXER_TOPK_REPLAY.get()
     # the signature of the call before, checked by its guard, else the key built and looked up
@@ -281,10 +281,11 @@ def _known_route(known: KnownCall, backend: str, topk: int) -> str:
 
 _KNOWN = KnownCalls()
 _UNSEEN = object()
-# the signature's tensors whose storage offset validation checks (the key cache, the workspace)
-# and those a public view can negate (the float32 weights and values; see calls.signature)
+# the signature's tensors whose storage offset validation checks (the key cache, the workspace),
+# and those whose negated views it refuses: every one (a public view negates only the float32
+# weights and values, torch._neg_view any; see calls.signature)
 _OFFSET_KEYED = (2, 11)
-_SIGN_KEYED = (4, 7)
+_SIGN_KEYED = tuple(range(12))
 # Our Triton backends: their host work is planning and launches, which a replay repeats.
 _REPLAYABLE = ("legacy", "fused")
 

@@ -120,7 +120,10 @@ class SignatureGuard:
     merely takes the key's path); the addresses modulo 16 and the keyed storage offsets as the
     key holds them. A call it accepts has the signature's key; one it refuses may still have it
     (the caller then builds the key). Where torch has no ``TensorGuards``, or they refuse these
-    tensors, :func:`make_guard` gives ``None`` and calls build their keys.
+    tensors, :func:`make_guard` gives ``None`` and calls build their keys. The dispatch keys are
+    compared as the thread's settings leave them: while a thread excludes the negated or
+    conjugate views' keys (torch's private dispatch guards), such a view would look plain, so
+    the guard refuses every call and the key, which reads the views' bits, decides.
     """
 
     __slots__ = ("scalars", "types", "present", "tensors", "aligns", "offsets")
@@ -140,7 +143,7 @@ class SignatureGuard:
     def addresses(self, tensors: Sequence, scalars: tuple) -> Optional[List[Optional[int]]]:
         """The tensors' addresses (``None`` for no tensor) if ``tensors`` and ``scalars`` have
         this guard's signature, else ``None``."""
-        if scalars != self.scalars or tuple(map(type, tensors)) != self.types:
+        if scalars != self.scalars or tuple(map(type, tensors)) != self.types or _views_unkeyed():
             return None
         if not self.tensors.check(*compress(tensors, self.present)):
             return None
@@ -151,6 +154,20 @@ class SignatureGuard:
             if tensors[i].storage_offset() & 15 != offset:
                 return None
         return ptrs
+
+
+_NEGATIVE = _CONJUGATE = None
+if hasattr(torch._C, "_dispatch_tls_is_dispatch_key_excluded"):
+    _NEGATIVE, _CONJUGATE = torch._C.DispatchKey.Negative, torch._C.DispatchKey.Conjugate
+
+
+def _views_unkeyed() -> bool:
+    """Whether this thread excludes the dispatch key of negated or of conjugate views (or torch
+    cannot say): a guard's dispatch keys would not tell such a view from a plain tensor."""
+    if _NEGATIVE is None:
+        return True
+    excluded = torch._C._dispatch_tls_is_dispatch_key_excluded
+    return excluded(_NEGATIVE) or excluded(_CONJUGATE)
 
 
 def make_guard(tensors: Sequence, scalars: tuple, ptrs: Sequence[Optional[int]],
@@ -201,7 +218,9 @@ class KnownCalls:
         except TypeError:  # an unhashable argument: nothing to remember it by
             return None
         if call is not None and call.guard is not None:
-            self.last = call
+            with self._lock:  # not a call cleared or forgotten since the lookup
+                if self._calls.get(key) is call:
+                    self.last = call
         return call
 
     def guarded(self, tensors: Sequence, scalars: tuple):
