@@ -211,16 +211,20 @@ class KnownCalls:
         # the call found last, checked first by its guard: the layers of a forward pass make one
         # signature's calls back to back (one attribute, so threads swap it whole)
         self.last: Optional[KnownCall] = None
+        # bumped before each clear or eviction: a lookup that overlaps one does not set the last
+        # call (it may be the one forgotten), without a lock on the lookup's path
+        self._forgets = 0
 
     def get(self, key) -> Optional[KnownCall]:
+        forgets = self._forgets
         try:
             call = self._calls.get(key)
         except TypeError:  # an unhashable argument: nothing to remember it by
             return None
         if call is not None and call.guard is not None:
-            with self._lock:  # not a call cleared or forgotten since the lookup
-                if self._calls.get(key) is call:
-                    self.last = call
+            self.last = call
+            if self._forgets != forgets:  # cleared or evicted since the lookup: not left as the last
+                self.last = None
         return call
 
     def guarded(self, tensors: Sequence, scalars: tuple):
@@ -243,12 +247,14 @@ class KnownCalls:
             if call.guard is not None:
                 self.last = call
             while len(self._calls) > self.limit:
+                self._forgets += 1
                 _, gone = self._calls.popitem(last=False)
                 if gone is self.last:
                     self.last = None
 
     def clear(self) -> None:
         with self._lock:
+            self._forgets += 1
             self._calls.clear()
             self.last = None
 
