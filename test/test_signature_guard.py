@@ -11,22 +11,11 @@ from indexer_topk import api, calls
 from indexer_topk.calls import KnownCall, KnownCalls, make_guard, signature
 from indexer_topk.envs import envs
 from indexer_topk.guards import poisoned_result
-from indexer_topk.workload import make_workload
 
 from kernel_cases import assert_bitwise
+from test_replay_edges import batch, fresh_signatures  # noqa: F401 - the autouse fixture clears signatures here too
 
 needs_guards = pytest.mark.skipif(calls._TensorGuards is None, reason="this torch has no TensorGuards")
-
-
-@pytest.fixture(autouse=True)
-def fresh_signatures():
-    api._KNOWN.clear()
-    yield
-    api._KNOWN.clear()
-
-
-def batch(seed=1, rows=3, tokens=3000, topk=512):
-    return make_workload("sglang_fp8", context_tokens=[tokens], rows_per_request=[rows], topk=topk, seed=seed)
 
 
 def call_tensors(w, out=None, workspace=None):
