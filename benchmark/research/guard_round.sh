@@ -26,7 +26,8 @@ for t in before now now before; do
     > "$OUT/host_${n}_$t.log" 2>&1
   stamp "host_breakdown $t rc $?"
 done
-timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider ${TESTS:-test/test_replay.py test/test_graph_capture.py} \
-  > "$OUT/gpu_tests.log" 2>&1
+TESTS=${TESTS:-test/test_replay.py test/test_graph_capture.py}
+# shellcheck disable=SC2086
+timeout "${TESTS_S:-200}" python3 -m pytest -m gpu -q -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
 stamp "GPU tests rc $? ($(tail -1 "$OUT/gpu_tests.log"))"
 for f in "$OUT"/host_*.log; do echo "== $(basename "$f")"; grep -vE "^ *$" "$f" | tail -6; done

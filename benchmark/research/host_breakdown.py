@@ -109,7 +109,8 @@ def main():
             calls.signature(tensors, (1, 2, 3))
         guard = ""
         if getattr(known, "guard", None) is not None:  # a tree with the signature's guard
-            guard = f"; guard {host_us(lambda: known.guard.addresses(tensors, known.guard.scalars), 200, 'cuda'):.2f} us"
+            t_guard = host_us(lambda: known.guard.addresses(tensors, known.guard.scalars), 200, "cuda")
+            guard = f"; guard {t_guard:.2f} us"
         print(f"   signature {1e3 * (time.perf_counter() - t0):.2f} us{guard}; route "
               f"{host_us(lambda: indexer_topk.resolve_backend('auto', layout=known.layout, topk=1024, rows=known.rows, c4_len=known.c4_len), 200, 'cuda'):.1f} us")
     if not a.kth:
