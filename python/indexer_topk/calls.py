@@ -83,8 +83,8 @@ def signature(tensors: Sequence, scalars: tuple, offsets: Sequence[int] = (2,),
     kernels on 16-byte alignment; validation checks 4- and 16-byte alignment); for the tensors
     at ``offsets`` (the key cache, the workspace) also the storage offset modulo 16, which
     validation checks too, and for those at ``signs`` whether they are negated views
-    (``torch._neg_view``, the imaginary part of a conjugate), which validation refuses: the
-    floating-point tensors, the only ones such a view reaches with a dtype the call takes.
+    (``torch._neg_view``, the imaginary part of a conjugate), which validation refuses: the API
+    names every tensor (a public view negates only float32 ones; ``torch._neg_view`` any).
     """
     parts: list = [scalars]
     ptrs: List[Optional[int]] = []
