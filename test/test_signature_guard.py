@@ -32,7 +32,7 @@ def scalars_of(w, backend="legacy", **over):
 
 
 def key_of(tensors, scalars):
-    return signature(tensors, scalars, api._OFFSET_KEYED, api._SIGN_KEYED)
+    return signature(tensors, scalars, api._OFFSET_KEYED)
 
 
 def shifted(t: torch.Tensor, elements: int) -> torch.Tensor:

@@ -66,7 +66,8 @@ def main():
     scalars = (int, w.topk, str, w.layout.value, float, w.weight_scale, False, a.backend, bool, False, None, False, -1)
     if getattr(known, "guard", None) is not None:  # a tree with the guard: the scalars as its API keys them
         scalars = known.guard.scalars
-    keyed = (api._OFFSET_KEYED, api._SIGN_KEYED) if hasattr(api, "_SIGN_KEYED") else ()  # as the API keys it
+    # as the API keys it, in this tree or an earlier one's
+    keyed = (api._OFFSET_KEYED, api._SIGN_KEYED) if hasattr(api, "_SIGN_KEYED") else (api._OFFSET_KEYED,)
     key, ptrs = calls.signature(tensors, scalars, *keyed)
     parts = {
         "operator": op,

@@ -212,16 +212,16 @@ def indexer_topk(
     scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, type(backend),
                backend, type(check_values), check_values, rows_per_request, out is None, device_index)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
-    replaying = envs.INDEXER_TOPK_REPLAY.get()
-    # the signature of the call before, checked by its guard, else the key built and looked up
-    known, ptrs = _KNOWN.guarded(tensors, scalars) if replaying else (None, None)
-    if known is None:
-        key, ptrs = signature(tensors, scalars, _OFFSET_KEYED, _SIGN_KEYED)
-        if topk_key is _UNREAD or scale_key is _UNREAD:
-            key = None
-        known = _KNOWN.get(key) if key is not None and replaying else None
-    else:
-        key = None  # unread: the call is known
+    # the signature of the call before, checked by its guard, else the key built and looked up;
+    # with replays off, neither (nothing is remembered)
+    key = known = ptrs = None
+    if envs.INDEXER_TOPK_REPLAY.get():
+        known, ptrs = _KNOWN.guarded(tensors, scalars)
+        if known is None:
+            key, ptrs = signature(tensors, scalars, _OFFSET_KEYED)
+            if topk_key is _UNREAD or scale_key is _UNREAD:
+                key = None
+            known = _KNOWN.get(key) if key is not None else None
     if known is None or not disjoint(ptrs, known.lengths, known.sized):
         # a call whose tensors overlap takes the full path and leaves the signature's record
         # alone: its launches, recorded, would name one buffer for two arguments
@@ -281,11 +281,8 @@ def _known_route(known: KnownCall, backend: str, topk: int) -> str:
 
 _KNOWN = KnownCalls()
 _UNSEEN = object()
-# the signature's tensors whose storage offset validation checks (the key cache, the workspace),
-# and those whose negated views it refuses: every one (a public view negates only the float32
-# weights and values, torch._neg_view any; see calls.signature)
+# the signature's tensors whose storage offset validation checks (the key cache, the workspace)
 _OFFSET_KEYED = (2, 11)
-_SIGN_KEYED = tuple(range(12))
 # Our Triton backends: their host work is planning and launches, which a replay repeats.
 _REPLAYABLE = ("legacy", "fused")
 
@@ -310,7 +307,7 @@ def _first_call(key, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_
         out = allocate_result(inputs.rows, inputs.topk, inputs.device)
     if backend == "auto" and isinstance(workspace, torch.Tensor):
         _check_auto_workspace(workspace, inputs)
-    remember = key is not None and isinstance(workspace, (torch.Tensor, type(None))) and envs.INDEXER_TOPK_REPLAY.get()
+    remember = key is not None and isinstance(workspace, (torch.Tensor, type(None)))  # a key only while replaying
     if remember:
         known.guard = make_guard(tensors, key[0], ptrs, _OFFSET_KEYED)
         _KNOWN.add(key, known)

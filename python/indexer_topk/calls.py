@@ -72,19 +72,18 @@ class KnownCall:
         return IndexerInputs(*tensors[:7], self.layout, topk, self.scale)
 
 
-def signature(tensors: Sequence, scalars: tuple, offsets: Sequence[int] = (2,),
-              signs: Sequence[int] = ()) -> Tuple[Optional[tuple], List[Optional[int]]]:
+def signature(tensors: Sequence, scalars: tuple,
+              offsets: Sequence[int] = (2,)) -> Tuple[Optional[tuple], List[Optional[int]]]:
     """``(key, addresses)`` of a call's tensors (``None`` entries allowed); the key is ``None``
     when a tensor is not a plain ``torch.Tensor`` (subclasses take the full path).
 
     ``scalars``: the call's other arguments, each preceded by its type, so that ``1`` and
     ``True`` (equal as keys) are told apart the way validation tells them apart. Per tensor the
-    key holds dtype, shape, strides, device and the address modulo 16 (Triton specialises
-    kernels on 16-byte alignment; validation checks 4- and 16-byte alignment); for the tensors
-    at ``offsets`` (the key cache, the workspace) also the storage offset modulo 16, which
-    validation checks too, and for those at ``signs`` whether they are negated views
-    (``torch._neg_view``, the imaginary part of a conjugate), which validation refuses: the API
-    names every tensor (a public view negates only float32 ones; ``torch._neg_view`` any).
+    key holds dtype, shape, strides, device, the address modulo 16 (Triton specialises kernels
+    on 16-byte alignment; validation checks 4- and 16-byte alignment) and whether it is a
+    negated view (``torch._neg_view``, the imaginary part of a conjugate), which validation
+    refuses; for the tensors at ``offsets`` (the key cache, the workspace) also the storage
+    offset modulo 16, which validation checks too.
     """
     parts: list = [scalars]
     ptrs: List[Optional[int]] = []
@@ -97,13 +96,10 @@ def signature(tensors: Sequence, scalars: tuple, offsets: Sequence[int] = (2,),
             return None, ptrs
         p = t.data_ptr()
         ptrs.append(p)
-        parts.append((t.dtype, t.shape, t.stride(), t.device, p & 15))
+        parts.append((t.dtype, t.shape, t.stride(), t.device, p & 15, t.is_neg()))
     for i in offsets:
         if i < len(ptrs) and ptrs[i] is not None:
             parts.append(tensors[i].storage_offset() & 15)
-    for i in signs:
-        if i < len(ptrs) and ptrs[i] is not None:
-            parts.append(tensors[i].is_neg())
     return tuple(parts), ptrs
 
 
