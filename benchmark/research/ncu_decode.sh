@@ -5,21 +5,29 @@
 # warps stall by source line (research/ncu_source_summary.py, regions: its module's functions).
 #
 #   SHAPES="1x128K 8x768K" bash benchmark/research/ncu_decode.sh        (logs under $OUT)
+#
+# LAYOUT: the cache layout (sglang_fp8); SOURCE_KERNEL and SOURCE_MODULE: the kernel whose warp
+# stalls are summed by source line and the module whose functions are the regions (the finishing
+# kernel and kernels/split_topk.py; logits_kernel and kernels/score.py for the score tile).
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/ncu_decode}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
+LAYOUT=${LAYOUT:-sglang_fp8}
+SOURCE_KERNEL=${SOURCE_KERNEL:-finish_rows_kernel}
+SOURCE_MODULE=${SOURCE_MODULE:-python/indexer_topk/kernels/split_topk.py}
 KERNELS='regex:logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel'
 source benchmark/research/ncu_source.sh  # SAMPLING, source_view
 for shape in ${SHAPES:-1x128K 8x768K}; do
   # the first step compiles (outside the profile: four launches skipped); the second is measured
   timeout -k 10 "${NCU_S:-80}" ncu --clock-control none -k "$KERNELS" --launch-skip 4 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    python3 benchmark/research/ncu_decode.py --shape "$shape" > "$OUT/ncu_decode_$shape.txt" 2>&1
+    python3 benchmark/research/ncu_decode.py --shape "$shape" --layout "$LAYOUT" > "$OUT/ncu_decode_${LAYOUT}_$shape.txt" 2>&1
   echo "== $shape rc $?"
   grep -E "^  [a-z_]+_kernel|Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued" \
-    "$OUT/ncu_decode_$shape.txt" | head -40
-  NCU_S=${NCU_S:-80} source_view finish_rows_kernel 1 python/indexer_topk/kernels/split_topk.py \
-    "$OUT/ncu_finish_source_$shape.txt" python3 benchmark/research/ncu_decode.py --shape "$shape"
+    "$OUT/ncu_decode_${LAYOUT}_$shape.txt" | head -40
+  NCU_S=${NCU_S:-80} source_view "$SOURCE_KERNEL" 1 "$SOURCE_MODULE" \
+    "$OUT/ncu_${SOURCE_KERNEL}_${LAYOUT}_$shape.txt" python3 benchmark/research/ncu_decode.py --shape "$shape" \
+    --layout "$LAYOUT"
   echo "== $shape source rc $?"
 done
