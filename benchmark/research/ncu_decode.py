@@ -32,12 +32,14 @@ def main(argv=None) -> int:
     p.add_argument("--layout", default="sglang_fp8")
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--kind", choices=("decode", "prefill"), default="decode",
+                   help="prefill: REQUESTSxTOKENSxROWS is one request's chunk of its last ROWS rows (1x16Kx128)")
     a = p.parse_args(argv)
     import indexer_topk
     from indexer_topk.bench.mix import MixShape, make_inputs
 
     requests, tokens, per_request = a.shape
-    shape = MixShape("decode", a.layout, a.topk, requests, per_request, tokens)
+    shape = MixShape(a.kind, a.layout, a.topk, requests, per_request, tokens)
     w = make_inputs(shape, "cuda")
     out = indexer_topk.allocate_result(w.rows, w.topk, "cuda")
     workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device="cuda"),
