@@ -10,16 +10,16 @@ set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/overlap_round}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
-[ "${PROBE_S:-180}" != 0 ] && timeout -k 10 "${PROBE_S:-180}" python3 benchmark/research/overlap_probe.py --out "$OUT/overlap_probe.json" \
-  > "$OUT/overlap_probe.log" 2>&1
+[ "${PROBE_S:-180}" != 0 ] && timeout -k 10 "${PROBE_S:-180}" python3 benchmark/research/overlap_probe.py \
+  --out "$OUT/overlap_probe.json" > "$OUT/overlap_probe.log" 2>&1
 echo "== overlap probe rc $?"
-[ "${SPLIT_S:-90}" != 0 ] && timeout -k 10 "${SPLIT_S:-90}" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 30 \
-  --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
+[ "${SPLIT_S:-90}" != 0 ] && timeout -k 10 "${SPLIT_S:-90}" python3 benchmark/research/split_decode.py --seed 0 \
+  --page-table-pad 0 --iters 30 --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
   --out "$OUT/programs_127.json" > "$OUT/programs_127.log" 2>&1
 echo "== gathering programs rc $?"
 tail -12 "$OUT/programs_127.log"
-[ "${NCU_S:-70}" != 0 ] && SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel SOURCE_MODULE=python/indexer_topk/kernels/score.py \
-  NCU_S=${NCU_S:-70} OUT=$OUT bash benchmark/research/ncu_decode.sh > "$OUT/ncu_mxfp4.log" 2>&1
+[ "${NCU_S:-70}" != 0 ] && SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel \
+  SOURCE_MODULE=python/indexer_topk/kernels/score.py NCU_S=${NCU_S:-70} OUT=$OUT bash benchmark/research/ncu_decode.sh > "$OUT/ncu_mxfp4.log" 2>&1
 echo "== ncu rc $?"
 grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_mxfp4.log" | head -24
 tail -34 "$OUT/overlap_probe.log"
