@@ -19,7 +19,8 @@ echo "== overlap probe rc $?"
 echo "== gathering programs rc $?"
 tail -12 "$OUT/programs_127.log"
 [ "${NCU_S:-70}" != 0 ] && SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel \
-  SOURCE_MODULE=python/indexer_topk/kernels/score.py NCU_S=${NCU_S:-70} OUT=$OUT bash benchmark/research/ncu_decode.sh > "$OUT/ncu_mxfp4.log" 2>&1
+  SOURCE_MODULE=python/indexer_topk/kernels/score.py NCU_S=${NCU_S:-70} OUT=$OUT bash benchmark/research/ncu_decode.sh \
+  > "$OUT/ncu_mxfp4.log" 2>&1
 echo "== ncu rc $?"
 grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_mxfp4.log" \
   | head -24
