@@ -5,13 +5,14 @@
 # Compute on the sglang_mxfp4 decode step at 8 x 768K with the score kernel's stalls by source line
 # (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
 #
-#   bash benchmark/research/overlap_round.sh        (PROBE_S, SPLIT_S, NCU_S: the steps' limits; 0 skips one)
+#   bash benchmark/research/overlap_round.sh        (PROBE_S, SPLIT_S, NCU_S: the steps' limits; 0 skips one;
+#   PROBE_ARGS: overlap_probe.py's options)
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/overlap_round}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 [ "${PROBE_S:-180}" != 0 ] && timeout -k 10 "${PROBE_S:-180}" python3 benchmark/research/overlap_probe.py \
-  --out "$OUT/overlap_probe.json" > "$OUT/overlap_probe.log" 2>&1
+  --out "$OUT/overlap_probe.json" ${PROBE_ARGS:-} > "$OUT/overlap_probe.log" 2>&1
 echo "== overlap probe rc $?"
 [ "${SPLIT_S:-90}" != 0 ] && timeout -k 10 "${SPLIT_S:-90}" python3 benchmark/research/split_decode.py --seed 0 \
   --page-table-pad 0 --iters 30 --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
