@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import torch
+import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -131,6 +132,7 @@ def main(argv=None) -> int:
     chunks = [int(c) for c in a.chunks.split(",") if c]
     programs = [int(c) for c in a.select_programs.split(",") if c]
     shapes = list(_shapes(a.prefill, "prefill")) + list(_shapes(a.decode, "decode"))
+    print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     recs = []
     for shape in shapes:
         recs += probe(shape, chunks, programs, a.iters, device)
