@@ -2,7 +2,8 @@
 """Legacy's decode step for Nsight Compute: the mix's decode workload, three steps through the out
 operator (the first compiles and records; profile a later one's four kernels).
 
-    ncu --clock-control none -k regex:'logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel' \\
+    ncu --clock-control none \\
+        -k regex:'logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel|score_sample_kernel' \\
         --launch-skip 4 --launch-count 4 --section SpeedOfLight --section Occupancy --section WarpStateStats \\
         python3 benchmark/research/ncu_decode.py [--shape 1x128K] [--layout sglang_fp8] [--topk 1024]
 

@@ -18,7 +18,10 @@ mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 LAYOUT=${LAYOUT:-sglang_fp8}
 SOURCE_KERNEL=${SOURCE_KERNEL:-finish_rows_kernel}
 SOURCE_MODULE=${SOURCE_MODULE:-python/indexer_topk/kernels/split_topk.py}
-KERNELS=${KERNELS:-'regex:logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel'}
+# a decode step's four kernels either way: with the gate ahead of the score kernel (FP8 from one
+# request of 128K: score_sample, gate_rows, gather_logits, finish_rows) or after it (logits,
+# gate_rows, gather_rows, finish_rows); "logits_kernel" matches gather_logits_kernel too
+KERNELS=${KERNELS:-'regex:logits_kernel|gate_rows_kernel|gather_rows_kernel|finish_rows_kernel|score_sample_kernel'}
 LAUNCHES=${LAUNCHES:-4}
 KIND=${KIND:-decode}
 source benchmark/research/ncu_source.sh  # SAMPLING, source_view

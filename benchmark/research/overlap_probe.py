@@ -13,11 +13,17 @@ SMs; the row select's programs an SM (``ROWS_PROGRAMS_PER_SM``, 2 shipped: their
 SM) are a setting of the run, since a select holding every register leaves no room beside it.
 
 For each shape (the serving mix's bytes, seed 0, FP8, topk 1024), replayed from a CUDA graph
-(kernel time, no host): the package's call (``backend="legacy"``), the score stage alone, the
-select stage alone, the two in turn, and each ``(chunks, programs)`` pipeline. Every pipeline's
-four outputs are compared bit for bit with the package's. Nothing here changes the package: it
-measures whether an overlapped legacy path is worth building. The table is printed last,
-``--out`` takes the JSON.
+(kernel time, no host): the package's call (``backend="legacy"``, its stages chained by
+programmatic dependent launch where the GPU has it), the score stage alone, the select stage alone, the two in turn,
+and for each chunk count the chunks in turn on one stream and pipelined on two. Chunking alone
+changes the select a chunk takes (its sort's width, its programs, the split select below 128
+rows), so the pipeline is judged against the same chunks on one stream ("/ one stream"); each
+record names the chunk's select, and a select programs setting that does not reach it is not run
+twice. Each graph is replayed once on a poisoned key matrix and poisoned outputs, then compared
+bit for bit with the package's outputs (a chunk selected before its scores were written would
+select the poison), then timed. Records are printed and the JSON (``--out``) rewritten as each is
+made, so a run cut by its time limit keeps what it measured; the table is printed last. Nothing
+here changes the package: it measures whether an overlapped legacy path is worth building.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from indexer_topk.backends import legacy as legacy_backend  # noqa: E402
-from indexer_topk.bench.mix import MixShape, graph_ms, make_inputs  # noqa: E402
+from indexer_topk.bench.mix import MixShape, capture_graph, make_inputs  # noqa: E402
+from indexer_topk.bench.timing import median_ms, queue_hold  # noqa: E402
 from indexer_topk.compare import bitwise_equal  # noqa: E402
 from indexer_topk.backends.key_matrix import key_matrix_width  # noqa: E402
 from indexer_topk.contract import allocate_result  # noqa: E402
+from indexer_topk.kernels.launch import device_sm_count  # noqa: E402
 
 from decode_bench import parse_shape  # noqa: E402
 
@@ -53,15 +61,27 @@ def _shapes(text: str, kind: str):
             yield MixShape("decode", "sglang_fp8", 1024, requests, per_request, tokens)
 
 
-def probe(shape: MixShape, chunks, programs, iters: int, device) -> list:
+def _select_setup(n: int, width: int, sm_count: int) -> str:
+    """How :func:`legacy_select` takes a chunk of ``n`` rows under the current settings."""
+    way = legacy_backend.select_way(n, width, sm_count)
+    if way != "rows":
+        return way
+    progs, warps = legacy_backend.row_programs(n, sm_count)
+    return f"rows: {progs} programs of {warps} warps, {legacy_backend.row_sort_bits(n, width)}-bit sort"
+
+
+def probe(shape: MixShape, chunks, programs, iters: int, device, emit) -> None:
+    """Time one shape's variants, handing each record to ``emit`` as it is made."""
     w = make_inputs(shape, device)
     inputs = w.inputs()
     rows, width = inputs.rows, key_matrix_width(inputs.page_table)
+    sm_count = device_sm_count(device)
     rpr = 1 if shape.kind == "decode" else None
     keys = torch.empty((rows, width), dtype=torch.int32, device=device)
     ref = allocate_result(rows, w.topk, device)
     out = allocate_result(rows, w.topk, device)
     second = torch.cuda.Stream(device)
+    hold = queue_hold(device)
 
     def package():
         legacy_backend.legacy_indexer_topk(inputs, out=ref, rows_per_request=rpr)
@@ -73,50 +93,75 @@ def probe(shape: MixShape, chunks, programs, iters: int, device) -> list:
         legacy_backend.legacy_select(keys[r0:r0 + n], inputs.seq_lens, inputs.page_table, topk=w.topk, out=out,
                                      row_start=r0)
 
-    def in_turn():
-        score()
-        select()
-
-    def pipeline(c):
+    def chunked(c, streams):
+        """The rows in ``c`` chunks, each scored then selected; with two ``streams`` a chunk's
+        select runs on the second stream, beside the next chunk's score."""
         bounds = [rows * i // c for i in range(c + 1)]
 
         def step():
             main = torch.cuda.current_stream(device)
-            second.wait_stream(main)
+            if streams == 2:
+                second.wait_stream(main)
             for r0, r1 in zip(bounds, bounds[1:]):
                 score(r0, r1 - r0)
+                if streams == 1:
+                    select(r0, r1 - r0)
+                    continue
                 done = torch.cuda.Event()
                 done.record(main)
                 with torch.cuda.stream(second):
                     second.wait_event(done)
                     select(r0, r1 - r0)
-            main.wait_stream(second)
+            if streams == 2:
+                main.wait_stream(second)
         return step
 
+    def measure(step, check: bool):
+        """(ms, bits equal to the package's or None): the captured graph replayed once on a
+        poisoned key matrix and outputs (a select that read a chunk before its score wrote it
+        would select the poison), compared, then timed."""
+        graph = capture_graph(step)
+        if check:
+            keys.fill_(0x7F7F7F7F)  # the key of a score of about 3.4e38, far above these inputs' scores
+            for t in out:
+                t.fill_(-7)
+            graph.replay()
+            torch.cuda.synchronize(device)
+        equal = bitwise_equal(out, ref) if check else None
+        ms = median_ms(graph.replay, warmup=3, iters=iters, device=device, before=hold)
+        return ms, equal
+
     label = f"{shape.kind} {shape.rows} x {shape.context_tokens // 1024}K"
-    recs = [dict(shape=label, variant="package", ms=graph_ms(package, iters=iters, device=device))]
-    recs.append(dict(shape=label, variant="score", ms=graph_ms(score, iters=iters, device=device)))
-    recs.append(dict(shape=label, variant="select", ms=graph_ms(select, iters=iters, device=device)))
-    recs.append(dict(shape=label, variant="in turn", ms=graph_ms(in_turn, iters=iters, device=device),
-                     equal=bitwise_equal(out, ref)))
+    package()  # the reference bits
+    torch.cuda.synchronize(device)
+
+    def record(variant, step, check, **extra):
+        ms, equal = measure(step, check)
+        emit(dict(shape=label, variant=variant, ms=ms, equal=equal, **extra))
+        return ms
+
+    record("package (with PDL)", package, False, select=_select_setup(rows, width, sm_count))
+    record("score", score, False)
+    record("select", select, False)  # reads the key matrix the score variant left
+    record("in turn", lambda: (score(), select()), True)
     shipped = legacy_backend.ROWS_PROGRAMS_PER_SM
     try:
-        for p in programs:
-            legacy_backend.ROWS_PROGRAMS_PER_SM = p
-            for c in chunks:
-                if rows // c < 1:
+        for c in chunks:
+            n = rows // c
+            if n < 1:
+                continue
+            seen = set()
+            for p in programs:
+                legacy_backend.ROWS_PROGRAMS_PER_SM = p
+                setup = _select_setup(n, width, sm_count)
+                if setup in seen:  # the setting does not reach this chunk's select
                     continue
-                for t in out:
-                    t.fill_(-7)  # poisoned: every element must be written again
-                ms = graph_ms(pipeline(c), iters=iters, device=device)
-                recs.append(dict(shape=label, variant=f"{c} chunks, {p} select programs an SM", ms=ms,
-                                 equal=bitwise_equal(out, ref)))
+                seen.add(setup)
+                one = record(f"{c} chunks, one stream", chunked(c, 1), True, chunk_select=setup)
+                two = record(f"{c} chunks, two streams", chunked(c, 2), True, chunk_select=setup, one_stream_ms=one)
+                print(f"  {c} chunks ({setup}): two streams / one = {two / one:.3f}", flush=True)
     finally:
         legacy_backend.ROWS_PROGRAMS_PER_SM = shipped
-    for r in recs:
-        print(f"{r['shape']:22s} {r['variant']:36s} {r['ms']:8.4f} ms  {'' if 'equal' not in r else r['equal']}",
-              flush=True)
-    return recs
 
 
 def main(argv=None) -> int:
@@ -134,14 +179,22 @@ def main(argv=None) -> int:
     shapes = list(_shapes(a.prefill, "prefill")) + list(_shapes(a.decode, "decode"))
     print(f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     recs = []
+
+    def emit(r):
+        recs.append(r)
+        print(f"{r['shape']:22s} {r['variant']:26s} {r['ms']:8.4f} ms  bits {r['equal']}  "
+              f"{r.get('chunk_select') or r.get('select') or ''}", flush=True)
+        Path(a.out).write_text(json.dumps(recs, indent=1))  # a run cut by its limit keeps what it measured
+
     for shape in shapes:
-        recs += probe(shape, chunks, programs, a.iters, device)
-    Path(a.out).write_text(json.dumps(recs, indent=1))
-    print("\n| shape | variant | ms | / in turn | bits equal |\n|---|---|---|---|---|")
+        probe(shape, chunks, programs, a.iters, device, emit)
+    print("\n| shape | variant | chunk's select | ms | / in turn | / one stream | bits equal |")
+    print("|---|---|---|---|---|---|---|")
     base = {r["shape"]: r["ms"] for r in recs if r["variant"] == "in turn"}
     for r in recs:
-        print(f"| {r['shape']} | {r['variant']} | {r['ms']:.4f} | {r['ms'] / base[r['shape']]:.2f} | "
-              f"{r.get('equal', '-')} |")
+        one = f"{r['ms'] / r['one_stream_ms']:.3f}" if "one_stream_ms" in r else "-"
+        print(f"| {r['shape']} | {r['variant']} | {r.get('chunk_select', '-')} | {r['ms']:.4f} | "
+              f"{r['ms'] / base[r['shape']]:.3f} | {one} | {r['equal'] if r['equal'] is not None else '-'} |")
     return 0
 
 

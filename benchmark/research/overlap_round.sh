@@ -1,28 +1,43 @@
 #!/usr/bin/env bash
 # One device call without the anchor kit: overlap_probe.py (legacy's score and select over chunks of
-# rows on two streams, against the two in turn), the gathering's programs at 65-127 one-row requests
-# of 128K (split_decode.py, 16 programs an SM up to 127 rows against the shipped 64), then Nsight
-# Compute on the sglang_mxfp4 decode step at 8 x 768K with the score kernel's stalls by source line
-# (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
+# rows on two streams, against the same chunks on one), the gathering's programs at 65-127 one-row
+# requests of 128K (split_decode.py, 16 programs an SM up to 127 rows against the shipped 64), then
+# Nsight Compute on the sglang_mxfp4 decode step at 8 x 768K with the score kernel's stalls by source
+# line (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
 #
-#   bash benchmark/research/overlap_round.sh        (PROBE_S, SPLIT_S, NCU_S: the steps' limits; 0 skips one;
-#   PROBE_ARGS: overlap_probe.py's options)
+#   bash benchmark/research/overlap_round.sh
+#
+# PROBE_S, SPLIT_S, NCU_S: the steps' limits in seconds (0 skips a step; the probe's compiles are
+# cold on a fresh machine, and it writes its JSON as it goes); PROBE_ARGS: overlap_probe.py's options.
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/overlap_round}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
-[ "${PROBE_S:-180}" != 0 ] && timeout -k 10 "${PROBE_S:-180}" python3 benchmark/research/overlap_probe.py \
-  --out "$OUT/overlap_probe.json" ${PROBE_ARGS:-} > "$OUT/overlap_probe.log" 2>&1
-echo "== overlap probe rc $?"
-[ "${SPLIT_S:-90}" != 0 ] && timeout -k 10 "${SPLIT_S:-90}" python3 benchmark/research/split_decode.py --seed 0 \
-  --page-table-pad 0 --iters 30 --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
-  --out "$OUT/programs_127.json" > "$OUT/programs_127.log" 2>&1
-echo "== gathering programs rc $?"
-tail -12 "$OUT/programs_127.log"
-[ "${NCU_S:-70}" != 0 ] && SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel \
-  SOURCE_MODULE=python/indexer_topk/kernels/score.py NCU_S=${NCU_S:-70} OUT=$OUT bash benchmark/research/ncu_decode.sh \
-  > "$OUT/ncu_mxfp4.log" 2>&1
-echo "== ncu rc $?"
-grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_mxfp4.log" \
-  | head -24
-tail -34 "$OUT/overlap_probe.log"
+PROBE_S=${PROBE_S:-300} SPLIT_S=${SPLIT_S:-120} NCU_S=${NCU_S:-80}
+if [ "$PROBE_S" != 0 ]; then
+  # shellcheck disable=SC2086
+  timeout -k 10 "$PROBE_S" python3 benchmark/research/overlap_probe.py --out "$OUT/overlap_probe.json" \
+    ${PROBE_ARGS:-} > "$OUT/overlap_probe.log" 2>&1
+  echo "== overlap probe rc $?"
+else
+  echo "== overlap probe skipped"
+fi
+if [ "$SPLIT_S" != 0 ]; then
+  timeout -k 10 "$SPLIT_S" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 30 \
+    --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
+    --out "$OUT/programs_127.json" > "$OUT/programs_127.log" 2>&1
+  echo "== gathering programs rc $?"
+  tail -12 "$OUT/programs_127.log"
+else
+  echo "== gathering programs skipped"
+fi
+if [ "$NCU_S" != 0 ]; then
+  SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel SOURCE_MODULE=python/indexer_topk/kernels/score.py \
+    NCU_S=$NCU_S OUT=$OUT bash benchmark/research/ncu_decode.sh > "$OUT/ncu_mxfp4.log" 2>&1
+  echo "== ncu rc $?"
+  grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_mxfp4.log" | head -24
+else
+  echo "== ncu skipped"
+fi
+grep -E "two streams / one" "$OUT/overlap_probe.log" 2>/dev/null
+sed -n '/^| shape/,$p' "$OUT/overlap_probe.log" 2>/dev/null
