@@ -237,7 +237,7 @@ def test_a_call_cleared_while_it_is_found_is_not_left_as_the_last():
 
         def get(self, k, default=None):
             found = dict.get(self, k, default)
-            if not ClearedMidway.cleared:  # once: the lookup's, not the check under the lock
+            if not ClearedMidway.cleared:  # once, between the lookup and the store of the last call
                 ClearedMidway.cleared = True
                 known.clear()
             return found

@@ -93,26 +93,24 @@ def probe(shape: MixShape, chunks, programs, iters: int, device, emit) -> None:
         legacy_backend.legacy_select(keys[r0:r0 + n], inputs.seq_lens, inputs.page_table, topk=w.topk, out=out,
                                      row_start=r0)
 
-    def chunked(c, streams):
-        """The rows in ``c`` chunks, each scored then selected; with two ``streams`` a chunk's
+    def chunked(c, two_streams: bool):
+        """The rows in ``c`` chunks, each scored then selected; with ``two_streams`` a chunk's
         select runs on the second stream, beside the next chunk's score."""
         bounds = [rows * i // c for i in range(c + 1)]
 
         def step():
             main = torch.cuda.current_stream(device)
-            if streams == 2:
-                second.wait_stream(main)
             for r0, r1 in zip(bounds, bounds[1:]):
                 score(r0, r1 - r0)
-                if streams == 1:
+                if not two_streams:
                     select(r0, r1 - r0)
                     continue
                 done = torch.cuda.Event()
                 done.record(main)
                 with torch.cuda.stream(second):
-                    second.wait_event(done)
+                    second.wait_event(done)  # the chunk's scores, and (in order) the work before them
                     select(r0, r1 - r0)
-            if streams == 2:
+            if two_streams:
                 main.wait_stream(second)
         return step
 
@@ -157,8 +155,8 @@ def probe(shape: MixShape, chunks, programs, iters: int, device, emit) -> None:
                 if setup in seen:  # the setting does not reach this chunk's select
                     continue
                 seen.add(setup)
-                one = record(f"{c} chunks, one stream", chunked(c, 1), True, chunk_select=setup)
-                two = record(f"{c} chunks, two streams", chunked(c, 2), True, chunk_select=setup, one_stream_ms=one)
+                one = record(f"{c} chunks, one stream", chunked(c, False), True, chunk_select=setup)
+                two = record(f"{c} chunks, two streams", chunked(c, True), True, chunk_select=setup, one_stream_ms=one)
                 print(f"  {c} chunks ({setup}): two streams / one = {two / one:.3f}", flush=True)
     finally:
         legacy_backend.ROWS_PROGRAMS_PER_SM = shipped
