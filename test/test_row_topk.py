@@ -116,6 +116,35 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
+def in_positions(res):
+    """A result's outputs (int32 views) with each row's entries in ascending positions, unused
+    slots (position -1) last."""
+    raw = res.raw_indices
+    order = torch.argsort(torch.where(raw < 0, torch.iinfo(torch.int32).max, raw), dim=1, stable=True)
+    return [t.view(torch.int32).gather(1, order) for t in res[:3]] + [res.counts]
+
+
+@pytest.mark.parametrize("pattern", ["scores", "ties"])
+def test_rows_unsorted_hold_the_sorted_entries(pattern, rows_way, monkeypatch, device):
+    """The finish's ``SORT_BITS = 0`` (no setting takes it; ``row_select.py`` times the sort with
+    it): every slot written, each row's selection in ascending positions, the entries of the
+    sorted run."""
+    width = 4160
+    lens = [width, 1100, TOPK + 1, TOPK, 1, 0]
+    keys, lens_t = key_matrix(pattern, lens, width, device)
+    set_sort(monkeypatch, 64)
+    want = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    monkeypatch.setattr(legacy_backend, "row_sort_bits", lambda rows, width: 0)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    raw = got.raw_indices
+    live = raw >= 0
+    assert bool((raw[:, 1:] > raw[:, :-1])[live[:, 1:]].all()), "positions ascend"
+    assert not torch.equal(got.raw_indices, want.raw_indices)  # the long rows were sorted in the other
+    for a, b in zip(in_positions(got), in_positions(want)):
+        assert torch.equal(a, b)
+
+
 @pytest.mark.parametrize("setting,rows,width,bits", [
     (None, 511, 4096, 64), (None, 512, 4096, 32), (None, 8192, 4096, 32), (None, 512, 1024, 32),
     (None, 1023, 4160, 64), (None, 1024, 4160, 32), (64, 8192, 4096, 64), (32, 128, 4096, 32)])

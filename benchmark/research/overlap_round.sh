@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # One device call without the anchor kit: overlap_probe.py (legacy's score and select over chunks of
-# rows on two streams, against the same chunks on one), the gathering's programs at 65-127 one-row
-# requests of 128K (split_decode.py, 16 programs an SM up to 127 rows against the shipped 64), then
-# Nsight Compute on the sglang_mxfp4 decode step at 8 x 768K with the score kernel's stalls by source
-# line (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
+# rows on two streams, against the same chunks on one), the row select with and without its sort
+# (row_select.py: the 64- and 32-bit networks against rows left in ascending positions), the
+# gathering's programs at 65-127 one-row requests of 128K (split_decode.py, 16 programs an SM up
+# to 127 rows against the shipped 64), then Nsight Compute on the sglang_mxfp4 decode step at
+# 8 x 768K with the score kernel's stalls by source line (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
 #
 #   bash benchmark/research/overlap_round.sh
 #
-# PROBE_S, SPLIT_S, NCU_S: the steps' limits in seconds (0 skips a step; the probe's compiles are
+# PROBE_S, SORT_S, SPLIT_S, NCU_S: the steps' limits in seconds (0 skips a step; the probe's compiles are
 # cold on a fresh machine, and it writes its JSON as it goes); PROBE_ARGS: overlap_probe.py's options.
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/overlap_round}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
-PROBE_S=${PROBE_S:-300} SPLIT_S=${SPLIT_S:-120} NCU_S=${NCU_S:-80}
+PROBE_S=${PROBE_S:-300} SORT_S=${SORT_S:-100} SPLIT_S=${SPLIT_S:-120} NCU_S=${NCU_S:-80}
 if [ "$PROBE_S" != 0 ]; then
   # shellcheck disable=SC2086
   timeout -k 10 "$PROBE_S" python3 benchmark/research/overlap_probe.py --out "$OUT/overlap_probe.json" \
@@ -21,6 +22,15 @@ if [ "$PROBE_S" != 0 ]; then
   echo "== overlap probe rc $?"
 else
   echo "== overlap probe skipped"
+fi
+if [ "$SORT_S" != 0 ]; then
+  timeout -k 10 "$SORT_S" python3 benchmark/research/row_select.py --ways rows --patterns random \
+    --configs 4096:8:2:128:64,4096:8:2:128:32,4096:8:2:128:pos --shapes 128x4096,1024x4096,8192x4096,1024x16384 \
+    --json "$OUT/row_sort.json" > "$OUT/row_sort.log" 2>&1
+  echo "== row select's sort rc $?"
+  tail -6 "$OUT/row_sort.log"
+else
+  echo "== row select's sort skipped"
 fi
 if [ "$SPLIT_S" != 0 ]; then
   timeout -k 10 "$SPLIT_S" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 30 \

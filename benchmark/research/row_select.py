@@ -10,9 +10,11 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
-none: the package's rule), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
+none: the package's rule; ``pos`` in its place: no sort, each row's selection left in ascending positions, what
+the sort costs), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
-histogram passes over each row). Every output is checked bitwise against the ``torch`` way's.
+histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
+config's after both are put in ascending positions).
 With ``--sglang-kit <kit>`` SGLang's ``topk_v2`` (the anchor kit's build) is timed on the same
 scores beside them. Prints a table; ``--json`` writes the records.
 """
@@ -39,6 +41,14 @@ def key_matrix(rows, width, pattern, device):
         base = torch.linspace(0.0, 8.0, width, device=device)
         scores = base[None, :] + 1e-3 * torch.rand((rows, width), generator=gen, device=device)
     return ordered_score_bits(scores), scores
+
+
+def by_position(bits):
+    """A result's four outputs (int32 views) with each row's entries in ascending positions and
+    the unused slots (position -1) last: the same entries whatever their order."""
+    values, raw, phys, counts = bits
+    order = torch.argsort(torch.where(raw < 0, torch.iinfo(torch.int32).max, raw), dim=1, stable=True)
+    return [values.gather(1, order), raw.gather(1, order), phys.gather(1, order), counts]
 
 
 def run_select(keys, seq_lens, page_table, topk, out):
@@ -69,6 +79,7 @@ def main(argv=None) -> int:
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
              "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
+    sort_rule = legacy_backend.row_sort_bits
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
         for pattern in args.patterns.split(","):
@@ -83,15 +94,17 @@ def main(argv=None) -> int:
                 for cfg in configs.split(",") if configs else [None]:
                     for k, v in shipped.items():
                         setattr(legacy_backend, k, v)
+                    legacy_backend.row_sort_bits = sort_rule
                     legacy_backend.KTH_SEARCH = way
                     name = way
+                    unsorted = bool(cfg) and way == "rows" and cfg.endswith(":pos")
                     if cfg and way == "split":
                         warps, pps = (int(x) for x in cfg.split(":"))
                         legacy_backend.SPLIT_WARPS, legacy_backend.SPLIT_PROGRAMS_PER_SM = warps, pps
                         legacy_backend.SPLIT_MORE_PROGRAMS_PER_SM = None  # pps at every row count
                         name = f"split {cfg}"
                     elif cfg:
-                        fields = [int(x) for x in cfg.split(":")]
+                        fields = [int(x) for x in cfg.removesuffix(":pos").split(":")]
                         tile, warps, pps, maxnreg, bits = fields + [0, 0][len(fields) - 3:]
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
@@ -99,6 +112,8 @@ def main(argv=None) -> int:
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         legacy_backend.ROWS_SORT_BITS = bits or None
                         name = f"rows {cfg}"
+                        if unsorted:  # no setting takes the kernel's position order: the rule is replaced
+                            legacy_backend.row_sort_bits = lambda rows, width: 0
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"
                     if way == "radix" and rows * width > (1 << 24):
@@ -113,7 +128,10 @@ def main(argv=None) -> int:
                     bits = [t.view(torch.int32).clone() for t in out]
                     if ref is None:
                         ref = bits
-                    same = all(torch.equal(a, b) for a, b in zip(bits, ref))
+                    if unsorted:
+                        same = all(torch.equal(a, b) for a, b in zip(by_position(bits), by_position(ref)))
+                    else:
+                        same = all(torch.equal(a, b) for a, b in zip(bits, ref))
                     row[name] = {"ms": ms, "same": same}
                     ways.append(f"{name}={ms:.3f}{'' if same else '!'}")
             if topk_v2 is not None:
@@ -134,6 +152,7 @@ def main(argv=None) -> int:
             del keys, scores
             torch.cuda.empty_cache()
     legacy_backend.KTH_SEARCH = "auto"
+    legacy_backend.row_sort_bits = sort_rule
     for k, v in shipped.items():
         setattr(legacy_backend, k, v)
     print("\nms per call, CUDA-graph replays ('!' = differs from the first way's bits)")

@@ -277,8 +277,12 @@ def finalize_row(
     Long rows are sorted best first; rows with ``seq_len <= TOPK`` keep ascending positions.
     Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row (with
     ``SORT_BITS = 32`` it is written over). ``SORT_BITS``: the 64-bit network over the
-    composites, or the 32-bit one of :func:`sort_narrow`; the same outputs.
+    composites, or the 32-bit one of :func:`sort_narrow`; the same outputs. ``SORT_BITS = 0``
+    leaves long rows in ascending positions too (the same entries, not the contract's order):
+    what a row's sort costs, measured by ``benchmark/research/row_select.py``; no setting of the
+    package takes it.
     """
+    tl.static_assert((SORT_BITS == 0) | (SORT_BITS == 32) | (SORT_BITS == 64), "SORT_BITS is 0, 32 or 64")
     offs = tl.arange(0, TOPK)
     count = tl.maximum(count, 0)  # a negative (unchecked) length is an empty row
     m = offs < count
@@ -288,7 +292,7 @@ def finalize_row(
     if seq_len > TOPK:
         if SORT_BITS == 32:
             key, pos, slot = sort_narrow(src_key, src_pos, count, key, pos, m, TOPK, NARROW_RUN)
-        else:
+        elif SORT_BITS == 64:
             comp = sort1d(tl.where(m, composite(key, pos), COMP_MIN), True)
             key = (comp >> 32).to(tl.int32)
             pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
