@@ -4,7 +4,8 @@
 # (row_select.py: the 64- and 32-bit networks against rows left in ascending positions), the
 # gathering's programs at 65-127 one-row requests of 128K (split_decode.py, 16 programs an SM up
 # to 127 rows against the shipped 64), then Nsight Compute on the sglang_mxfp4 decode step at
-# 8 x 768K with the score kernel's stalls by source line (ncu_decode.sh). Each step under its own limit; logs under $OUT, the probe's table last.
+# 8 x 768K with the score kernel's stalls by source line (ncu_decode.sh). Each step under its own
+# limit; logs under $OUT, the probe's table last.
 #
 #   bash benchmark/research/overlap_round.sh
 #
