@@ -24,7 +24,8 @@ def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> Indexe
     """The reference needs no scratch: a validated ``workspace`` is accepted and left untouched."""
     from .reference import reference_indexer_topk
 
-    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale)
+    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale,
+                                 order=inputs.order)
     if out is None:
         return res
     # as the kernels write: an output that requires grad is written, not traced, and one made
@@ -113,6 +114,7 @@ def indexer_topk(
     workspace: Optional[torch.Tensor] = None,
     check_values: bool = True,
     rows_per_request: Optional[int] = None,
+    order: str = "score",
 ) -> IndexerTopKResult:
     r"""Exact top-``k`` of DeepSeek-V4's C4 indexer scores over a paged index-K cache.
 
@@ -168,6 +170,12 @@ def indexer_topk(
         unknown (prefill). A hint for the tiling of the fused and legacy backends (rows that
         share pages share each key tile; rows that do not are scored one at a time, and ``1``
         scores each row in a tile of its own); results never depend on it.
+    order : str
+        How each row's selection is laid out: ``"score"`` (below) or ``"position"``, the same
+        entries in ascending positions in every row. SGLang's sparse attention reads the
+        selection as a set (its own CUDA top-k returns it unordered): ``"position"`` spares the
+        sort of each row where the selection is made in position order (the legacy backend's
+        row select); the other finishes sort best first and then lay the row out again.
 
     Values must keep the kernels' fp32 intermediates in range: for each row with positions to
     score, ``max(D, sum_h |weights[r, h]| * D * max(1, K)) <= 2**127``, where ``D`` is the
@@ -191,7 +199,8 @@ def indexer_topk(
         ``values`` float32, ``raw_indices`` / ``physical_indices`` int32, all ``[rows, topk]``,
         best first and padded with ``-inf`` / ``-1`` past ``counts = min(seq_lens, topk)``. A
         row with ``seq_len <= topk`` returns positions ``0 .. seq_len - 1`` in ascending order
-        with their scores. NaN scores are returned as the canonical quiet NaN.
+        with their scores, as every row does with ``order="position"``. NaN scores are returned
+        as the canonical quiet NaN.
 
     Raises
     ------
@@ -210,7 +219,7 @@ def indexer_topk(
     negative_zero = type(scale_key) is float and scale_key == 0.0 and math.copysign(1.0, scale_key) < 0
     device_index = current_device_index()
     scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, type(backend),
-               backend, type(check_values), check_values, rows_per_request, out is None, device_index)
+               backend, type(check_values), check_values, rows_per_request, out is None, device_index, type(order), order)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
     # the signature of the call before, checked by its guard, else the key built and looked up;
     # with replays off, neither (nothing is remembered)
@@ -227,7 +236,7 @@ def indexer_topk(
         # alone: its launches, recorded, would name one buffer for two arguments
         return _first_call(key if known is None else None, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
                            weight_scale=weight_scale, backend=backend, out=out, workspace=workspace,
-                           check_values=check_values, rows_per_request=rows_per_request)
+                           check_values=check_values, rows_per_request=rows_per_request, order=order)
     # a signature validated before: only what depends on addresses and values is checked again
     if check_values and known.rows > 0:
         _check_values(known.inputs(tensors, topk))
@@ -288,13 +297,14 @@ _REPLAYABLE = ("legacy", "fused")
 
 
 def _first_call(key, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
-                weight_scale, backend, out, workspace, check_values, rows_per_request) -> IndexerTopKResult:
+                weight_scale, backend, out, workspace, check_values, rows_per_request, order) -> IndexerTopKResult:
     """The full path: validate everything, route and run; with a ``key``, remember the
     signature and record the launches for the calls that follow (``ptrs``: the tensors'
     addresses)."""
     inputs, out = validate_inputs(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens,
         topk=topk, layout=layout, weight_scale=weight_scale, out=out, workspace=workspace, check_values=check_values,
+        order=order,
     )
     lengths = [t.numel() * t.element_size() if isinstance(t, torch.Tensor) else 0 for t in tensors]
     if key is not None and not disjoint(ptrs, lengths):
@@ -302,7 +312,7 @@ def _first_call(key, tensors, ptrs, q, q_scale, k_cache, k_scale, weights, page_
         # leave the signature unreplayable for the disjoint calls after: not remembered
         key = None
     known = KnownCall(inputs.layout, inputs.weight_scale, inputs.rows, inputs.page_table.shape[1] * PAGE_SIZE,
-                      inputs.device, lengths)
+                      inputs.device, lengths, inputs.order)
     if out is None:
         out = allocate_result(inputs.rows, inputs.topk, inputs.device)
     if backend == "auto" and isinstance(workspace, torch.Tensor):

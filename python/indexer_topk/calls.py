@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .contract import IndexerInputs
+from .contract import ORDER_SCORE, IndexerInputs
 
 # Signatures remembered at once: an engine's forward reuses one per batch shape, so a few
 # dozen cover prefill and decode with room to spare; the oldest is forgotten first.
@@ -49,10 +49,13 @@ except Exception:  # noqa: BLE001 - a torch without them: every call builds its 
 class KnownCall:
     """What full validation established for one call signature (see the module docstring)."""
 
-    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "sized", "replays", "routes", "guard")
+    __slots__ = ("layout", "scale", "rows", "c4_len", "device", "lengths", "sized", "replays", "routes", "guard",
+                 "order")
 
-    def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int]):
+    def __init__(self, layout, scale: float, rows: int, c4_len: int, device: torch.device, lengths: Sequence[int],
+                 order: str = ORDER_SCORE):
         self.layout = layout
+        self.order = order  # how rows are laid out (the signature keys it)
         self.scale = scale  # weight_scale as the fp32 value the kernels multiply by
         self.rows = rows
         self.c4_len = c4_len
@@ -69,7 +72,7 @@ class KnownCall:
     def inputs(self, tensors: Sequence, topk: int) -> IndexerInputs:
         """The backends' :class:`~indexer_topk.contract.IndexerInputs` of a call of this signature
         (``tensors``: its seven input tensors first)."""
-        return IndexerInputs(*tensors[:7], self.layout, topk, self.scale)
+        return IndexerInputs(*tensors[:7], self.layout, topk, self.scale, self.order)
 
 
 def signature(tensors: Sequence, scalars: tuple,

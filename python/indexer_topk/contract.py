@@ -47,6 +47,10 @@ HEAD_DIM = 128
 PAGE_SIZE = 64  # C4 positions per page
 MX_GROUP = 32  # MXFP4: one ue8m0 exponent per 32 values
 SUPPORTED_TOPK = (512, 1024, 2048)
+# How a row's selected positions are laid out in the outputs (:func:`check_order`).
+ORDER_SCORE = "score"
+ORDER_POSITION = "position"
+ORDERS = (ORDER_SCORE, ORDER_POSITION)
 
 # The payload bytes of one key slot, per layout's page row (scales follow the payload).
 SGLANG_MXFP4_SLOT_BYTES = 64 + 4
@@ -154,6 +158,17 @@ def _allocate_result(rows: int, topk: int, device) -> IndexerTopKResult:
     )
 
 
+def by_position(result: IndexerTopKResult) -> IndexerTopKResult:
+    """``result``'s rows laid out in ascending positions, unused slots (position ``-1``) last, in
+    new tensors: what ``order="position"`` returns for the entries ``order="score"`` returned.
+    The values keep their bits (NaN payloads included)."""
+    raw = result.raw_indices
+    slots = torch.argsort(torch.where(raw < 0, torch.iinfo(torch.int32).max, raw), dim=1, stable=True)
+    values = result.values.view(torch.int32).gather(1, slots).view(torch.float32)
+    return IndexerTopKResult(values, raw.gather(1, slots), result.physical_indices.gather(1, slots),
+                             result.counts.clone())
+
+
 def parse_layout(layout) -> Layout:
     try:
         return Layout(layout)
@@ -233,11 +248,14 @@ class IndexerInputs:
     layout: Layout
     topk: int
     weight_scale: float = 1.0
+    order: str = ORDER_SCORE
 
     @classmethod
-    def of(cls, tensors: Sequence, *, topk: int, layout, weight_scale: float = 1.0) -> "IndexerInputs":
+    def of(cls, tensors: Sequence, *, topk: int, layout, weight_scale: float = 1.0,
+           order: str = ORDER_SCORE) -> "IndexerInputs":
         """Unchecked inputs from the seven tensors in call order (``Workload.args()``)."""
-        return cls(*tensors, layout=parse_layout(layout), topk=int(topk), weight_scale=float(weight_scale))
+        return cls(*tensors, layout=parse_layout(layout), topk=int(topk), weight_scale=float(weight_scale),
+                   order=order)
 
     @property
     def tensors(self) -> Tuple[Optional[torch.Tensor], ...]:
@@ -348,6 +366,15 @@ def check_topk(topk) -> int:
     if isinstance(topk, bool) or not isinstance(topk, int) or topk not in SUPPORTED_TOPK:
         raise ValueError(f"topk: unsupported value {topk!r}; expected one of {SUPPORTED_TOPK}")
     return topk
+
+
+def check_order(order) -> str:
+    """``order`` as given, or ``ValueError`` naming it: ``"score"`` (each row best first, equal
+    scores by the lower position; a row of at most ``topk`` positions in ascending positions) or
+    ``"position"`` (every row's selection in ascending positions: the same entries, no sort)."""
+    if type(order) is not str or order not in ORDERS:  # a str subclass could compare equal and key apart
+        raise ValueError(f"order: expected one of {ORDERS}, got {order!r}")
+    return order
 
 
 def _check_out(out, inputs: IndexerInputs) -> Optional[IndexerTopKResult]:
@@ -490,8 +517,8 @@ def check_score_range(inputs: IndexerInputs) -> None:
 
 
 def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout, weight_scale=1.0,
-                   out=None, check_values: bool = False,
-                   addresses: bool = False) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
+                   out=None, check_values: bool = False, addresses: bool = False,
+                   order: str = ORDER_SCORE) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
     """The checks of :func:`validate_inputs` that read neither data nor addresses, in its order:
     scalar arguments, each tensor's dtype, shape, device and contiguity, ``out``'s shapes. They
     hold for fake and meta tensors too, so the operators' fake implementations refuse under
@@ -501,6 +528,7 @@ def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, 
     layout = parse_layout(layout)
     check_topk(topk)
     scale = _fp32_weight_scale(weight_scale)
+    check_order(order)
     if not isinstance(check_values, bool):
         raise ValueError(f"check_values: expected True or False, got {check_values!r}")
     if not isinstance(q, torch.Tensor) or q.dim() < 1:
@@ -529,7 +557,7 @@ def check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, 
         raise ValueError("page_table: expected an int32 tensor [rows, max_pages]")
     _expect_tensor("page_table", page_table, torch.int32, (rows, page_table.shape[1]), device)
     _expect_tensor("seq_lens", seq_lens, torch.int32, (rows,), device)
-    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale)
+    inputs = IndexerInputs(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, layout, topk, scale, order)
     return inputs, _check_out(out, inputs)
 
 
@@ -548,6 +576,7 @@ def validate_inputs(
     out=None,
     workspace=None,
     check_values: bool = True,
+    order: str = ORDER_SCORE,
 ) -> Tuple[IndexerInputs, Optional[IndexerTopKResult]]:
     """Check every argument of :func:`indexer_topk.indexer_topk`; raise ``ValueError`` naming it.
 
@@ -565,7 +594,7 @@ def validate_inputs(
     """
     inputs, out = check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk,
                                  layout=layout, weight_scale=weight_scale, out=out, check_values=check_values,
-                                 addresses=True)
+                                 addresses=True, order=order)
     _check_out_aliasing(out, inputs)
     _check_workspace_aliasing(workspace, inputs, out)
     if check_values and inputs.rows > 0:

@@ -5,11 +5,11 @@ run :func:`indexer_topk.indexer_topk` (same arguments, same validation, same bac
 fake implementations, so ``torch.compile`` traces through them without a graph break and
 SGLang-style piecewise capture can keep them inside a captured region:
 
-``torch.ops.indexer_topk.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto", check_values=True, rows_per_request=None)``
+``torch.ops.indexer_topk.indexer_topk(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto", check_values=True, rows_per_request=None, order="score")``
     Returns ``(values, raw_indices, physical_indices, counts)``: ``[rows, topk]`` float32,
     ``[rows, topk]`` int32 twice and ``[rows]`` int32, freshly allocated.
 
-``torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices, physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False, rows_per_request=None)``
+``torch.ops.indexer_topk.indexer_topk_out(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices, physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False, rows_per_request=None, order="score")``
     Writes the caller's outputs in place and returns nothing; with a caller-owned
     ``workspace`` (:func:`indexer_topk.workspace_size`) the fused backend allocates nothing.
     This is the form for CUDA graphs: outputs and scratch live in buffers the graph owns, and
@@ -38,13 +38,13 @@ _LIB = torch.library.Library(NAMESPACE, "DEF")
 _LIB.define(
     "indexer_topk(Tensor q, Tensor? q_scale, Tensor k_cache, Tensor? k_scale, Tensor weights, Tensor page_table, "
     "Tensor seq_lens, SymInt topk, str layout, float weight_scale=1., str backend=\"auto\", bool check_values=True, "
-    "SymInt? rows_per_request=None) -> (Tensor, Tensor, Tensor, Tensor)"
+    "SymInt? rows_per_request=None, str order=\"score\") -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _LIB.define(
     "indexer_topk_out(Tensor q, Tensor? q_scale, Tensor k_cache, Tensor? k_scale, Tensor weights, Tensor page_table, "
     "Tensor seq_lens, SymInt topk, str layout, Tensor(a9!) values, Tensor(a10!) raw_indices, "
     "Tensor(a11!) physical_indices, Tensor(a12!) counts, Tensor(a13!)? workspace=None, float weight_scale=1., "
-    "str backend=\"auto\", bool check_values=False, SymInt? rows_per_request=None) -> ()"
+    "str backend=\"auto\", bool check_values=False, SymInt? rows_per_request=None, str order=\"score\") -> ()"
 )
 
 
@@ -62,10 +62,12 @@ def indexer_topk_op(
     backend: str = "auto",
     check_values: bool = True,
     rows_per_request: Optional[int] = None,
+    order: str = "score",
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     res = api.indexer_topk(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
         weight_scale=weight_scale, backend=backend, check_values=check_values, rows_per_request=rows_per_request,
+        order=order,
     )
     return tuple(res)
 
@@ -89,11 +91,12 @@ def indexer_topk_out_op(
     backend: str = "auto",
     check_values: bool = False,
     rows_per_request: Optional[int] = None,
+    order: str = "score",
 ) -> None:
     api.indexer_topk(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
         weight_scale=weight_scale, backend=backend, check_values=check_values, rows_per_request=rows_per_request,
-        out=IndexerTopKResult(values, raw_indices, physical_indices, counts), workspace=workspace,
+        out=IndexerTopKResult(values, raw_indices, physical_indices, counts), workspace=workspace, order=order,
     )
 
 
@@ -119,7 +122,7 @@ def _only_fake_or_meta(*tensors) -> None:
 
 
 def _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                check_values, rows_per_request, out=None) -> None:
+                check_values, rows_per_request, order, out=None) -> None:
     """What the call checks before it runs that needs no data: so that a traced or meta call
     with an unsupported ``topk``, an unknown layout or backend, or a tensor of the wrong shape
     fails where it is traced, not when the compiled graph first runs."""
@@ -130,15 +133,15 @@ def _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, top
     api.check_backend(backend)
     api.check_rows_per_request(rows_per_request)
     check_metadata(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-                   weight_scale=weight_scale, out=out, check_values=check_values)
+                   weight_scale=weight_scale, out=out, check_values=check_values, order=order)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::indexer_topk")
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale=1.0, backend="auto",
-      check_values=True, rows_per_request=None):
+      check_values=True, rows_per_request=None, order="score"):
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens)
     _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                check_values, rows_per_request)
+                check_values, rows_per_request, order)
     rows = q.shape[0]
     return (
         q.new_empty((rows, topk), dtype=torch.float32),
@@ -151,11 +154,11 @@ def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout,
 @torch.library.register_fake(f"{NAMESPACE}::indexer_topk_out")
 def _(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, values, raw_indices,
       physical_indices, counts, workspace=None, weight_scale=1.0, backend="auto", check_values=False,
-      rows_per_request=None):
+      rows_per_request=None, order="score"):
     _only_fake_or_meta(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, values, raw_indices,
                        physical_indices, counts, workspace)
     _check_call(q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk, layout, weight_scale, backend,
-                check_values, rows_per_request, IndexerTopKResult(values, raw_indices, physical_indices, counts))
+                check_values, rows_per_request, order, IndexerTopKResult(values, raw_indices, physical_indices, counts))
     return None
 
 

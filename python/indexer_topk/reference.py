@@ -16,10 +16,13 @@ from __future__ import annotations
 import torch
 
 from .contract import (
+    ORDER_POSITION,
+    ORDER_SCORE,
     PAGE_SIZE,
     IndexerInputs,
     IndexerTopKResult,
     Layout,
+    check_order,
     check_score_range,
     is_count,
     order_keys,
@@ -148,24 +151,26 @@ def _block_scores(layout, qf, w, k_cache, k_scale, pt, lens, weight_scale, pos):
 
 def reference_indexer_topk(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
-    weight_scale=1.0, row_block=16, ctx_block=4096,
+    weight_scale=1.0, row_block=16, ctx_block=4096, order=ORDER_SCORE,
 ) -> IndexerTopKResult:
-    """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block."""
+    """Exact top-k of the contract (see :mod:`indexer_topk.contract`), block by block, each row's
+    selection laid out by ``order`` (:func:`indexer_topk.contract.check_order`)."""
     return reference_with_next_values(
         q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, topk=topk, layout=layout,
-        weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block,
+        weight_scale=weight_scale, row_block=row_block, ctx_block=ctx_block, order=order,
     )[0]
 
 
 def reference_with_next_values(
     q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *, topk, layout,
-    weight_scale=1.0, row_block=16, ctx_block=4096,
+    weight_scale=1.0, row_block=16, ctx_block=4096, order=ORDER_SCORE,
 ):
     """``(result, next_values)``: :func:`reference_indexer_topk` and, from the same pass, each
     row's *next value*, its ``(k+1)``-th best score (float32 ``[rows]``, ``-inf`` where the row
     has at most ``topk`` positions), which :func:`indexer_topk.compare.compare_to_reference`
     takes to recognise a near-tie at the selection boundary."""
     layout = parse_layout(layout)
+    by_position = check_order(order) == ORDER_POSITION
     # any positive topk has a reference answer (the tests use small ones); the kernels take
     # SUPPORTED_TOPK alone
     if not is_count(topk, 1):
@@ -204,11 +209,13 @@ def reference_with_next_values(
         n = counts[rows].long()
         slot_ok = torch.arange(topk, device=dev)[None, :] < n[:, None]
         # Long rows: best keys in descending order. Short rows hold every position in `best`:
-        # reorder them by position (SGLang's rule for rows with seq_len <= topk).
+        # reorder them by position (SGLang's rule for rows with seq_len <= topk); every row with
+        # order "position"
         low = (1 << 32) - 1
         by_pos = torch.where(best != neg, low - (best & low), torch.full_like(best, low + 1))
-        order = torch.where((lens <= topk)[:, None], by_pos.argsort(dim=1), torch.arange(topk, device=dev))
-        best = torch.gather(best, 1, order)
+        in_positions = (lens <= topk)[:, None] | by_position
+        slots = torch.where(in_positions, by_pos.argsort(dim=1), torch.arange(topk, device=dev))
+        best = torch.gather(best, 1, slots)
         pos_sel = torch.where(slot_ok, low - (best & low), torch.zeros_like(best))
         vals = scores_from_ordered_bits((best >> 32).to(torch.int32))
         if pt.shape[1] == 0:  # a zero-width page table: every row is empty, p is masked below

@@ -20,7 +20,9 @@ from typing import Any, Callable, Optional, Tuple
 
 import torch
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, canonicalize_scores
+from ..contract import (
+    ORDER_POSITION, PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, by_position, canonicalize_scores,
+)
 from ..errors import BackendUnavailable
 
 AITER_MODULE = "aiter.ops.flydsl"
@@ -250,6 +252,9 @@ def aiter_indexer_topk(
         if src is not dst and src.data_ptr() != dst.data_ptr():
             dst.copy_(src)
     _conform_values(out)
+    if inputs.order == ORDER_POSITION:  # AITER writes best first; a few torch ops, as above
+        for dst, src in zip(out, by_position(out)):
+            dst.copy_(src)
     return out
 
 

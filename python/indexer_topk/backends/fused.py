@@ -25,6 +25,7 @@ from ..kernels.launch import (
 from ..kernels.select import MODE_SEGMENTS, merge_lists_kernel, select_rows_kernel
 from ..replay import launch
 from .hopper import launch_stream, why_not_stream
+from .ordering import lay_out_rows
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
 MAX_SPLITS = 64
@@ -318,6 +319,7 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
         )
     if plan.splits > 1:
         merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt, merge)
+    lay_out_rows(out, inputs.order, topk, 0, rows)  # every finish above writes best first
     return out
 
 

@@ -29,7 +29,10 @@ from typing import Optional, Tuple
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..contract import (
+    ORDER_POSITION, ORDER_SCORE, PAGE_SIZE, IndexerInputs, IndexerTopKResult, Layout, allocate_result, as_inputs,
+    check_workspace,
+)
 from ..envs import envs
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, check_runnable, device_sm_count, kernels_interpreted, launch_options, launches_kernels,
@@ -44,6 +47,7 @@ from ..kernels.split_topk import (
 )
 from ..replay import launch
 from .key_matrix import chunk_rows, key_matrix_bytes, key_matrix_width, rows_per_chunk  # noqa: F401 - public here too
+from .ordering import lay_out_rows
 
 # How the top-k stage selects: "rows" reads each row once in register tiles through a bounded
 # candidate pool (kernels/row_topk.py: persistent programs, launches only, so the call's host
@@ -484,12 +488,16 @@ def _select_mode(rows: int, width: int, device) -> str:
 
 
 @launches_kernels
-def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False) -> None:
+def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, row_start=0, pdl: bool = False,
+                  order: str = ORDER_SCORE) -> None:
     """Top-k stage over a key matrix from :func:`legacy_score` (contiguous, ``[rows, width]``),
     written to ``out`` rows ``row_start..``. A row is read no further than ``width``, whatever
     its ``seq_len``. ``pdl``: the select kernels are launched with programmatic dependent launch
     (:func:`indexer_topk.kernels.launch.pdl_launch`): each may start as the kernel before it on
-    the stream finishes, and waits for all of it on the GPU before reading anything."""
+    the stream finishes, and waits for all of it on the GPU before reading anything. ``order``
+    (:func:`indexer_topk.contract.check_order`): ``"position"`` leaves the row select's and the
+    key-matrix select's rows in the position order they select in (no sort), and lays out the
+    split select's afterwards."""
     keys = keys.view(torch.int32)
     row_count = keys.shape[0]
     # the kernels read the lengths of rows row_start.. at unit stride: anything else would read
@@ -501,14 +509,16 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     search = _select_mode(row_count, keys.shape[1], keys.device)
     if search == "split":  # it checks the matrix and the device itself
         split_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=row_start, pdl=pdl)
+        lay_out_rows(out, order, topk, row_start, row_count)
         return
     if not keys.is_contiguous():
         raise ValueError("keys: expected a contiguous key matrix")
     if row_count == 0:
         return
     check_runnable(keys.device)
+    unsorted = order == ORDER_POSITION  # the selection is in position order until the finish sorts it
     if search == "rows":
-        sort_bits = row_sort_bits(row_count, keys.shape[1])
+        sort_bits = 0 if unsorted else row_sort_bits(row_count, keys.shape[1])
         sm_count = device_sm_count(keys.device)
         programs, warps = row_programs(row_count, sm_count)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
@@ -530,7 +540,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     launch(
         select_rows_kernel, (row_count,), keys, keys, seq_lens, keys.shape[1], seq_lens, page_table, page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, kth, need,
-        MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=known_t, num_warps=SELECT_WARPS,
+        MODE=MODE_KEYS, TOPK=topk, SPLITS=1, CHUNK=SELECT_CHUNK, KNOWN_T=known_t, SORT_BITS=0 if unsorted else 64,
+        num_warps=SELECT_WARPS,
     )
 
 
@@ -888,8 +899,9 @@ def legacy_indexer_topk(
         keys = storage[:n]
         if scored_gate_way(inputs, rows_per_request, n, width):
             scored_split(inputs, keys, out=out, row_start=r0, pdl=pdl, group=gate_group)
+            lay_out_rows(out, inputs.order, topk, r0, n)
             continue
         legacy_score(inputs, keys=keys, row_start=r0, row_count=n, rows_per_request=rows_per_request)
-        legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl)
+        legacy_select(keys, seq_lens, page_table, topk=topk, out=out, row_start=r0, pdl=pdl, order=inputs.order)
     return out
 

@@ -278,9 +278,7 @@ def finalize_row(
     Slots past ``count`` get ``-inf`` / ``-1``. ``src`` may alias the output row (with
     ``SORT_BITS = 32`` it is written over). ``SORT_BITS``: the 64-bit network over the
     composites, or the 32-bit one of :func:`sort_narrow`; the same outputs. ``SORT_BITS = 0``
-    leaves long rows in ascending positions too (the same entries, not the contract's order):
-    what a row's sort costs, measured by ``benchmark/research/row_select.py``; no setting of the
-    package takes it.
+    leaves long rows in ascending positions too (``order="position"``: the same entries, unsorted).
     """
     tl.static_assert((SORT_BITS == 0) | (SORT_BITS == 32) | (SORT_BITS == 64), "SORT_BITS is 0, 32 or 64")
     offs = tl.arange(0, TOPK)
@@ -312,13 +310,14 @@ def select_rows_kernel(
     src_key, src_pos, seg_cnt, stride_src, seq_lens, page_table, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, row_start, kth_key, kth_need,
     MODE: tl.constexpr, TOPK: tl.constexpr, SPLITS: tl.constexpr, CHUNK: tl.constexpr,
-    KNOWN_T: tl.constexpr,
+    KNOWN_T: tl.constexpr, SORT_BITS: tl.constexpr = 64,
 ):
     """One program per row: top-k of a key-matrix row (legacy) or of per-split lists (fused merge).
 
     A key matrix (``MODE_KEYS``) is contiguous: its rows are ``stride_src`` keys long. With
     ``KNOWN_T``, ``kth_key[i]`` / ``kth_need[i]`` give row ``i``'s k-th key and how many keys
-    equal to it are selected (from a stock top-k over the row).
+    equal to it are selected (from a stock top-k over the row). ``SORT_BITS``: 64, or 0 for
+    rows left in position order (:func:`finalize_row`).
     """
     i = tl.program_id(0)
     row = row_start + i
@@ -353,7 +352,7 @@ def select_rows_kernel(
     tl.debug_barrier()
     finalize_row(
         dst_key, dst_pos, count, seq_len, page_table + row.to(tl.int64) * stride_pt,
-        out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK,
+        out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
     )
 
 
