@@ -61,6 +61,9 @@ def render(doc: dict) -> str:
         + (f", each behind a {env['graph_hold_cycles']:,}-cycle spin of the GPU (its events time its kernels, "
            "not its launch)" if env.get("graph_hold_cycles") else "")
         + ". Ratios are ours / SGLang (below 1: ours faster)."
+        + (" Ours and legacy return prefill rows in ascending positions (`order=\"position\"`, as the SGLang "
+           "plugin asks; SGLang's own path returns them unordered), decode rows best first."
+           if any(r.get("order") == "position" for r in doc["records"]) else "")
         + (" L2-cold: decode replays with the L2 cache overwritten before each (the keys read from HBM, as "
            "in serving, where each layer reads its own cache); the other decode columns replay with the "
            "keys left in L2 by the replay before where they fit." if cold else ""),

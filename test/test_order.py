@@ -30,7 +30,8 @@ TOPK = 32
 # rows longer than topk (sorted by score) and shorter, a plateau of equal scores
 CASES = [
     Case("order-random", "sglang_fp8", context_tokens=(4000, 1000), rows_per_request=(3, 2), topk=TOPK),
-    Case("order-plateau", "sglang_mxfp4", pattern="zero_plateau", context_tokens=(3000,), rows_per_request=(3,), topk=TOPK),
+    Case("order-plateau", "sglang_mxfp4", pattern="zero_plateau", context_tokens=(3000,), rows_per_request=(3,),
+         topk=TOPK),
 ]
 
 # the public API takes the supported topk alone: rows of 1,000 and 600 positions at 512
@@ -139,5 +140,5 @@ def test_unknown_orders_are_refused_by_the_fake_operator():
         kw = wl.kwargs()
         with pytest.raises(ValueError, match="^order: expected one of"):
             torch.ops.indexer_topk.indexer_topk(*args, kw["topk"], kw["layout"], order="rank")
-        values, raw, phys, counts = torch.ops.indexer_topk.indexer_topk(*args, kw["topk"], kw["layout"], order="position")
+        values, *_ = torch.ops.indexer_topk.indexer_topk(*args, kw["topk"], kw["layout"], order="position")
         assert values.shape == (wl.rows, kw["topk"])

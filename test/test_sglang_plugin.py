@@ -78,10 +78,11 @@ def sg(sglang_paths):
 
 class Calls(list):
     """The plugin's calls of our operator; ``hints`` their ``rows_per_request``, ``workspaces``
-    the workspace each passed."""
+    the workspace each passed, ``orders`` the order each asked for."""
 
     hints: list
     workspaces: list
+    orders: list
 
 
 @pytest.fixture
@@ -90,13 +91,14 @@ def served(monkeypatch):
     ``backend`` as the policy named it. The exact ``"reference"`` backend computes each one:
     the policy routes as on the GPU of its probe, where our kernels or AITER would run."""
     calls = Calls()
-    calls.hints, calls.workspaces = [], []
+    calls.hints, calls.workspaces, calls.orders = [], [], []
     real = api.indexer_topk
 
     def serve(*args, **kwargs):
         calls.append((kwargs["backend"], args[0].shape[0], kwargs["topk"], kwargs["layout"]))
         calls.hints.append(kwargs.get("rows_per_request"))
         calls.workspaces.append(kwargs.get("workspace"))
+        calls.orders.append(kwargs.get("order"))
         return real(*args, **{**kwargs, "backend": "reference"})
 
     monkeypatch.setattr(api, "indexer_topk", serve)
@@ -289,6 +291,8 @@ def test_prefill_matches_sglang_without_logits(sg, load, served, layout, raw):
 
     backend = LAYOUT_BACKEND[layout]
     assert served == [(backend, scene.rows, 512, layout)]  # one call, every row: no chunks
+    # SGLang's CUDA branch reads the selection as a set: a prefill call takes ascending positions
+    assert served.orders == ["score" if layout == "aiter_mxfp4" else "position"]
     assert policy.routes == {backend: 1}  # the policy was asked once
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
     assert (pages[scene.rows:] == -1).all()  # rows past the batch untouched
@@ -545,7 +549,7 @@ def test_decode_opted_in_is_served_by_the_fused_path(sg, load, served, layout):
     scene = _scene(sg, layout=layout, mode="DECODE", extend=(1, 1, 1), contexts=(5000, 2300, 900), seed=19)
     sg.calls.clear()
     pages, _ = scene.forward()
-    assert served == [("fused", scene.rows, 512, layout)] and served.hints == [1]
+    assert served == [("fused", scene.rows, 512, layout)] and served.hints == [1] and served.orders == ["score"]
     assert policy.routes == {"fused": 1}
     assert sg.calls.logits_calls() == 0
     legacy_pages, _ = scene.forward(original=True)
@@ -590,6 +594,7 @@ def test_capture_opted_in_is_served_by_the_fused_path(sg, load, served):
         sg.capturing[0] = False
     assert served == [("fused", scene.rows, 512, "sglang_fp8")] and policy.routes == {"fused": 1}
     assert served.hints == [None]  # a prefill batch: requests of different row counts
+    assert served.orders == ["position"]
     legacy_pages, _ = scene.forward(original=True)
     assert same_selection(pages, legacy_pages), rows_differing(pages, legacy_pages)
 

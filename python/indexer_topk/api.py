@@ -24,8 +24,8 @@ def _run_reference(inputs: IndexerInputs, *, out=None, workspace=None) -> Indexe
     """The reference needs no scratch: a validated ``workspace`` is accepted and left untouched."""
     from .reference import reference_indexer_topk
 
-    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout, weight_scale=inputs.weight_scale,
-                                 order=inputs.order)
+    res = reference_indexer_topk(*inputs.tensors, topk=inputs.topk, layout=inputs.layout,
+                                 weight_scale=inputs.weight_scale, order=inputs.order)
     if out is None:
         return res
     # as the kernels write: an output that requires grad is written, not traced, and one made
@@ -219,7 +219,8 @@ def indexer_topk(
     negative_zero = type(scale_key) is float and scale_key == 0.0 and math.copysign(1.0, scale_key) < 0
     device_index = current_device_index()
     scalars = (type(topk), topk_key, type(layout), layout, type(weight_scale), scale_key, negative_zero, type(backend),
-               backend, type(check_values), check_values, rows_per_request, out is None, device_index, type(order), order)
+               backend, type(check_values), check_values, rows_per_request, out is None, device_index, type(order),
+               order)
     tensors = (q, q_scale, k_cache, k_scale, weights, page_table, seq_lens, *outs, workspace)
     # the signature of the call before, checked by its guard, else the key built and looked up;
     # with replays off, neither (nothing is remembered)

@@ -7,6 +7,8 @@ Every backend computes, for each query row ``r`` and each C4 position ``j < seq_
 
 and returns the ``topk`` best positions under one total order (:func:`order_keys`): higher
 score first, equal scores broken by the lower position, NaN below every number, +0 above -0.
+With ``order="position"`` (:func:`check_order`) each row's selection is laid out in ascending
+positions instead: the same entries, the same bits, in another place.
 
 The fp32 range. The kernels form, in fp32 and before ``weight_scale``, each head's dot
 ``q . k``, the head sum ``S = sum_h weights * relu(q . k)`` and, for sglang_fp8, ``S * k_scale``;

@@ -7,7 +7,8 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
 
 - **ours**: ``backend="auto"`` through the out operator
   (``torch.ops.indexer_topk.indexer_topk_out``) with a caller-owned workspace and
-  ``check_values=False``, and the backend it took (``route``);
+  ``check_values=False``, and the backend it took (``route``), in the order the SGLang plugin asks
+  for (:func:`serving_order`, the record's ``order``: SGLang's own path returns rows unordered);
 - each of our exact backends (``candidates``: ``fused``, ``legacy``, and ``aiter`` where it
   runs) the same way, each compared with legacy bit for bit;
 - the serving engine's own path where it has one (SGLang's: DeepGEMM's MQA logits, then its
@@ -235,10 +236,17 @@ def selection_overlap(theirs: torch.Tensor, ours: torch.Tensor) -> float:
     return float(hit.sum()) / total if total else 1.0
 
 
+def serving_order(shape: MixShape) -> str:
+    """The ``order`` the SGLang plugin asks for on a call of ``shape`` (its ``_order``): a prefill
+    call's rows in ascending positions, a decode step's best first."""
+    return "position" if shape.kind == "prefill" else "score"
+
+
 class OurPath:
     """One of our backends on one workload through the out operator, as an engine calls it."""
 
-    def __init__(self, w, backend: str, workspace: Optional[torch.Tensor], device, rows_per_request: Optional[int]):
+    def __init__(self, w, backend: str, workspace: Optional[torch.Tensor], device, rows_per_request: Optional[int],
+                 order: str = "score"):
         from ..contract import allocate_result
 
         self.w, self.backend, self.device = w, backend, device
@@ -246,11 +254,12 @@ class OurPath:
         self.workspace = workspace
         self.args = w.args()
         self.rpr = rows_per_request
+        self.order = order
 
     def step(self, check_values: bool = False) -> None:
         w = self.w
         torch.ops.indexer_topk.indexer_topk_out(*self.args, w.topk, w.layout.value, *self.out, self.workspace,
-                                                w.weight_scale, self.backend, check_values, self.rpr)
+                                                w.weight_scale, self.backend, check_values, self.rpr, self.order)
 
     def direct(self) -> None:
         """:meth:`step` through the Python API, without the operator's dispatch."""
@@ -259,7 +268,7 @@ class OurPath:
         w = self.w
         api.indexer_topk(*self.args, topk=w.topk, layout=w.layout.value, weight_scale=w.weight_scale,
                          backend=self.backend, out=self.out, workspace=self.workspace, check_values=False,
-                         rows_per_request=self.rpr)
+                         rows_per_request=self.rpr, order=self.order)
 
 
 def route_of(w, shape: MixShape) -> str:
@@ -345,7 +354,7 @@ def _inputs_and_legacy(shape: MixShape, device, seed: int):
     hint = shape.rows_per_request if shape.kind == "decode" else None
     workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
                             dtype=torch.uint8, device=device)
-    base = OurPath(w, "legacy", None, device, hint)  # its own matrix, as an engine's fallback has
+    base = OurPath(w, "legacy", None, device, hint, serving_order(shape))  # its own matrix, as an engine's fallback has
     base.step()
     return w, hint, workspace, base
 
@@ -359,7 +368,7 @@ def retime_auto(rec: dict, *, device="cuda", iters: int = 10, host_calls: int = 
 
     shape = MixShape.from_record(rec)
     w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
-    path = OurPath(w, "auto", workspace, device, hint)
+    path = OurPath(w, "auto", workspace, device, hint, base.order)
     eager = None
     if not timed_in_graphs(shape, device):
         path.step()  # compiles and records, outside the timing
@@ -422,14 +431,15 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
         graphs = timed_in_graphs(shape, device)
         rec = {**asdict(shape), "rows": shape.rows, "timing": "graph" if graphs else "eager",
                "route": None, "ours_ms": None, "host_us": None, "matches_legacy": None,
-               "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape)}
+               "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape),
+               "order": serving_order(shape)}
         try:
             w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
             synchronize(device)
             legacy_bits = [t.clone() for t in base.out]
             outs, paths = {}, {}
             for name in ["auto", *candidates]:
-                path = base if name == "legacy" else OurPath(w, name, workspace, device, hint)
+                path = base if name == "legacy" else OurPath(w, name, workspace, device, hint, base.order)
                 try:
                     path.step()  # compiles and records; a backend that cannot run here says so now
                 except BackendUnavailable as exc:
