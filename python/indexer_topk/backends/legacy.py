@@ -518,7 +518,9 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
     check_runnable(keys.device)
     unsorted = order == ORDER_POSITION  # the selection is in position order until the finish sorts it
     if search == "rows":
-        sort_bits = 0 if unsorted else row_sort_bits(row_count, keys.shape[1])
+        sort_bits = row_sort_bits(row_count, keys.shape[1])  # its settings refused by name either way
+        if unsorted:
+            sort_bits = 0
         sm_count = device_sm_count(keys.device)
         programs, warps = row_programs(row_count, sm_count)
         # each program's candidate pool, used by rows longer than the tile only (torch.empty: an
