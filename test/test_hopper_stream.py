@@ -5,6 +5,7 @@ Its kernel is Gluon for sm_90 and runs only there (the ``gpu`` tests below and t
 configuration's rules and that the fused backend falls back to the plain-Triton kernel.
 """
 
+import dataclasses
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,7 +17,7 @@ from indexer_topk.backends.fused import fused_indexer_topk, plan_fused
 from indexer_topk.backends.fused import hopper_indexer_topk
 from indexer_topk.backends.hopper import hopper_kernels, why_not_stream
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.contract import allocate_result, as_inputs
+from indexer_topk.contract import allocate_result, as_inputs, by_position
 from indexer_topk.kernels.launch import pack_args, tile_config
 from indexer_topk.workload import make_workload
 
@@ -223,6 +224,20 @@ def test_gpu_stream_equals_legacy_into_poisoned_outputs(layout, pattern, topk, p
     inputs = w.inputs()
     out = run_stream_into_poison(inputs, w.rows, topk, pool=pool, num_splits=splits)
     assert_bitwise(out, legacy_indexer_topk(inputs), f"stream {layout} {pattern} topk {topk} pool {pool} splits {splits}")
+
+
+@pytest.mark.gpu
+@hopper_only
+@pytest.mark.parametrize("layout", ["sglang_fp8", "sglang_mxfp4"])
+@pytest.mark.parametrize("splits", [None, 4])
+def test_gpu_stream_position_order_lays_out_legacys_entries(layout, splits):
+    """``order="position"``: the finish sorts a one-split row by position instead of by score and
+    the merge leaves split rows unsorted; the entries and bits of legacy's best-first rows."""
+    w = make_workload(layout, context_tokens=[9000, 70000], rows_per_request=[5, 3], topk=1024, seed=12,
+                      device="cuda")
+    inputs = dataclasses.replace(w.inputs(), order="position")
+    out = run_stream_into_poison(inputs, w.rows, 1024, num_splits=splits)
+    assert_bitwise(out, by_position(legacy_indexer_topk(w.inputs())), f"stream {layout} splits {splits}")
 
 
 @pytest.mark.gpu

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
+from ..contract import ORDER_POSITION, PAGE_SIZE, IndexerTopKResult, Layout, allocate_result, as_inputs, check_workspace
 from ..kernels.fused import clear_queue_kernel, fused_topk_kernel
 from ..kernels.launch import (
     SELECT_CHUNK, SELECT_WARPS, device_sm_count, launch_options, launches_kernels, pack_args, tile_config,
@@ -25,7 +25,6 @@ from ..kernels.launch import (
 from ..kernels.select import MODE_SEGMENTS, merge_lists_kernel, select_rows_kernel
 from ..replay import launch
 from .hopper import launch_stream, why_not_stream
-from .ordering import lay_out_rows
 
 PROGRAMS_PER_SM = 2  # two programs per SM: one scores while the other waits or cuts
 MAX_SPLITS = 64
@@ -128,11 +127,12 @@ class FusedPlan:
             self.strip_entries + self.segment_counts + self.merge_counts
         )
 
-    def constexprs(self, layout_id: int, tma: bool, interpret: bool, stages: int) -> dict:
-        """The fused kernel's compile-time arguments for this plan."""
+    def constexprs(self, layout_id: int, tma: bool, interpret: bool, stages: int, position: bool = False) -> dict:
+        """The fused kernel's compile-time arguments for this plan (``position``: rows laid out in
+        ascending positions, ``order="position"``)."""
         return dict(
             LAYOUT=layout_id, R=self.group_rows, TOPK=self.topk, CAP=self.cap, TILE=self.tile,
-            STRIP=self.strip, TMA=tma, INTERPRET=interpret, STAGES=stages,
+            STRIP=self.strip, TMA=tma, INTERPRET=interpret, STAGES=stages, POSITION=position,
         )
 
 
@@ -289,6 +289,7 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
     if stream is not None and why is not None:
         raise ValueError(f"the Hopper stream does not apply: {why}")
     rows, topk, device = ka.q.shape[0], inputs.topk, ka.kc.device
+    position = inputs.order == ORDER_POSITION  # each finish lays rows out by position instead of sorting them
     if out is None:
         out = allocate_result(rows, topk, device)
     if rows == 0:
@@ -314,18 +315,19 @@ def fused_call(inputs, out, workspace, num_splits, pool, stream: Optional[dict] 
             width, ka.seq_lens, rows, float(inputs.weight_scale), buf_key, buf_pos, strip, queue, n_items, span,
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, seg_key, seg_pos,
             seg_cnt, plan.splits,
-            **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages),
+            **plan.constexprs(ka.layout, ka.tma, ka.interpret, cfg.fused_stages, position),
             num_warps=cfg.num_warps, num_stages=cfg.fused_stages, **launch_options(cfg.fused_maxnreg, ka.interpret),
         )
     if plan.splits > 1:
-        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt, merge)
-    lay_out_rows(out, inputs.order, topk, 0, rows)  # every finish above writes best first
+        merge_split_lists(ka, plan, out, seg_key, seg_pos, seg_cnt, merge, position)
     return out
 
 
-def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_pos, seg_cnt, merge=()) -> None:
+def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_pos, seg_cnt, merge=(),
+                      position: bool = False) -> None:
     """The exact merge of split rows: each row's ``plan.splits`` lists of at most ``topk``
-    entries in position order (``seg_*``, as the streaming kernels leave them) become its outputs.
+    entries in position order (``seg_*``, as the streaming kernels leave them) become its outputs
+    (best first, or left in position order with ``position``).
 
     A tree: while a row has more than ``MERGE_FANIN`` lists, each run of ``MERGE_FANIN``
     consecutive lists becomes one list of its best ``topk`` (still in position order) in the
@@ -345,7 +347,7 @@ def merge_split_lists(ka, plan: FusedPlan, out: IndexerTopKResult, seg_key, seg_
         select_rows_kernel, (plan.rows,), seg_key, seg_pos, seg_cnt, lists * plan.topk, ka.seq_lens, ka.page_table, ka.page_table.stride(0),
         out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, 0, seg_cnt, seg_cnt,
         MODE=MODE_SEGMENTS, TOPK=plan.topk, SPLITS=lists, CHUNK=_merge_chunk(lists, plan.topk), KNOWN_T=False,
-        num_warps=_merge_warps(plan.rows, sms),
+        SORT_BITS=0 if position else 64, num_warps=_merge_warps(plan.rows, sms),
     )
 
 

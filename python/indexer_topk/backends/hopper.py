@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 import triton
 
-from ..contract import PAGE_SIZE, IndexerTopKResult, Layout
+from ..contract import ORDER_POSITION, PAGE_SIZE, IndexerTopKResult, Layout
 from ..envs import envs
 from ..kernels.launch import bulk_copies_available, device_sm_count
 from ..replay import launch
@@ -101,5 +101,5 @@ def launch_stream(inputs, ka, cfg, plan, out: IndexerTopKResult, buffers, width:
     launch(
         kernels.finish_rows_kernel, (rows * plan.splits,), ka.seq_lens, ka.page_table, ka.page_table.stride(0), width, out_bits, out.raw_indices,
         out.physical_indices, out.counts, seg_key, seg_pos, seg_cnt, plan.splits, TOPK=plan.topk, TILE=plan.tile,
-        num_warps=config.finish_warps,
+        POSITION=inputs.order == ORDER_POSITION, num_warps=config.finish_warps,
     )

@@ -1,4 +1,4 @@
-"""``order="position"`` for the finishes that write each row best first."""
+"""``order="position"`` for the finishes that write each row best first (the split select's)."""
 
 from __future__ import annotations
 

@@ -125,8 +125,11 @@ def _flush(
 def _finish_row(
     buf_key, buf_pos, count, seq_len, row, split, splits, pt_ptr, stride_pt,
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-    TOPK: tl.constexpr, TILE: tl.constexpr, CUT: tl.constexpr = True,
+    TOPK: tl.constexpr, TILE: tl.constexpr, CUT: tl.constexpr = True, POSITION: tl.constexpr = False,
 ):
+    """A row's (or, with ``splits > 1``, a split list's) at most ``CAP`` entries, in any order,
+    made the row's outputs (best first; with ``POSITION``, ``order="position"``, in ascending
+    positions) or a split list in position order."""
     row64 = row.to(tl.int64)
     seq_len = tl.maximum(seq_len, 0)  # with the value checks off a length may be negative
     if CUT and count > TOPK:
@@ -134,12 +137,16 @@ def _finish_row(
         count = tl.minimum(count, TOPK)
         tl.debug_barrier()
     if splits == 1:
-        if seq_len <= TOPK:  # the contract keeps a short row's positions in ascending order
+        SORT_BITS: tl.constexpr = 0 if POSITION else 64
+        if POSITION:  # the sort by position is the row's only one
+            order_by_position(buf_key, buf_pos, count, TOPK)
+            tl.debug_barrier()
+        elif seq_len <= TOPK:  # the contract keeps a short row's positions in ascending order
             order_by_position(buf_key, buf_pos, count, TOPK)
             tl.debug_barrier()
         finalize_row(
             buf_key, buf_pos, tl.minimum(tl.minimum(seq_len, TOPK), count), seq_len, pt_ptr + row64 * stride_pt,
-            out_bits + row64 * TOPK, out_raw + row64 * TOPK, out_phys + row64 * TOPK, out_cnt + row, TOPK,
+            out_bits + row64 * TOPK, out_raw + row64 * TOPK, out_phys + row64 * TOPK, out_cnt + row, TOPK, SORT_BITS,
         )
     else:
         order_by_position(buf_key, buf_pos, count, TOPK)
@@ -162,6 +169,7 @@ def fused_topk_kernel(
     out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, splits,
     LAYOUT: tl.constexpr, R: tl.constexpr, TOPK: tl.constexpr, CAP: tl.constexpr, TILE: tl.constexpr,
     STRIP: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr,
+    POSITION: tl.constexpr = False,
 ):
     pid = tl.program_id(0).to(tl.int64)
     key_base = buf_key_all + pid * (R * CAP)
@@ -211,7 +219,7 @@ def fused_topk_kernel(
                 _finish_row(
                     key_base + r * CAP, pos_base + r * CAP, pick(count, r, R), seq_len, row, split, splits,
                     pt_ptr, stride_pt, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt,
-                    TOPK, TILE,
+                    TOPK, TILE, True, POSITION,
                 )
                 tl.debug_barrier()
         item = tl.atomic_add(queue, 1)

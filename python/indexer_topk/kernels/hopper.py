@@ -858,11 +858,12 @@ def group_pass_kernel(pt_ptr, stride_pt, width, seq_lens, n_rows, group_pass, R:
 @triton.jit(do_not_specialize=["stride_pt", "width", "splits"])
 def finish_rows_kernel(
     seq_lens, pt_ptr, stride_pt, width, out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, splits,
-    TOPK: tl.constexpr, TILE: tl.constexpr,
+    TOPK: tl.constexpr, TILE: tl.constexpr, POSITION: tl.constexpr = False,
 ):
     """One program per (row, split): the at most ``TOPK`` unordered entries a streaming kernel left
     for it (in the row's output slots with one split, else in its split list) become the row's
-    outputs, or a split list in position order for the merge kernel."""
+    outputs (in ascending positions with ``POSITION``), or a split list in position order for the
+    merge kernel."""
     i = tl.program_id(0)
     row = i // splits
     split = i % splits
@@ -880,7 +881,7 @@ def finish_rows_kernel(
     # registers a cut's tile would hold would halve the programs an SM runs at once
     _finish_row(
         buf_key, buf_pos, tl.minimum(count, TOPK), seq_len, row, split, splits, pt_ptr, stride_pt,
-        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE, False,
+        out_bits, out_raw, out_phys, out_cnt, seg_key, seg_pos, seg_cnt, TOPK, TILE, False, POSITION,
     )
 
 

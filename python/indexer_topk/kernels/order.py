@@ -1,10 +1,11 @@
 """Rows of finished outputs laid out again in ascending positions (``order="position"``).
 
-The row select and the key-matrix select leave a row's selection in position order before they
-sort it, so they honour ``order="position"`` by not sorting (:func:`.select.finalize_row`,
-``SORT_BITS = 0``). The other finishes (the split select's, the fused merge's, the Hopper
-stream's, AITER's) write best first; this kernel then moves each row's entries to ascending
-positions in place: the same entries, hence the same bits as a finish that never sorted.
+Most finishes honour ``order="position"`` themselves: the row select, the key-matrix select and
+the fused merge hold a row's selection in position order before they sort it, so they do not sort
+(:func:`.select.finalize_row`, ``SORT_BITS = 0``), and the fused finish of a one-split row sorts
+it by position instead of by score. The split select's finish (decode batches, by bins or by a
+search) places entries best first; this kernel then moves each row's entries to ascending
+positions in place: the same entries, hence the same bits.
 """
 
 import triton
