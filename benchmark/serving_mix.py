@@ -61,9 +61,9 @@ def render(doc: dict) -> str:
         + (f", each behind a {env['graph_hold_cycles']:,}-cycle spin of the GPU (its events time its kernels, "
            "not its launch)" if env.get("graph_hold_cycles") else "")
         + ". Ratios are ours / SGLang (below 1: ours faster)."
-        + (" Ours and legacy return prefill rows in ascending positions (`order=\"position\"`, as the SGLang "
-           "plugin asks; SGLang's own path returns them unordered), decode rows best first."
-           if any(r.get("order") == "position" for r in doc["records"]) else "")
+        + (" Routes marked \"by position\" return each row in ascending positions (`order=\"position\"`, what "
+           "the SGLang plugin asks of them; SGLang's own path returns rows unordered), ours and legacy alike; "
+           "the others best first." if any(r.get("order") == "position" for r in doc["records"]) else "")
         + (" L2-cold: decode replays with the L2 cache overwritten before each (the keys read from HBM, as "
            "in serving, where each layer reads its own cache); the other decode columns replay with the "
            "keys left in L2 by the replay before where they fit." if cold else ""),
@@ -84,6 +84,8 @@ def render(doc: dict) -> str:
         floor = r.get("decode_floor_ms")
         pct = f"{100 * floor / r['ours_ms']:.0f}%" if floor and r.get("ours_ms") else "-"
         route = r.get("route") if not r.get("source") else f"{r.get('route')} (commit {r['source'].get('commit')})"
+        if r.get("order") == "position":
+            route += ", by position"
         line = (f"| {shape.label} | {route} | {_f(r.get('ours_ms'))} | {_f(r.get('sglang_ms'))} | "
                 f"{_f(ratio, '{:.2f}x')} | {_f(r.get('legacy_ms'))} | {host} | {r.get('matches_legacy')} | "
                 f"{_f(r.get('sglang_overlap'), '{:.4f}')} | {pct} |")

@@ -19,7 +19,7 @@ from indexer_topk import api
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.backends.fused import fused_indexer_topk
 from indexer_topk.backends.legacy import legacy_indexer_topk
-from indexer_topk.contract import by_position
+from indexer_topk.contract import as_inputs, by_position
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.reference import reference_indexer_topk
 
@@ -142,3 +142,32 @@ def test_unknown_orders_are_refused_by_the_fake_operator():
             torch.ops.indexer_topk.indexer_topk(*args, kw["topk"], kw["layout"], order="rank")
         values, *_ = torch.ops.indexer_topk.indexer_topk(*args, kw["topk"], kw["layout"], order="position")
         assert values.shape == (wl.rows, kw["topk"])
+
+
+@pytest.mark.parametrize("layout, backend, rows, width, decode, want", [
+    ("sglang_fp8", "fused", 8, 4096, False, "position"),        # the fused finishes lay rows out in place of a sort
+    ("sglang_fp8", "legacy", 1024, 4096, False, "position"),    # the row select
+    ("sglang_mxfp4", "legacy", 8, 4096, False, "score"),        # few rows: the split select sorts, then lays out
+    ("sglang_fp8", "legacy", 128, 196608, False, "score"),      # no more long rows than SMs: the split select too
+    ("sglang_fp8", "legacy", 256, 196608, False, "position"),   # more: the row select
+    ("sglang_fp8", "fused", 8, 4096, True, "score"),            # a decode step keeps best first
+    ("aiter_mxfp4", "fused", 1024, 4096, False, "score"),       # AITER's layout keeps AITER's order
+    ("sglang_fp8", "reference", 1024, 4096, False, "score"),
+])
+def test_serving_order_asks_for_positions_where_they_cost_nothing(layout, backend, rows, width, decode, want,
+                                                                   monkeypatch):
+    from indexer_topk.kernels import launch
+    from indexer_topk.policy import serving_order
+
+    monkeypatch.setattr(launch, "device_sm_count", lambda device: 132)  # an H100's SMs, on any machine
+
+    assert serving_order(layout, backend, rows, width, "cpu", decode=decode) == want
+
+
+def test_backends_refuse_a_misspelt_order():
+    """A backend called directly reads the order as a flag: inputs carrying another value are not made."""
+    wl = build(CASES[0], "cpu")
+    with pytest.raises(ValueError, match="^order: expected one of"):
+        dataclasses.replace(wl.inputs(), order="Position")
+    with pytest.raises(ValueError, match="^order: expected one of"):
+        as_inputs(wl.args(), topk=TOPK, layout=wl.layout.value, order="positions")

@@ -175,7 +175,10 @@ def indexer_topk(
         entries in ascending positions in every row. SGLang's sparse attention reads the
         selection as a set (its own CUDA top-k returns it unordered): ``"position"`` spares the
         sort of each row where the selection is made in position order (the legacy backend's
-        row select); the other finishes sort best first and then lay the row out again.
+        row select, the fused backend's merge of split rows; its one-split finish sorts by
+        position in place of score). Legacy's split select (few rows) sorts best first, then lays
+        rows out in a further pass (:func:`indexer_topk.policy.serving_order` asks for positions
+        only where they cost nothing more).
 
     Values must keep the kernels' fp32 intermediates in range: for each row with positions to
     score, ``max(D, sum_h |weights[r, h]| * D * max(1, K)) <= 2**127``, where ``D`` is the

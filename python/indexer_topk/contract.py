@@ -119,7 +119,8 @@ class IndexerTopKResult(NamedTuple):
     """Outputs of one indexer top-k call; all ``[rows, topk]`` except ``counts`` ``[rows]``.
 
     values : float32
-        Scores of the selected positions, best first; ``-inf`` past ``counts``.
+        Scores of the selected positions, best first (in ascending positions with
+        ``order="position"``); ``-inf`` past ``counts``.
     raw_indices : int32
         Logical C4 positions; ``-1`` past ``counts``.
     physical_indices : int32
@@ -252,6 +253,10 @@ class IndexerInputs:
     weight_scale: float = 1.0
     order: str = ORDER_SCORE
 
+    def __post_init__(self):
+        # backends read the order as a flag: a misspelt one would quietly give best first
+        check_order(self.order)
+
     @classmethod
     def of(cls, tensors: Sequence, *, topk: int, layout, weight_scale: float = 1.0,
            order: str = ORDER_SCORE) -> "IndexerInputs":
@@ -273,7 +278,7 @@ class IndexerInputs:
         return self.q.device
 
 
-def as_inputs(inputs, *, topk=None, layout=None, weight_scale=None) -> IndexerInputs:
+def as_inputs(inputs, *, topk=None, layout=None, weight_scale=None, order=None) -> IndexerInputs:
     """A backend's first argument as :class:`IndexerInputs`.
 
     Backends take an :class:`IndexerInputs`; for callers that hold the seven tensors as a
@@ -281,12 +286,14 @@ def as_inputs(inputs, *, topk=None, layout=None, weight_scale=None) -> IndexerIn
     ``weight_scale`` keywords, made into unchecked inputs by :meth:`IndexerInputs.of`.
     """
     if isinstance(inputs, IndexerInputs):
-        if topk is not None or layout is not None or weight_scale is not None:
-            raise TypeError("topk, layout and weight_scale come with the IndexerInputs; pass them only with a tuple")
+        if topk is not None or layout is not None or weight_scale is not None or order is not None:
+            raise TypeError("topk, layout, weight_scale and order come with the IndexerInputs; pass them only with "
+                            "a tuple")
         return inputs
     if topk is None or layout is None:
         raise TypeError("a tuple of input tensors needs topk= and layout=")
-    return IndexerInputs.of(inputs, topk=topk, layout=layout, weight_scale=1.0 if weight_scale is None else weight_scale)
+    return IndexerInputs.of(inputs, topk=topk, layout=layout, weight_scale=1.0 if weight_scale is None else weight_scale,
+                            order=ORDER_SCORE if order is None else order)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -567,14 +567,6 @@ def _rows_per_request(forward_batch, rows: int) -> Optional[int]:
     return rows // batch
 
 
-def _order(call: "_Call", rows_per_request: Optional[int]) -> str:
-    """How the call's rows are laid out. SGLang's sparse attention reads a row's selection as a
-    set, and its own CUDA top-k leaves it unordered: a prefill call takes ascending positions,
-    which our row select gives without sorting; a decode step's split select finishes best first,
-    so it keeps that order, as the AITER branch keeps AITER's."""
-    return "score" if call.aiter or rows_per_request is not None else "position"
-
-
 def _exact_out(t: Optional[torch.Tensor], shape, dtype) -> Optional[torch.Tensor]:
     if t is not None and tuple(t.shape) == tuple(shape) and t.dtype == dtype and t.is_contiguous():
         return t
@@ -621,7 +613,8 @@ def _run_fused(original, a, call: _Call):
             page_table.to(torch.int32).contiguous(), c4_seq_lens.reshape(-1).to(torch.int32).contiguous(),
             topk=topk, layout=call.layout, weight_scale=weight_scale, backend=call.backend,
             out=out, workspace=workspace, check_values=False, rows_per_request=rows_per_request,
-            order=_order(call, rows_per_request),
+            order=_policy.serving_order(call.layout, call.backend, rows, page_table.shape[1] * PAGE_SIZE, device,
+                                        decode=rows_per_request is not None),
         )
     except Exception as exc:
         return _demote_and_rerun(original, a, call, exc)

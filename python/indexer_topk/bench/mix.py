@@ -8,7 +8,8 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
 - **ours**: ``backend="auto"`` through the out operator
   (``torch.ops.indexer_topk.indexer_topk_out``) with a caller-owned workspace and
   ``check_values=False``, and the backend it took (``route``), in the order the SGLang plugin asks
-  for (:func:`serving_order`, the record's ``order``: SGLang's own path returns rows unordered);
+  of that route (:func:`indexer_topk.policy.serving_order`, the record's ``order``: SGLang's own
+  path returns rows unordered), as every candidate below is;
 - each of our exact backends (``candidates``: ``fused``, ``legacy``, and ``aiter`` where it
   runs) the same way, each compared with legacy bit for bit;
 - the serving engine's own path where it has one (SGLang's: DeepGEMM's MQA logits, then its
@@ -45,6 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
+from ..policy import serving_order
 from .timing import l2_evictor, median_ms, queue_hold, synchronize, time_call
 
 # key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
@@ -236,12 +238,6 @@ def selection_overlap(theirs: torch.Tensor, ours: torch.Tensor) -> float:
     return float(hit.sum()) / total if total else 1.0
 
 
-def serving_order(shape: MixShape) -> str:
-    """The ``order`` the SGLang plugin asks for on a call of ``shape`` (its ``_order``): a prefill
-    call's rows in ascending positions, a decode step's best first."""
-    return "position" if shape.kind == "prefill" else "score"
-
-
 class OurPath:
     """One of our backends on one workload through the out operator, as an engine calls it."""
 
@@ -354,7 +350,9 @@ def _inputs_and_legacy(shape: MixShape, device, seed: int):
     hint = shape.rows_per_request if shape.kind == "decode" else None
     workspace = torch.empty(indexer_topk.workspace_size(w.rows, w.topk, w.layout.value, device=device),
                             dtype=torch.uint8, device=device)
-    base = OurPath(w, "legacy", None, device, hint, serving_order(shape))  # its own matrix, as an engine's fallback has
+    order = serving_order(shape.layout, route_of(w, shape), w.rows, w.page_table.shape[1] * PAGE_SIZE, device,
+                          decode=shape.kind == "decode")
+    base = OurPath(w, "legacy", None, device, hint, order)  # its own matrix, as an engine's fallback has
     base.step()
     return w, hint, workspace, base
 
@@ -432,11 +430,12 @@ def run_mix(shapes: Sequence[MixShape], *, device="cuda", candidates: Sequence[s
         rec = {**asdict(shape), "rows": shape.rows, "timing": "graph" if graphs else "eager",
                "route": None, "ours_ms": None, "host_us": None, "matches_legacy": None,
                "sglang_overlap": None, "candidates": {}, "legacy_ms": None, "decode_floor_ms": decode_floor_ms(shape),
-               "order": serving_order(shape)}
+               "order": None}
         try:
             w, hint, workspace, base = _inputs_and_legacy(shape, device, seed)
             synchronize(device)
             legacy_bits = [t.clone() for t in base.out]
+            rec["order"] = base.order
             outs, paths = {}, {}
             for name in ["auto", *candidates]:
                 path = base if name == "legacy" else OurPath(w, name, workspace, device, hint, base.order)
