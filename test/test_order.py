@@ -157,7 +157,7 @@ def test_unknown_orders_are_refused_by_the_fake_operator():
 def test_serving_order_asks_for_positions_where_they_cost_nothing(layout, backend, rows, width, decode, want,
                                                                    monkeypatch):
     from indexer_topk.kernels import launch
-    from indexer_topk.policy import serving_order
+    from indexer_topk.orders import serving_order
 
     monkeypatch.setattr(launch, "device_sm_count", lambda device: 132)  # an H100's SMs, on any machine
 

@@ -177,7 +177,7 @@ def indexer_topk(
         sort of each row where the selection is made in position order (the legacy backend's
         row select, the fused backend's merge of split rows; its one-split finish sorts by
         position in place of score). Legacy's split select (few rows) sorts best first, then lays
-        rows out in a further pass (:func:`indexer_topk.policy.serving_order` asks for positions
+        rows out in a further pass (:func:`indexer_topk.orders.serving_order` asks for positions
         only where they cost nothing more).
 
     Values must keep the kernels' fp32 intermediates in range: for each row with positions to

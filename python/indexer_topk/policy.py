@@ -371,21 +371,6 @@ def _apply_log_level() -> None:
         log.addHandler(handler)
 
 
-def serving_order(layout, backend: str, rows: int, width: int, device, decode: bool) -> str:
-    """The ``order`` an engine asks of ``backend`` for a call of ``rows`` rows over ``width`` C4
-    positions a page-table row (the SGLang plugin's, and the serving mix's). SGLang's CUDA branch
-    reads a row's selection as a set (its own top-k leaves it unordered), so a prefill call takes
-    ascending positions where the backend's finish gives them in place of its sort
-    (:func:`indexer_topk.backends.ordering.position_order_free`); a decode step, whose split
-    select finishes best first, and the AITER layout's calls (AITER's own order) keep
-    ``"score"``."""
-    if decode or parse_layout(layout) is Layout.AITER_MXFP4 or backend not in ("legacy", "fused"):
-        return "score"
-    from .backends.ordering import position_order_free
-
-    return "position" if position_order_free(backend, rows, width, device) else "score"
-
-
 def default_policy() -> PathPolicy:
     """The process-wide policy: built on first use (thread-safe, its line logged once), then
     frozen for the life of the process. Build it before any graph capture."""

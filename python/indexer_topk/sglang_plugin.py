@@ -39,6 +39,7 @@ import torch
 from . import api as _api
 from . import policy as _policy
 from .contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES, SUPPORTED_TOPK, IndexerTopKResult
+from .orders import serving_order
 from .workspaces import Workspaces
 
 logger = logging.getLogger(__name__)
@@ -613,8 +614,8 @@ def _run_fused(original, a, call: _Call):
             page_table.to(torch.int32).contiguous(), c4_seq_lens.reshape(-1).to(torch.int32).contiguous(),
             topk=topk, layout=call.layout, weight_scale=weight_scale, backend=call.backend,
             out=out, workspace=workspace, check_values=False, rows_per_request=rows_per_request,
-            order=_policy.serving_order(call.layout, call.backend, rows, page_table.shape[1] * PAGE_SIZE, device,
-                                        decode=rows_per_request is not None),
+            order=serving_order(call.layout, call.backend, rows, page_table.shape[1] * PAGE_SIZE, device,
+                                decode=rows_per_request is not None),
         )
     except Exception as exc:
         return _demote_and_rerun(original, a, call, exc)

@@ -20,19 +20,3 @@ def lay_out_rows(out: IndexerTopKResult, order: str, topk: int, row_start: int, 
     check_runnable(out.raw_indices.device)
     launch(position_order_kernel, (rows,), out.values.view(torch.int32), out.raw_indices, out.physical_indices,
            row_start, TOPK=topk, num_warps=ORDER_WARPS)
-
-
-def position_order_free(backend: str, rows: int, width: int, device) -> bool:
-    """Whether ``order="position"`` costs ``backend`` no more than ``"score"`` on a call of
-    ``rows`` rows over ``width`` C4 positions a page-table row: the fused finishes and legacy's row
-    select lay a row out by position in place of sorting it; legacy's split select (few rows, or
-    few long ones: :func:`.legacy.select_way`) sorts it, then lays it out in a further pass; AITER
-    and the reference, a pass of torch ops."""
-    if backend == "fused":
-        return True
-    if backend != "legacy":
-        return False
-    from ..kernels.launch import device_sm_count
-    from .legacy import select_way
-
-    return select_way(rows, width, device_sm_count(device)) == "rows"

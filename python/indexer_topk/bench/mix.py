@@ -8,7 +8,7 @@ last ``rows`` query rows of one request of ``context_tokens`` tokens) or a decod
 - **ours**: ``backend="auto"`` through the out operator
   (``torch.ops.indexer_topk.indexer_topk_out``) with a caller-owned workspace and
   ``check_values=False``, and the backend it took (``route``), in the order the SGLang plugin asks
-  of that route (:func:`indexer_topk.policy.serving_order`, the record's ``order``: SGLang's own
+  of that route (:func:`indexer_topk.orders.serving_order`, the record's ``order``: SGLang's own
   path returns rows unordered), as every candidate below is;
 - each of our exact backends (``candidates``: ``fused``, ``legacy``, and ``aiter`` where it
   runs) the same way, each compared with legacy bit for bit;
@@ -46,7 +46,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..contract import PAGE_SIZE, SGLANG_FP8_SLOT_BYTES, SGLANG_MXFP4_SLOT_BYTES
-from ..policy import serving_order
+from ..orders import serving_order
 from .timing import l2_evictor, median_ms, queue_hold, synchronize, time_call
 
 # key bytes a position (AITER's MXFP4 page holds the same bytes as SGLang's, split otherwise)
