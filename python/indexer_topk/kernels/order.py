@@ -11,14 +11,14 @@ positions in place: the same entries, hence the same bits.
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, LOW32, sort1d, wait_for_producer
+from .common import INT32_MAX, LOW32, sort1d
 
 
 @triton.jit(do_not_specialize=["row_start"])
-def position_order_kernel(out_bits, out_raw, out_phys, row_start, TOPK: tl.constexpr, PDL: tl.constexpr = False):
+def position_order_kernel(out_bits, out_raw, out_phys, row_start, TOPK: tl.constexpr):
     """Program ``i``: row ``row_start + i`` of the three ``[rows, TOPK]`` int32 outputs (values
-    as fp32 bits), entries sorted by position, unused slots (position ``-1``) kept last."""
-    wait_for_producer(PDL)
+    as fp32 bits), entries sorted by position, unused slots (position ``-1``) kept last. Launched
+    in stream order after the finish (no programmatic dependent launch): it reads what that wrote."""
     base = (row_start + tl.program_id(0)).to(tl.int64) * TOPK
     offs = tl.arange(0, TOPK)
     raw = tl.load(out_raw + base + offs)
