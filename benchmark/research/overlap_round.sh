@@ -16,39 +16,34 @@ export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:
 OUT=${OUT:-/tmp/overlap_round}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 PROBE_S=${PROBE_S:-300} SORT_S=${SORT_S:-100} SPLIT_S=${SPLIT_S:-120} NCU_S=${NCU_S:-80}
-if [ "$PROBE_S" != 0 ]; then
-  # shellcheck disable=SC2086
-  timeout -k 10 "$PROBE_S" python3 benchmark/research/overlap_probe.py --out "$OUT/overlap_probe.json" \
-    ${PROBE_ARGS:-} > "$OUT/overlap_probe.log" 2>&1
-  echo "== overlap probe rc $?"
-else
-  echo "== overlap probe skipped"
-fi
-if [ "$SORT_S" != 0 ]; then
-  timeout -k 10 "$SORT_S" python3 benchmark/research/row_select.py --ways rows --patterns random \
-    --configs 4096:8:2:128:64,4096:8:2:128:32,4096:8:2:128:pos --shapes 128x4096,1024x4096,8192x4096,1024x16384 \
-    --json "$OUT/row_sort.json" > "$OUT/row_sort.log" 2>&1
-  echo "== row select's sort rc $?"
-  tail -6 "$OUT/row_sort.log"
-else
-  echo "== row select's sort skipped"
-fi
-if [ "$SPLIT_S" != 0 ]; then
-  timeout -k 10 "$SPLIT_S" python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 30 \
-    --cold --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K \
-    --out "$OUT/programs_127.json" > "$OUT/programs_127.log" 2>&1
-  echo "== gathering programs rc $?"
-  tail -12 "$OUT/programs_127.log"
-else
-  echo "== gathering programs skipped"
-fi
-if [ "$NCU_S" != 0 ]; then
-  SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel SOURCE_MODULE=python/indexer_topk/kernels/score.py \
-    NCU_S=$NCU_S OUT=$OUT bash benchmark/research/ncu_decode.sh > "$OUT/ncu_mxfp4.log" 2>&1
-  echo "== ncu rc $?"
-  grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" "$OUT/ncu_mxfp4.log" | head -24
-else
-  echo "== ncu skipped"
-fi
+# step NAME LIMIT LOG LINES COMMAND...: COMMAND under LIMIT seconds (0 skips it), its output in
+# $OUT/LOG, then the log's last LINES lines
+step() {
+  local name=$1 limit=$2 log=$3 lines=$4
+  shift 4
+  if [ "$limit" = 0 ]; then
+    echo "== $name skipped"
+    return
+  fi
+  timeout -k 10 "$limit" "$@" > "$OUT/$log" 2>&1
+  echo "== $name rc $?"
+  [ "$lines" = 0 ] || tail -n "$lines" "$OUT/$log"
+}
+# shellcheck disable=SC2086
+step "overlap probe" "$PROBE_S" overlap_probe.log 0 \
+  python3 benchmark/research/overlap_probe.py --out "$OUT/overlap_probe.json" ${PROBE_ARGS:-}
+step "row select's sort" "$SORT_S" row_sort.log 6 \
+  python3 benchmark/research/row_select.py --ways rows --patterns random \
+  --configs 4096:8:2:128:64,4096:8:2:128:32,4096:8:2:128:pos --shapes 128x4096,1024x4096,8192x4096,1024x16384 \
+  --json "$OUT/row_sort.json"
+step "gathering programs" "$SPLIT_S" programs_127.log 12 \
+  python3 benchmark/research/split_decode.py --seed 0 --page-table-pad 0 --iters 30 --cold \
+  --configs "SPLIT_MORE_PROGRAMS_ROWS=127" --shapes 65x128K,96x128K,127x128K --out "$OUT/programs_127.json"
+# ncu_decode.sh limits each of its two profiles to NCU_S; the step's limit leaves room for both
+step "ncu" "$(( NCU_S ? 2 * NCU_S + 30 : 0 ))" ncu_mxfp4.log 0 \
+  env SHAPES=8x768K LAYOUT=sglang_mxfp4 SOURCE_KERNEL=logits_kernel SOURCE_MODULE=python/indexer_topk/kernels/score.py \
+  NCU_S="$NCU_S" OUT="$OUT" bash benchmark/research/ncu_decode.sh
+[ "$NCU_S" = 0 ] || grep -E "^== |Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" \
+  "$OUT/ncu_mxfp4.log" | head -24
 grep -E "two streams / one" "$OUT/overlap_probe.log" 2>/dev/null
 sed -n '/^| shape/,$p' "$OUT/overlap_probe.log" 2>/dev/null
