@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from indexer_topk.backends import legacy as legacy_backend
-from indexer_topk.contract import KEY_NAN, KEY_NONE, allocate_result, ordered_score_bits
+from indexer_topk.contract import KEY_NAN, KEY_NONE, allocate_result, by_position, ordered_score_bits
 from indexer_topk.guards import poisoned_result, unwritten_slots
 
 from kernel_cases import assert_contract, assert_matches_reference, build, pattern_cases, reference_result, run_legacy
@@ -89,11 +89,12 @@ def key_matrix(pattern: str, lens, width: int, device, seed: int = 0):
     return keys.to(device), lens_t.to(device)
 
 
-def select(keys, lens, topk, way, monkeypatch):
+def select(keys, lens, topk, way, monkeypatch, order="score"):
     rows, width = keys.shape
     out = poisoned_result(rows, topk, keys.device)
     monkeypatch.setattr(legacy_backend, "KTH_SEARCH", way)
-    legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, keys.device), topk=topk, out=out)
+    legacy_backend.legacy_select(keys, lens, page_table_for(rows, width, keys.device), topk=topk, out=out,
+                                 order=order)
     return out
 
 
@@ -116,33 +117,22 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
-def in_positions(res):
-    """A result's outputs (int32 views) with each row's entries in ascending positions, unused
-    slots (position -1) last."""
-    raw = res.raw_indices
-    order = torch.argsort(torch.where(raw < 0, torch.iinfo(torch.int32).max, raw), dim=1, stable=True)
-    return [t.view(torch.int32).gather(1, order) for t in res[:3]] + [res.counts]
-
-
 @pytest.mark.parametrize("pattern", ["scores", "ties"])
 def test_rows_unsorted_hold_the_sorted_entries(pattern, rows_way, monkeypatch, device):
-    """The finish's ``SORT_BITS = 0`` (no setting takes it; ``row_select.py`` times the sort with
-    it): every slot written, each row's selection in ascending positions, the entries of the
-    sorted run."""
+    """``order="position"`` (the finish's ``SORT_BITS = 0``, no sort): every slot written, each
+    row's selection in ascending positions, the entries of the sorted run."""
     width = 4160
     lens = [width, 1100, TOPK + 1, TOPK, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
     set_sort(monkeypatch, 64)
     want = select(keys, lens_t, TOPK, "rows", monkeypatch)
-    monkeypatch.setattr(legacy_backend, "row_sort_bits", lambda rows, width: 0)
-    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch, order="position")
     assert unwritten_slots(got) == []
     raw = got.raw_indices
     live = raw >= 0
     assert bool((raw[:, 1:] > raw[:, :-1])[live[:, 1:]].all()), "positions ascend"
     assert not torch.equal(got.raw_indices, want.raw_indices)  # the long rows were sorted in the other
-    for a, b in zip(in_positions(got), in_positions(want)):
-        assert torch.equal(a, b)
+    assert_same_bits(got, by_position(want))
 
 
 @pytest.mark.parametrize("setting,rows,width,bits", [

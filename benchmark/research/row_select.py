@@ -10,8 +10,9 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 :func:`indexer_topk.backends.legacy.legacy_select` replayed from a CUDA graph (kernel time, no
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
-none: the package's rule; ``pos`` in its place: no sort, each row's selection left in ascending positions, what
-the sort costs), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of ``--split-configs``, ``auto``
+none: the package's rule; ``pos`` in its place: ``order="position"``, each row left in ascending positions
+unsorted, what the sort costs), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
+``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
 config's after both are put in ascending positions).
@@ -29,7 +30,7 @@ import torch
 
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.bench.mix import graph_ms
-from indexer_topk.contract import KEY_NONE, allocate_result, ordered_score_bits
+from indexer_topk.contract import KEY_NONE, IndexerTopKResult, allocate_result, by_position, ordered_score_bits
 from indexer_topk.kernels.launch import device_sm_count
 
 
@@ -43,16 +44,8 @@ def key_matrix(rows, width, pattern, device):
     return ordered_score_bits(scores), scores
 
 
-def by_position(bits):
-    """A result's four outputs (int32 views) with each row's entries in ascending positions and
-    the unused slots (position -1) last: the same entries whatever their order."""
-    values, raw, phys, counts = bits
-    order = torch.argsort(torch.where(raw < 0, torch.iinfo(torch.int32).max, raw), dim=1, stable=True)
-    return [values.gather(1, order), raw.gather(1, order), phys.gather(1, order), counts]
-
-
-def run_select(keys, seq_lens, page_table, topk, out):
-    legacy_backend.legacy_select(keys, seq_lens, page_table, topk=topk, out=out)
+def run_select(keys, seq_lens, page_table, topk, out, order):
+    legacy_backend.legacy_select(keys, seq_lens, page_table, topk=topk, out=out, order=order)
 
 
 def main(argv=None) -> int:
@@ -79,7 +72,6 @@ def main(argv=None) -> int:
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
              "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
-    sort_rule = legacy_backend.row_sort_bits
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
         for pattern in args.patterns.split(","):
@@ -94,10 +86,10 @@ def main(argv=None) -> int:
                 for cfg in configs.split(",") if configs else [None]:
                     for k, v in shipped.items():
                         setattr(legacy_backend, k, v)
-                    legacy_backend.row_sort_bits = sort_rule
                     legacy_backend.KTH_SEARCH = way
                     name = way
                     unsorted = bool(cfg) and way == "rows" and cfg.endswith(":pos")
+                    order = "position" if unsorted else "score"
                     if cfg and way == "split":
                         warps, pps = (int(x) for x in cfg.split(":"))
                         legacy_backend.SPLIT_WARPS, legacy_backend.SPLIT_PROGRAMS_PER_SM = warps, pps
@@ -112,8 +104,6 @@ def main(argv=None) -> int:
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         legacy_backend.ROWS_SORT_BITS = bits or None
                         name = f"rows {cfg}"
-                        if unsorted:  # no setting takes the kernel's position order: the rule is replaced
-                            legacy_backend.row_sort_bits = lambda rows, width: 0
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"
                     if way == "radix" and rows * width > (1 << 24):
@@ -121,7 +111,8 @@ def main(argv=None) -> int:
                     out = allocate_result(rows, args.topk, device)
                     out.raw_indices.fill_(-7)
                     try:
-                        ms = graph_ms(lambda: run_select(keys, seq_lens, page_table, args.topk, out), iters=args.iters, device=device)
+                        ms = graph_ms(lambda: run_select(keys, seq_lens, page_table, args.topk, out, order),
+                                      iters=args.iters, device=device)
                     except Exception as e:  # a config that does not compile is a finding, not a stop
                         print(f"{shape} {pattern} {name}: {type(e).__name__}: {str(e)[:200]}", file=sys.stderr)
                         continue
@@ -129,7 +120,8 @@ def main(argv=None) -> int:
                     if ref is None:
                         ref = bits
                     if unsorted:
-                        same = all(torch.equal(a, b) for a, b in zip(by_position(bits), by_position(ref)))
+                        same = all(torch.equal(a.view(torch.int32), b.view(torch.int32)) for a, b in
+                                   zip(by_position(IndexerTopKResult(*bits)), by_position(IndexerTopKResult(*ref))))
                     else:
                         same = all(torch.equal(a, b) for a, b in zip(bits, ref))
                     row[name] = {"ms": ms, "same": same}
@@ -152,7 +144,6 @@ def main(argv=None) -> int:
             del keys, scores
             torch.cuda.empty_cache()
     legacy_backend.KTH_SEARCH = "auto"
-    legacy_backend.row_sort_bits = sort_rule
     for k, v in shipped.items():
         setattr(legacy_backend, k, v)
     print("\nms per call, CUDA-graph replays ('!' = differs from the first way's bits)")
