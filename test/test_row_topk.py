@@ -117,6 +117,20 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
 
 
+@pytest.mark.parametrize("bins,cand", [(0, 512), (2, 16), (256, 512)])
+@pytest.mark.parametrize("pattern", ["scores", "ties", "spikes"])
+def test_rows_equal_torch_way_by_each_kth_search(pattern, bins, cand, rows_way, monkeypatch, device):
+    """The k-th searched by radix digits over each tile (``ROWS_BINS = 0``), in a bin of two,
+    with a scratch too small for most bins, or in a bin of 256: the same four outputs."""
+    set_settings(monkeypatch, ROWS_BINS=bins, ROWS_CAND=cand)
+    width = 4160
+    lens = [width, 1100, TOPK + 1, TOPK - 1, 0]
+    keys, lens_t = key_matrix(pattern, lens, width, device)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch)
+    assert unwritten_slots(got) == []
+    assert_same_bits(got, select(keys, lens_t, TOPK, "torch", monkeypatch))
+
+
 @pytest.mark.parametrize("pattern", ["scores", "ties"])
 def test_rows_unsorted_hold_the_sorted_entries(pattern, rows_way, monkeypatch, device):
     """``order="position"`` (the finish's ``SORT_BITS = 0``, no sort): every slot written, each

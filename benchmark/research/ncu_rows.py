@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--shape", default="8192x4096", help="ROWSxKEYS")
     p.add_argument("--topk", type=int, default=1024)
     p.add_argument("--pattern", default="random", choices=("random", "increasing"))
+    p.add_argument("--order", default="score", choices=("score", "position"),
+                   help="position: each row left in ascending positions, no sort")
     p.add_argument("--device", default="cuda", help="cpu: under Triton's interpreter (a check of the script)")
     a = p.parse_args(argv)
     from indexer_topk.backends import legacy as legacy_backend
@@ -42,10 +44,10 @@ def main(argv=None) -> int:
     page_table = torch.arange(rows * (width // 64), dtype=torch.int32, device=dev).view(rows, -1)
     out = allocate_result(rows, a.topk, dev)
     for _ in range(3):
-        legacy_backend.legacy_select(keys, seq_lens, page_table, topk=a.topk, out=out)
+        legacy_backend.legacy_select(keys, seq_lens, page_table, topk=a.topk, out=out, order=a.order)
     if dev != "cpu":
         torch.cuda.synchronize()
-    print(f"row select {a.shape} topk {a.topk} counts {out.counts.min().item()}..{out.counts.max().item()}")
+    print(f"row select {a.shape} topk {a.topk} order {a.order} counts {out.counts.min().item()}..{out.counts.max().item()}")
     return 0
 
 

@@ -5,7 +5,7 @@
 # its warps stall by source line (research/ncu_source_summary.py, regions: row_topk.py's
 # functions; select.py's lines, the sorting network's, are listed by file).
 #
-#   SHAPES="8192x4096 1024x16384" bash benchmark/research/ncu_rows.sh        (logs under $OUT)
+#   SHAPES="8192x4096 1024x16384" [ORDER=position] bash benchmark/research/ncu_rows.sh   (logs under $OUT)
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/ncu_rows}
@@ -14,11 +14,11 @@ NCU_INTERVAL=${NCU_INTERVAL:-2} source benchmark/research/ncu_source.sh  # SAMPL
 for shape in ${SHAPES:-8192x4096}; do
   timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    python3 benchmark/research/ncu_rows.py --shape "$shape" > "$OUT/ncu_rows_$shape.txt" 2>&1
+    python3 benchmark/research/ncu_rows.py --shape "$shape" --order "${ORDER:-score}" > "$OUT/ncu_rows_$shape.txt" 2>&1
   echo "== $shape rc $?"
   grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local" \
     "$OUT/ncu_rows_$shape.txt" | head -12
   source_view topk_rows_kernel 1 python/indexer_topk/kernels/row_topk.py "$OUT/ncu_rows_source_$shape.txt" \
-    python3 benchmark/research/ncu_rows.py --shape "$shape"
+    python3 benchmark/research/ncu_rows.py --shape "$shape" --order "${ORDER:-score}"
   echo "== $shape source rc $?"
 done

@@ -11,7 +11,7 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
 none: the package's rule; ``pos`` in its place: ``order="position"``, each row left in ascending positions
-unsorted, what the sort costs), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
+unsorted, what the sort costs; a further ``bN``: ``ROWS_BINS = N``, 0 for the radix digits over each tile, ``cN``: ``ROWS_CAND = N``), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
 ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     records = []
     lines = []
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
-             "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
+             "ROWS_BINS", "ROWS_CAND", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
@@ -88,7 +88,10 @@ def main(argv=None) -> int:
                         setattr(legacy_backend, k, v)
                     legacy_backend.KTH_SEARCH = way
                     name = way
-                    unsorted = bool(cfg) and way == "rows" and cfg.endswith(":pos")
+                    words = cfg.split(":") if cfg and way == "rows" else []
+                    unsorted = "pos" in words
+                    bins = [int(w[1:]) for w in words if w.startswith("b")]
+                    cand = [int(w[1:]) for w in words if w.startswith("c")]
                     order = "position" if unsorted else "score"
                     if cfg and way == "split":
                         warps, pps = (int(x) for x in cfg.split(":"))
@@ -96,13 +99,17 @@ def main(argv=None) -> int:
                         legacy_backend.SPLIT_MORE_PROGRAMS_PER_SM = None  # pps at every row count
                         name = f"split {cfg}"
                     elif cfg:
-                        fields = [int(x) for x in cfg.removesuffix(":pos").split(":")]
+                        fields = [int(x) for x in words if x.isdigit()]
                         tile, warps, pps, maxnreg, bits = fields + [0, 0][len(fields) - 3:]
                         legacy_backend.ROWS_TILE, legacy_backend.ROWS_WARPS = tile, warps
                         legacy_backend.ROWS_PROGRAMS_PER_SM = pps
                         legacy_backend.ROWS_FEW_WARPS = None  # the config names every row count's launch
                         legacy_backend.ROWS_MAXNREG = maxnreg or None
                         legacy_backend.ROWS_SORT_BITS = bits or None
+                        if bins:
+                            legacy_backend.ROWS_BINS = bins[0]
+                        if cand:
+                            legacy_backend.ROWS_CAND = cand[0]
                         name = f"rows {cfg}"
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"

@@ -100,6 +100,12 @@ ROWS_FEW_WARPS: Optional[int] = 16
 # the latency); at 16,384 keys 3% slower at 512 rows, even at 1024 (the pool's cuts, not the
 # sort, lead there); benchmark/results/NOTES.md, "The row select's sort".
 ROWS_SORT_BITS: Optional[int] = None
+# The row select's k-th search: one histogram of ROWS_BINS bins of equal width over the scores of
+# a tile, then a search over the keys of the bin that holds the k-th, when they number at most
+# ROWS_CAND (or topk, if fewer); a fuller bin, or ROWS_BINS 0, takes 5-bit radix digits over the
+# whole tile (kernels.row_topk.binned_kth). Same selection, same bits.
+ROWS_BINS = 32
+ROWS_CAND = 512
 ROWS_NARROW_MIN_ROWS = 512
 ROWS_NARROW_MIN_ROWS_LONG = 1024
 
@@ -294,6 +300,7 @@ def _check_row_select() -> None:
     ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
     ``ROWS_PROGRAMS_PER_SM`` a positive count (0 would launch no program for more rows than SMs,
     or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten), and
+    ``ROWS_BINS`` 0 or a power of two up to 256 and ``ROWS_CAND`` one from 16,
     ``ROWS_MAXNREG`` None or a register count that leaves each warps setting's program within
     ``REGISTERS_PER_PROGRAM`` (the launch would fail after the score kernel ran)."""
     _check_int_setting("ROWS_WARPS", ROWS_WARPS, _is_warps, "a power of two from 1 to 32")
@@ -309,6 +316,9 @@ def _check_row_select() -> None:
                                  f"{REGISTERS_PER_PROGRAM} a program may hold: fewer warps, or a lower cap")
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
+    _check_int_setting("ROWS_BINS", ROWS_BINS, lambda v: v == 0 or (v & (v - 1) == 0 and 2 <= v <= 256),
+                       "0 or a power of two from 2 to 256")
+    _check_int_setting("ROWS_CAND", ROWS_CAND, lambda v: v >= 16 and v & (v - 1) == 0, "a power of two from 16")
     for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
                         ("ROWS_NARROW_MIN_ROWS_LONG", ROWS_NARROW_MIN_ROWS_LONG)):
         _check_int_setting(name, value, lambda v: v >= 0, "a count of rows")
@@ -530,7 +540,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
         launch(
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
-            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, num_warps=warps,
+            TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, BINS=ROWS_BINS,
+            CAND=min(ROWS_CAND, topk), num_warps=warps,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return

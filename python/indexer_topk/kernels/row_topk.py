@@ -30,8 +30,8 @@ The selection is the contract's and :func:`.select.finalize_row` sorts and write
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, wait_for_producer
-from .select import finalize_row, next_gate, radix_update, take_mask
+from .common import INT32_MAX, KEY_MIN, key_to_score_bits, wait_for_producer
+from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -123,6 +123,71 @@ def span_kth(key, valid, k):
 
 
 @triton.jit
+def _min_max(lo_a, hi_a, lo_b, hi_b):
+    return tl.minimum(lo_a, lo_b), tl.maximum(hi_a, hi_b)
+
+
+@triton.jit
+def score_of(key):
+    """The fp32 score of an order key (:func:`.common.key_to_score_bits`)."""
+    return key_to_score_bits(key).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def bin_of(key, floor, scale, BINS: tl.constexpr):
+    """The histogram bin of keys at or above ``floor``: ``floor((score - floor's score) * scale)``
+    in fp32, clamped to the bins (the last bin also holds every key past it). Rounded fp32
+    steps never invert an order, so a higher key never has a lower bin; a step with no value
+    (``inf - inf``, ``0 * inf``: a floor or range at infinity, a range of one value) counts in
+    the last bin for a positive key, the first for the rest: that only merges bins, in order.
+    Bins linear in the score, not in the key's bits: the bits' order is logarithmic in the
+    magnitude and would crowd the keys of a range that spans zero into a few bins."""
+    d = (score_of(key) - score_of(floor)) * scale
+    d = tl.where(d == d, d, tl.where(key > 0, BINS - 1.0, 0.0))
+    return tl.minimum(tl.maximum(d, 0.0), BINS - 1.0).to(tl.int32)
+
+
+@triton.jit
+def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
+    """:func:`tile_kth` by one histogram of the whole tile, then a search over one bin's keys.
+
+    The valid keys' scores are binned in ``BINS`` bins of equal width over their range
+    (:func:`bin_of`), and one histogram names the bin that holds the k-th key. When that bin
+    holds at most ``CAND`` keys they are compacted, in storage order, to ``buf`` (``CAND`` int32
+    of scratch; it may hold what the tile was loaded from) and the k-th is searched among them
+    alone (:func:`span_kth`: their keys share their high bits); keys of higher bins are all
+    taken, keys of lower ones none. A fuller bin (ties, a plateau, a range stretched by a few
+    outliers) takes :func:`tile_kth` over the whole tile. Needs more than ``k`` valid keys.
+
+    Returns :func:`tile_kth`'s ``(t, shift, need, whole)`` for the whole tile. A key of a lower
+    bin never shares the prefix of a bucket taken whole: a key of the k-th's bin left out lies
+    between them.
+    """
+    inside = tl.sum(valid.to(tl.int32), axis=0)
+    lo, hi = tl.reduce((tl.where(valid, key, INT32_MAX), tl.where(valid, key, KEY_MIN)), 0, _min_max)
+    scale = BINS / (score_of(hi) - score_of(lo))
+    bins = bin_of(key, lo, scale, BINS)
+    dstar, above, bucket = radix_digit(masked_hist(bins, valid, inside, BINS), k)
+    need = k - above
+    in_bin = valid & (bins == dstar)
+    shift = tl.zeros([], dtype=tl.int32)
+    whole = tl.zeros([], dtype=tl.int32) + 1
+    if bucket == need:  # the bin is taken whole: the k-th is its least key
+        t = tl.min(tl.where(in_bin, key, INT32_MAX), axis=0)
+    elif bucket <= CAND:
+        in_i = in_bin.to(tl.int32)
+        slot = tl.cumsum(in_i, axis=0) - in_i
+        tl.debug_barrier()  # buf may hold the tile's own source: every thread has read it
+        tl.store(buf + slot, key, mask=in_bin)
+        tl.debug_barrier()
+        c = tl.arange(0, CAND)
+        t, shift, need, whole = span_kth(tl.load(buf + c, mask=c < bucket, other=0), c < bucket, need)
+    else:
+        t, shift, need, whole = tile_kth(key, valid, k)
+    return t, shift, need, whole
+
+
+@triton.jit
 def _high_mask(sh):
     """int32 mask of the bits at and above bit ``sh`` (``0 <= sh <= 32``; shifted as int64, where
     a shift by 32 is defined)."""
@@ -140,15 +205,20 @@ def append(dst_key, dst_pos, count, key, pos, take):
 
 
 @triton.jit
-def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CAP: tl.constexpr):
+def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CAP: tl.constexpr,
+             BINS: tl.constexpr = 0, CAND: tl.constexpr = 512):
     """Cut a pool of ``TOPK < count <= CAP`` entries (storage order) to its best ``TOPK``,
     written in storage order to ``dst`` (which may be the pool). Returns the gate a later entry
-    must reach."""
+    must reach. ``BINS``: the k-th searched by :func:`binned_kth` (``CAND`` keys of the pool's
+    scratch at most), else (0) by :func:`tile_kth`."""
     offs = tl.arange(0, CAP)
     valid = offs < count
     key = tl.load(pool_key + offs, mask=valid, other=0)
     pos = tl.load(pool_pos + offs, mask=valid, other=0)
-    t, shift, need, whole = tile_kth(key, valid, TOPK)
+    if BINS > 0:
+        t, shift, need, whole = binned_kth(key, valid, TOPK, pool_key, CAND, BINS)
+    else:
+        t, shift, need, whole = tile_kth(key, valid, TOPK)
     take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
     append(dst_key, dst_pos, 0, key, pos, take)
@@ -191,7 +261,8 @@ def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.co
 
 
 @triton.jit
-def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr):
+def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr = 0,
+             CAND: tl.constexpr = 512):
     """Stream the row's tiles through the pool, from the gate ``gate``: returns how many entries
     the pool holds, in position order. When that is ``TOPK`` or more, they hold the row's top
     ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means the
@@ -207,7 +278,7 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
         n_in = tl.sum(enter.to(tl.int32), axis=0)
         if count + n_in > CAP:
             if count > TOPK:
-                gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP))
+                gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP, BINS, CAND))
                 count = tl.zeros([], dtype=tl.int32) + TOPK
                 enter = enter & (key >= gate)
                 n_in = tl.sum(enter.to(tl.int32), axis=0)
@@ -226,9 +297,12 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
 @triton.jit
 def select_row(
     src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
+    BINS: tl.constexpr = 0, CAND: tl.constexpr = 512,
 ):
     """Write the best ``min(n, TOPK)`` of the ``n`` keys at ``src`` (positions ``0 .. n - 1``) to
-    ``out_key`` / ``out_pos`` in position order."""
+    ``out_key`` / ``out_pos`` in position order. ``BINS``: each k-th searched by
+    :func:`binned_kth` over at most ``CAND`` keys of one bin (``CAND <= TOPK``: a one-tile row
+    compacts them to ``out_key``), else (0) by :func:`tile_kth`."""
     CAP: tl.constexpr = 2 * TOPK
     if n <= TILE:
         offs = tl.arange(0, TILE)
@@ -236,21 +310,27 @@ def select_row(
         key = tl.load(src + offs, mask=valid, other=0)
         take = valid
         if n > TOPK:
-            t, shift, need, whole = tile_kth(key, valid, TOPK)
+            if BINS > 0:
+                t, shift, need, whole = binned_kth(key, valid, TOPK, out_key, CAND, BINS)
+            else:
+                t, shift, need, whole = tile_kth(key, valid, TOPK)
             take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
+            tl.debug_barrier()  # out_key held the bin's keys: every thread has read them
         append(out_key, out_pos, 0, key, offs, take)
     else:
         # a gate from a sample lets about 1.5 * TOPK keys into the pool, so the scan rarely
         # cuts, whatever the order of the scores along the row. A sample misjudges a row now
         # and then (the r-th of a sample is a noisy quantile): where fewer than TOPK got in,
         # the row is scanned again from a gate four times as generous, then from none
-        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 3), TOPK, TILE)
+        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 3), TOPK, TILE, BINS, CAND)
         if count < TOPK:
-            count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 12), TOPK, TILE)
+            count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 12), TOPK, TILE, BINS,
+                             CAND)
         if count < TOPK:
-            count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE)
+            count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE, BINS,
+                             CAND)
         if count > TOPK:
-            cut_pool(pool_key, pool_pos, count, out_key, out_pos, TOPK, CAP)
+            cut_pool(pool_key, pool_pos, count, out_key, out_pos, TOPK, CAP, BINS, CAND)
         else:
             m = tl.arange(0, CAP) < count
             key = tl.load(pool_key + tl.arange(0, CAP), mask=m, other=0)
@@ -269,14 +349,16 @@ def row_length(seq_lens, row, stride_src):
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
-    SORT_BITS: tl.constexpr = 64,
+    SORT_BITS: tl.constexpr = 64, BINS: tl.constexpr = 0, CAND: tl.constexpr = 512,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
     written to the four outputs. ``scratch`` holds ``4 * TOPK`` int32 per program. ``PDL``:
     launched with programmatic dependent launch after the kernel that wrote ``src``.
     ``SORT_BITS``: a row's selection sorted by the 64-bit or the 32-bit network
-    (:func:`.select.finalize_row`); the same outputs either way."""
+    (:func:`.select.finalize_row`); the same outputs either way. ``BINS`` / ``CAND``: each k-th
+    searched in one bin of a histogram (:func:`binned_kth`), or (``BINS = 0``) by radix digits
+    over the whole tile; the same outputs either way."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
@@ -288,7 +370,8 @@ def topk_rows_kernel(
         row = row_start + i
         n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
-        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE)
+        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE,
+                   SAMPLE, BINS, CAND)
         tl.debug_barrier()
         finalize_row(
             out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
