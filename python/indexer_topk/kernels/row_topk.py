@@ -30,7 +30,7 @@ The selection is the contract's and :func:`.select.finalize_row` sorts and write
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, key_to_score_bits, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, key_to_score_bits, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
 
 @triton.jit
@@ -295,6 +295,44 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
 
 
 @triton.jit
+def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr, CAND: tl.constexpr):
+    """The row of ``n <= TILE`` keys at ``src`` as one register tile: ``(key, position, take)``,
+    ``take`` its best ``min(n, TOPK)``. ``buf``: ``CAND`` int32 of scratch for
+    :func:`binned_kth` (``BINS > 0``; else the k-th by :func:`tile_kth`)."""
+    offs = tl.arange(0, TILE)
+    valid = offs < n
+    key = tl.load(src + offs, mask=valid, other=0)
+    take = valid
+    if n > TOPK:
+        if BINS > 0:
+            t, shift, need, whole = binned_kth(key, valid, TOPK, buf, CAND, BINS)
+        else:
+            t, shift, need, whole = tile_kth(key, valid, TOPK)
+        take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
+        tl.debug_barrier()  # buf held the bin's keys: every thread has read them
+    return key, offs, take
+
+
+@triton.jit
+def emit_row(key, pos, take, count, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, TOPK: tl.constexpr):
+    """:func:`.select.finalize_row`'s outputs in position order, straight from a register tile:
+    the ``count`` entries ``take`` marks (in position order) at slots ``0 .. count - 1``, then
+    ``-inf`` / ``-1`` padding; no round trip through the output row."""
+    take_i = take.to(tl.int32)
+    slot = tl.cumsum(take_i, axis=0) - take_i
+    page = tl.load(pt_row + (pos >> 6), mask=take, other=0)
+    tl.store(out_bits_row + slot, key_to_score_bits(key), mask=take)
+    tl.store(out_raw_row + slot, pos, mask=take)
+    tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=take)
+    offs = tl.arange(0, TOPK)
+    pad = offs >= count
+    tl.store(out_bits_row + offs, tl.zeros([TOPK], dtype=tl.int32) + NEG_INF_BITS, mask=pad)
+    tl.store(out_raw_row + offs, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=pad)
+    tl.store(out_phys_row + offs, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=pad)
+    tl.store(out_cnt_ptr, count)
+
+
+@triton.jit
 def select_row(
     src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
     BINS: tl.constexpr = 0, CAND: tl.constexpr = 512,
@@ -305,17 +343,7 @@ def select_row(
     compacts them to ``out_key``), else (0) by :func:`tile_kth`."""
     CAP: tl.constexpr = 2 * TOPK
     if n <= TILE:
-        offs = tl.arange(0, TILE)
-        valid = offs < n
-        key = tl.load(src + offs, mask=valid, other=0)
-        take = valid
-        if n > TOPK:
-            if BINS > 0:
-                t, shift, need, whole = binned_kth(key, valid, TOPK, out_key, CAND, BINS)
-            else:
-                t, shift, need, whole = tile_kth(key, valid, TOPK)
-            take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
-            tl.debug_barrier()  # out_key held the bin's keys: every thread has read them
+        key, offs, take = tile_take(src, n, out_key, TOPK, TILE, BINS, CAND)
         append(out_key, out_pos, 0, key, offs, take)
     else:
         # a gate from a sample lets about 1.5 * TOPK keys into the pool, so the scan rarely
@@ -370,11 +398,17 @@ def topk_rows_kernel(
         row = row_start + i
         n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
-        select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE,
-                   SAMPLE, BINS, CAND)
-        tl.debug_barrier()
-        finalize_row(
-            out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, page_table + row.to(tl.int64) * stride_pt,
-            out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
-        )
+        pt_row = page_table + row.to(tl.int64) * stride_pt
+        if (n <= TILE) & (SORT_BITS == 0):  # a one-tile row in position order: written as selected
+            key, pos, take = tile_take(src + i.to(tl.int64) * stride_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
+            emit_row(key, pos, take, tl.minimum(n, TOPK), pt_row, out_bits + orow, out_raw + orow, out_phys + orow,
+                     out_cnt + row, TOPK)
+        else:
+            select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK,
+                       TILE, SAMPLE, BINS, CAND)
+            tl.debug_barrier()
+            finalize_row(
+                out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
+                out_bits + orow, out_raw + orow, out_phys + orow, out_cnt + row, TOPK, SORT_BITS,
+            )
         tl.debug_barrier()  # the pool and the output row are reused by the program's next row
