@@ -154,10 +154,11 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
     The valid keys' scores are binned in ``BINS`` bins of equal width over their range
     (:func:`bin_of`), and one histogram names the bin that holds the k-th key. When that bin
     holds at most ``CAND`` keys they are compacted, in storage order, to ``buf`` (``CAND`` int32
-    of scratch; it may hold what the tile was loaded from) and the k-th is searched among them
-    alone (:func:`span_kth`: their keys share their high bits); keys of higher bins are all
-    taken, keys of lower ones none. A fuller bin (ties, a plateau, a range stretched by a few
-    outliers) takes :func:`tile_kth` over the whole tile. Needs more than ``k`` valid keys.
+    of scratch; it may hold what the tile was loaded from, and is free again once this returns)
+    and the k-th is searched among them alone (:func:`span_kth`: their keys share their high
+    bits); keys of higher bins are all taken, keys of lower ones none. A fuller bin (ties, a
+    plateau, a range stretched by a few outliers) takes :func:`tile_kth` over the whole tile.
+    Needs more than ``k`` valid keys.
 
     Returns :func:`tile_kth`'s ``(t, shift, need, whole)`` for the whole tile. A key of a lower
     bin never shares the prefix of a bucket taken whole: a key of the k-th's bin left out lies
@@ -181,7 +182,9 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
         tl.store(buf + slot, key, mask=in_bin)
         tl.debug_barrier()
         c = tl.arange(0, CAND)
-        t, shift, need, whole = span_kth(tl.load(buf + c, mask=c < bucket, other=0), c < bucket, need)
+        cand = tl.load(buf + c, mask=c < bucket, other=0)
+        tl.debug_barrier()  # and read back by every thread before the caller writes buf again
+        t, shift, need, whole = span_kth(cand, c < bucket, need)
     else:
         t, shift, need, whole = tile_kth(key, valid, k)
     return t, shift, need, whole
@@ -241,23 +244,30 @@ def sample_rank(n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexp
 
 
 @triton.jit
-def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr):
+def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, buf=None, CAND: tl.constexpr = 512,
+                BINS: tl.constexpr = 0):
     """A gate that about ``HALVES / 2 * TOPK`` of a row's ``n`` keys reach, from its sample
     ``key`` (:func:`row_sample`, ``SAMPLE`` keys): the ``r``-th largest of the sample, ``r`` scaled
     from ``HALVES / 2 * TOPK`` by ``SAMPLE / n`` (at most the sample's second smallest). At least
-    ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks."""
+    ``r`` keys of the row reach it; whether ``TOPK`` do is what the scan that uses it checks.
+    ``BINS``: the ``r``-th searched by :func:`binned_kth` (``buf``: ``CAND`` int32 of scratch),
+    else (0) by :func:`tile_kth`."""
     SAMPLE: tl.constexpr = key.shape[0]
     r = sample_rank(n, TOPK, SAMPLE, HALVES)
-    t, shift, _need, _whole = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
+    if BINS > 0:
+        t, shift, _need, _whole = binned_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r, buf, CAND, BINS)
+    else:
+        t, shift, _need, _whole = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
     return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)
 
 
 @triton.jit
-def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr):
+def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.constexpr, buf=None,
+                 CAND: tl.constexpr = 512, BINS: tl.constexpr = 0):
     """:func:`sample_gate` of the row's :func:`row_sample` (rows of ``n > SAMPLE`` keys)."""
-    return sample_gate(row_sample(src, n, SAMPLE), n, TOPK, HALVES)
+    return sample_gate(row_sample(src, n, SAMPLE), n, TOPK, HALVES, buf, CAND, BINS)
 
 
 @triton.jit
@@ -309,7 +319,6 @@ def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.cons
         else:
             t, shift, need, whole = tile_kth(key, valid, TOPK)
         take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
-        tl.debug_barrier()  # buf held the bin's keys: every thread has read them
     return key, offs, take
 
 
@@ -350,10 +359,12 @@ def select_row(
         # cuts, whatever the order of the scores along the row. A sample misjudges a row now
         # and then (the r-th of a sample is a noisy quantile): where fewer than TOPK got in,
         # the row is scanned again from a gate four times as generous, then from none
-        count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 3), TOPK, TILE, BINS, CAND)
+        # (the pool, empty before each scan, is the sample's scratch)
+        gate = sampled_gate(src, n, TOPK, SAMPLE, 3, pool_key, CAND, BINS)
+        count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND)
         if count < TOPK:
-            count = scan_row(src, n, pool_key, pool_pos, sampled_gate(src, n, TOPK, SAMPLE, 12), TOPK, TILE, BINS,
-                             CAND)
+            gate = sampled_gate(src, n, TOPK, SAMPLE, 12, pool_key, CAND, BINS)
+            count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND)
         if count < TOPK:
             count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE, BINS,
                              CAND)
