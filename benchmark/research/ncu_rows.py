@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     p.add_argument("--pattern", default="random", choices=("random", "increasing"))
     p.add_argument("--order", default="score", choices=("score", "position"),
                    help="position: each row left in ascending positions, no sort")
+    p.add_argument("--bins", type=int, default=None, help="ROWS_BINS for the run (default: the package's)")
     p.add_argument("--device", default="cuda", help="cpu: under Triton's interpreter (a check of the script)")
     a = p.parse_args(argv)
     from indexer_topk.backends import legacy as legacy_backend
@@ -38,6 +39,8 @@ def main(argv=None) -> int:
 
     rows, width = (int(x) for x in a.shape.split("x"))
     legacy_backend.KTH_SEARCH = "rows"
+    if a.bins is not None:
+        legacy_backend.ROWS_BINS = a.bins
     dev = a.device
     keys, _scores = key_matrix(rows, width, a.pattern, dev)
     seq_lens = torch.full((rows,), width, dtype=torch.int32, device=dev)
@@ -47,7 +50,7 @@ def main(argv=None) -> int:
         legacy_backend.legacy_select(keys, seq_lens, page_table, topk=a.topk, out=out, order=a.order)
     if dev != "cpu":
         torch.cuda.synchronize()
-    print(f"row select {a.shape} topk {a.topk} order {a.order} counts {out.counts.min().item()}..{out.counts.max().item()}")
+    print(f"row select {a.shape} topk {a.topk} order {a.order} bins {legacy_backend.ROWS_BINS} counts {out.counts.min().item()}..{out.counts.max().item()}")
     return 0
 
 

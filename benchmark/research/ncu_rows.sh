@@ -5,20 +5,25 @@
 # its warps stall by source line (research/ncu_source_summary.py, regions: row_topk.py's
 # functions; select.py's lines, the sorting network's, are listed by file).
 #
-#   SHAPES="8192x4096 1024x16384" [ORDER=position] bash benchmark/research/ncu_rows.sh   (logs under $OUT)
+#   SHAPES="8192x4096 1024x16384" [ORDER=position] [BINS="0 32"] bash benchmark/research/ncu_rows.sh   (logs under $OUT)
 set -u
 export PYTHONPATH=python PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache}
 OUT=${OUT:-/tmp/ncu_rows}
 mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 NCU_INTERVAL=${NCU_INTERVAL:-2} source benchmark/research/ncu_source.sh  # SAMPLING, source_view
 for shape in ${SHAPES:-8192x4096}; do
-  timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    python3 benchmark/research/ncu_rows.py --shape "$shape" --order "${ORDER:-score}" > "$OUT/ncu_rows_$shape.txt" 2>&1
-  echo "== $shape rc $?"
-  grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local" \
-    "$OUT/ncu_rows_$shape.txt" | head -12
-  source_view topk_rows_kernel 1 python/indexer_topk/kernels/row_topk.py "$OUT/ncu_rows_source_$shape.txt" \
-    python3 benchmark/research/ncu_rows.py --shape "$shape" --order "${ORDER:-score}"
-  echo "== $shape source rc $?"
+  for bins in ${BINS:-default}; do
+    args=(--shape "$shape" --order "${ORDER:-score}")
+    [ "$bins" != default ] && args+=(--bins "$bins")
+    tag=${shape}_b$bins
+    timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      python3 benchmark/research/ncu_rows.py "${args[@]}" > "$OUT/ncu_rows_$tag.txt" 2>&1
+    echo "== $tag rc $?"
+    grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local" \
+      "$OUT/ncu_rows_$tag.txt" | head -12
+    source_view topk_rows_kernel 1 python/indexer_topk/kernels/row_topk.py "$OUT/ncu_rows_source_$tag.txt" \
+      python3 benchmark/research/ncu_rows.py "${args[@]}"
+    echo "== $tag source rc $?"
+  done
 done
