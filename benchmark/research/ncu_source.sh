@@ -12,7 +12,7 @@ elif grep -qE -- "(^|[[:space:]])--sampling-interval" <<< "$NCU_HELP"; then SAMP
 # kernels matching KERNEL_REGEX while COMMAND runs (warp states and source counters), then sum its
 # warp samples by source line and by function of the kernel module REGIONS
 # (research/ncu_source_summary.py) into OUTFILE; prints its head. Returns ncu's or the summary's
-# status; the report and its CSV export are removed.
+# status; the report and its CSV export are removed (KEEP_CSV=1: the export kept beside OUTFILE, gzipped).
 source_view() {
   local regex=$1 skip=$2 regions=$3 outfile=$4 rc
   shift 4
@@ -24,6 +24,7 @@ source_view() {
     && python3 benchmark/research/ncu_source_summary.py "$rep.csv" --regions "$regions" > "$outfile" \
     && head -40 "$outfile"
   rc=$?
+  [ -n "${KEEP_CSV:-}" ] && [ -f "$rep.csv" ] && gzip -c "$rep.csv" > "${outfile%.txt}.csv.gz"
   rm -f "$rep.ncu-rep" "$rep.csv"
   return $rc
 }
