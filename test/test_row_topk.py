@@ -248,6 +248,22 @@ def test_rows_lengths_past_the_matrix(bits, rows_way, monkeypatch, device):
     assert_same_bits(got, select(keys, lens, TOPK, "torch", monkeypatch))
 
 
+@pytest.mark.parametrize("order", ["score", "position"])
+@pytest.mark.parametrize("pattern", ["scores", "ties", "nan"])
+def test_rows_of_a_matrix_one_tile_wide(pattern, order, rows_way, monkeypatch, device):
+    """A matrix at most the tile wide compiles the one-tile path alone (``ONE_TILE``): lengths
+    around topk, zero, below zero and past the matrix give the torch way's outputs, best first and
+    by position."""
+    width = legacy_backend.ROWS_TILE
+    lens = [width, width - 3, TOPK + 1, TOPK, TOPK - 1, 3, 0]
+    keys, _ = key_matrix(pattern, lens, width, device, seed=4)
+    lens_t = torch.tensor(lens[:-2] + [-5, width + 999], dtype=torch.int32, device=device)
+    got = select(keys, lens_t, TOPK, "rows", monkeypatch, order=order)
+    assert unwritten_slots(got) == []
+    want = select(keys, lens_t, TOPK, "torch", monkeypatch)
+    assert_same_bits(got, by_position(want) if order == "position" else want)
+
+
 @pytest.mark.parametrize("bits", [64, 32])
 def test_rows_topk_1024_and_more_rows_than_programs(bits, rows_way, monkeypatch, device):
     """topk 1024 over more rows than the persistent grid has programs (each program takes

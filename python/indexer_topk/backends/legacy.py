@@ -541,7 +541,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
             TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, BINS=ROWS_BINS,
-            CAND=min(ROWS_CAND, topk), num_warps=warps,
+            CAND=min(ROWS_CAND, topk), ONE_TILE=keys.shape[1] <= ROWS_TILE, num_warps=warps,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return

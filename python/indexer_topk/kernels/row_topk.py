@@ -344,14 +344,18 @@ def emit_row(key, pos, take, count, pt_row, out_bits_row, out_raw_row, out_phys_
 @triton.jit
 def select_row(
     src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
-    BINS: tl.constexpr = 0, CAND: tl.constexpr = 512,
+    BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, ONE_TILE: tl.constexpr = False,
 ):
     """Write the best ``min(n, TOPK)`` of the ``n`` keys at ``src`` (positions ``0 .. n - 1``) to
     ``out_key`` / ``out_pos`` in position order. ``BINS``: each k-th searched by
     :func:`binned_kth` over at most ``CAND`` keys of one bin (``CAND <= TOPK``: a one-tile row
-    compacts them to ``out_key``), else (0) by :func:`tile_kth`."""
+    compacts them to ``out_key``), else (0) by :func:`tile_kth`. ``ONE_TILE``: ``n <= TILE``
+    always (only that path is compiled)."""
     CAP: tl.constexpr = 2 * TOPK
-    if n <= TILE:
+    if ONE_TILE:
+        key, offs, take = tile_take(src, n, out_key, TOPK, TILE, BINS, CAND)
+        append(out_key, out_pos, 0, key, offs, take)
+    elif n <= TILE:
         key, offs, take = tile_take(src, n, out_key, TOPK, TILE, BINS, CAND)
         append(out_key, out_pos, 0, key, offs, take)
     else:
@@ -388,7 +392,7 @@ def row_length(seq_lens, row, stride_src):
 def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
-    SORT_BITS: tl.constexpr = 64, BINS: tl.constexpr = 0, CAND: tl.constexpr = 512,
+    SORT_BITS: tl.constexpr = 64, BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, ONE_TILE: tl.constexpr = False,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
@@ -397,7 +401,9 @@ def topk_rows_kernel(
     ``SORT_BITS``: a row's selection sorted by the 64-bit or the 32-bit network
     (:func:`.select.finalize_row`); the same outputs either way. ``BINS`` / ``CAND``: each k-th
     searched in one bin of a histogram (:func:`binned_kth`), or (``BINS = 0``) by radix digits
-    over the whole tile; the same outputs either way."""
+    over the whole tile; the same outputs either way. ``ONE_TILE``: the matrix is at most ``TILE``
+    keys wide, so every row is one register tile and the longer rows' path is not compiled (its
+    registers would crowd the tile's)."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
@@ -410,13 +416,13 @@ def topk_rows_kernel(
         n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
         pt_row = page_table + row.to(tl.int64) * stride_pt
-        if (n <= TILE) & (SORT_BITS == 0):  # a one-tile row in position order: written as selected
+        if ((n <= TILE) | ONE_TILE) & (SORT_BITS == 0):  # a one-tile row in position order: written as selected
             key, pos, take = tile_take(src + i.to(tl.int64) * stride_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
             emit_row(key, pos, take, tl.minimum(n, TOPK), pt_row, out_bits + orow, out_raw + orow, out_phys + orow,
                      out_cnt + row, TOPK)
         else:
             select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK,
-                       TILE, SAMPLE, BINS, CAND)
+                       TILE, SAMPLE, BINS, CAND, ONE_TILE)
             tl.debug_barrier()
             finalize_row(
                 out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
