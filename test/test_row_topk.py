@@ -264,6 +264,39 @@ def test_rows_of_a_matrix_one_tile_wide(pattern, order, rows_way, monkeypatch, d
     assert_same_bits(got, by_position(want) if order == "position" else want)
 
 
+def test_row_select_builds_compile_for_hopper():
+    """The row select's build for rows of one tile in position order with the binned k-th search
+    (``ONE_TILE``, what prefill chunks of up to 16K tokens take) compiles for sm_90 here, in a
+    process without the interpreter (which runs only the branches a call takes, and does not
+    check that a name bound in two branches has one type in both)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+from indexer_topk.backends import legacy as L
+from indexer_topk.kernels.row_topk import topk_rows_kernel as f
+for one_tile, bits in ((True, 0),):
+    const = dict(TOPK=1024, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, SORT_BITS=bits, BINS=L.ROWS_BINS,
+                 CAND=L.ROWS_CAND, ONE_TILE=one_tile)
+    sig = dict(report._signature(f, {}, constexprs=const), rows="i32")
+    k = report._compile(f, sig, const, 90, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
+    print(k.asm["ptx"].count("bar.sync") > 0)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(repo / "python")
+    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["True"]
+
+
 @pytest.mark.parametrize("bits", [64, 32])
 def test_rows_topk_1024_and_more_rows_than_programs(bits, rows_way, monkeypatch, device):
     """topk 1024 over more rows than the persistent grid has programs (each program takes
