@@ -55,7 +55,8 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
-from .row_topk import append, row_length, row_sample, sample_gate, sample_rank, select_row, span_kth, tile_kth
+from .row_topk import (append, bin_of, row_length, row_sample, sample_gate, sample_rank, score_of, select_row, span_kth,
+                       tile_kth)
 from .select import composite, finalize_row, radix_digit, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
@@ -89,27 +90,6 @@ def _stamp(prof_row, field: tl.constexpr, t0, lead):
     since ``t0`` stored as counter ``field`` of the row (by its first part only, ``lead``)."""
     tl.debug_barrier()
     tl.store(prof_row + field, _clock() - t0, mask=lead)
-
-
-@triton.jit
-def _score_of(key):
-    """The fp32 score of an order key (:func:`.common.key_to_score_bits`)."""
-    return key_to_score_bits(key).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _bin_of(key, gate, scale, BINS: tl.constexpr):
-    """The histogram bin of keys at or above ``gate``: ``floor((score - gate's score) * scale)``
-    in fp32, clamped to the bins (the last bin also holds every key past it). Rounded fp32
-    steps never invert an order, so a higher key never has a lower bin; a step with no value
-    (``inf - inf``, ``0 * inf``: a gate or range at infinity; keys past +inf's, which no score
-    has) counts in the last bin for a positive key, the first for the rest: that only merges
-    bins, in order. Bins linear in the score, not in the key's bits: the bits' order is
-    logarithmic in the magnitude and would crowd the keys of a range that spans zero into a few
-    bins."""
-    d = (_score_of(key) - _score_of(gate)) * scale
-    d = tl.where(d == d, d, tl.where(key > 0, BINS - 1.0, 0.0))
-    return tl.minimum(tl.maximum(d, 0.0), BINS - 1.0).to(tl.int32)
 
 
 @triton.jit(do_not_specialize=["stride_src", "row_start"])
@@ -158,9 +138,9 @@ def binned_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, GATE_BINS: tl.
     that uses it checks what reached it: this one trades a few more entrants for the search's
     passes, each a histogram of its own."""
     r = sample_rank(n, TOPK, key.shape[0], HALVES)
-    s_lo = _score_of(tl.min(key, axis=0))
-    scale = GATE_BINS / (_score_of(tl.max(key, axis=0)) - s_lo)
-    d = (_score_of(key) - s_lo) * scale
+    s_lo = score_of(tl.min(key, axis=0))
+    scale = GATE_BINS / (score_of(tl.max(key, axis=0)) - s_lo)
+    d = (score_of(key) - s_lo) * scale
     b = tl.minimum(tl.maximum(tl.where(d == d, d, 0.0), 0.0), GATE_BINS - 1.0).to(tl.int32)
     # keys at or above each bin's, counted from the top; the r-th largest lies in the highest
     # bin whose count reaches r (bin 0's is the whole sample)
@@ -191,7 +171,7 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
         # the sample's scores from the gate up fill SPREAD bins: the row's scores past the
         # sample's largest have the rest before the last bin
         tl.static_assert(SPREAD > 0, "the sample's range must fill at least one bin")
-        scale = SPREAD / (_score_of(tl.max(key, axis=0)) - _score_of(gate))
+        scale = SPREAD / (score_of(tl.max(key, axis=0)) - score_of(gate))
         tl.store(scales + i, scale.to(tl.int32, bitcast=True))
         tl.store(hist + i.to(tl.int64) * (2 * BINS) + tl.arange(0, BINS), tl.zeros([BINS], dtype=tl.int32))
 
@@ -263,7 +243,7 @@ def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.co
         tl.store(ck + dst, key, mask=room)
         tl.store(ck + BUF + dst, pos, mask=room)
         if BINS > 0:
-            tl.atomic_add(hist_row + _bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
+            tl.atomic_add(hist_row + bin_of(key, gate, scale, BINS), 1, mask=enter, sem="relaxed")
 
 
 # a function of its own in the machine code: inlined, its two tiles raised the finishing
@@ -285,7 +265,7 @@ def _trim(ck, count, gate, scale, low_bin, TOPK: tl.constexpr, BINS: tl.constexp
         valid = at < count
         key = tl.load(ck + at, mask=valid, other=0)
         pos = tl.load(ck + BUF + at, mask=valid, other=0)
-        keep = valid & (_bin_of(key, gate, scale, BINS) >= low_bin)
+        keep = valid & (bin_of(key, gate, scale, BINS) >= low_bin)
         keep_i = keep.to(tl.int32)
         dst = got + tl.cumsum(keep_i, axis=0) - keep_i
         if h == 0:
@@ -327,7 +307,7 @@ def _stage(key, pos, valid, stage, ctr_row, b_lo, b_hi, gate, scale, TOPK: tl.co
     """Each candidate ``(key, pos)`` of bins ``b_lo..b_hi`` to the next slot of its bin's run in
     the staging area (``stage``: ``2 * TOPK`` keys, then as many positions), from an atomic add
     on the bin's counter in ``ctr_row``."""
-    b = _bin_of(key, gate, scale, BINS)
+    b = bin_of(key, gate, scale, BINS)
     staged = valid & (b >= b_lo) & (b <= b_hi)
     slot = tl.atomic_add(ctr_row + b, 1, mask=staged, sem="relaxed")
     # the runs fit the area where the histogram counts each bin's candidates, as the gathering's
@@ -381,7 +361,7 @@ def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, sc
     live = s < s_hi
     ks = tl.load(stage + s, mask=live, other=0)
     ps = tl.load(stage + 2 * TOPK + s, mask=live, other=0)
-    bs = _bin_of(ks, gate, scale, BINS)
+    bs = bin_of(ks, gate, scale, BINS)
     # a run's slots, kept inside the staging area and the row's outputs (a bound, not a clamp
     # that changes anything, where the histogram counts each bin's candidates), and positions
     # inside the row: the page table is read only where the row has pages
