@@ -105,10 +105,9 @@ ROWS_SORT_BITS: Optional[int] = None
 # ROWS_CAND (or topk, if fewer); a fuller bin, or ROWS_BINS 0, takes 5-bit radix digits over the
 # whole tile (kernels.row_topk.binned_kth). Same selection, same bits. Measured on an H100 (the
 # select stage alone in position order, CUDA-graph replays, one process; research/row_select.py):
-# 32 bins against the radix digits, normal scores 1024 x 4,096 0.068 -> 0.063 ms, 8192 x 4,096
-# 0.488 -> 0.472, 1024 x 16,384 0.168 -> 0.167; rising scores 0.065 -> 0.052, 0.449 -> 0.359,
-# 0.138 -> 0.130; 64 bins and a scratch of 256 keys slower (benchmark/results/NOTES.md, "The k-th
-# of a tile from one histogram").
+# 32 bins 3-7% faster than the radix digits on normal scores at 1024 and 8192 rows of 4,096 keys,
+# even at 16,384, 6-20% faster on rising scores; 64 bins and a scratch of 256 keys slower
+# (benchmark/results/NOTES.md, "The k-th of a tile from one histogram").
 ROWS_BINS = 32
 ROWS_CAND = 512
 ROWS_NARROW_MIN_ROWS = 512

@@ -16,15 +16,19 @@ The legacy path's select stage. A persistent grid of programs takes rows in turn
 Because the gate comes from a sample of the whole row, scores that trend along the row (every
 tile better than the last) enter the pool no more often than random ones.
 
-The k-th key of a tile is searched with 5-bit radix digits (32-bin histograms; the last digit
-is 2 bits) from the top, stopping once the boundary bucket is taken whole: ``tl.histogram``
-counts a bin with a ballot per digit bit and a popcount per bin a lane owns, so its cost grows
-with the bins, and seven passes of 32 bins cost a third of four passes of 256.
+The k-th key of a tile (a one-tile row, a pool's cut, a long row's sample) is found by one
+histogram of the tile's scores in ``BINS`` bins of equal width, then a search over the keys of
+the k-th's bin alone (:func:`binned_kth`); a bin too full for its scratch, or ``BINS = 0``, takes
+5-bit radix digits over the whole tile (32-bin histograms; the last digit is 2 bits) from the
+top, stopping once the boundary bucket is taken whole (:func:`tile_kth`). Triton 3.6's
+``tl.histogram`` counts a bin with a ballot per digit bit and a popcount per bin a lane owns, so
+its cost grows with the bins; later releases add one shared-memory atomic per key at any count.
 
 Storage order is position order everywhere (tiles are read in order, cuts keep order), so the
 tie rule is the select stage's: every key above the k-th, then the first keys equal to it. A
 later entry enters a cut pool only if it beats the k-th strictly (:func:`.select.next_gate`).
-The selection is the contract's and :func:`.select.finalize_row` sorts and writes it.
+The selection is the contract's and :func:`.select.finalize_row` sorts and writes it; a
+one-tile row in position order is written from its registers (:func:`emit_row`).
 """
 
 import triton
