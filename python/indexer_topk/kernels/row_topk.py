@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, key_to_score_bits, wait_for_producer
-from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
+from .select import finalize_row, next_gate, radix_digit, radix_update, store_entries, take_mask
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -195,6 +195,17 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
 
 
 @triton.jit
+def search_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
+    """:func:`tile_kth`'s ``(t, shift, need, whole)``, by :func:`binned_kth` where ``BINS > 0``
+    (``buf``: ``CAND`` int32 of scratch), else by :func:`tile_kth` itself."""
+    if BINS > 0:
+        t, shift, need, whole = binned_kth(key, valid, k, buf, CAND, BINS)
+    else:
+        t, shift, need, whole = tile_kth(key, valid, k)
+    return t, shift, need, whole
+
+
+@triton.jit
 def _high_mask(sh):
     """int32 mask of the bits at and above bit ``sh`` (``0 <= sh <= 32``; shifted as int64, where
     a shift by 32 is defined)."""
@@ -222,10 +233,7 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     valid = offs < count
     key = tl.load(pool_key + offs, mask=valid, other=0)
     pos = tl.load(pool_pos + offs, mask=valid, other=0)
-    if BINS > 0:
-        t, shift, need, whole = binned_kth(key, valid, TOPK, pool_key, CAND, BINS)
-    else:
-        t, shift, need, whole = tile_kth(key, valid, TOPK)
+    t, shift, need, whole = search_kth(key, valid, TOPK, pool_key, CAND, BINS)
     take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
     append(dst_key, dst_pos, 0, key, pos, take)
@@ -258,10 +266,7 @@ def sample_gate(key, n, TOPK: tl.constexpr, HALVES: tl.constexpr, buf=None, CAND
     else (0) by :func:`tile_kth`."""
     SAMPLE: tl.constexpr = key.shape[0]
     r = sample_rank(n, TOPK, SAMPLE, HALVES)
-    if BINS > 0:
-        t, shift, _need, _whole = binned_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r, buf, CAND, BINS)
-    else:
-        t, shift, _need, _whole = tile_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r)
+    t, shift, _need, _whole = search_kth(key, tl.arange(0, SAMPLE) < SAMPLE, r, buf, CAND, BINS)
     # the r-th largest itself, also where the search stopped at a bucket taken whole: the
     # bucket's floor can lie far below it (a coarse bucket holds many of the row's keys)
     return tl.min(tl.where((key >> shift) >= (t >> shift), key, INT32_MAX), axis=0)
@@ -318,10 +323,7 @@ def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.cons
     key = tl.load(src + offs, mask=valid, other=0)
     take = valid
     if n > TOPK:
-        if BINS > 0:
-            t, shift, need, whole = binned_kth(key, valid, TOPK, buf, CAND, BINS)
-        else:
-            t, shift, need, whole = tile_kth(key, valid, TOPK)
+        t, shift, need, whole = search_kth(key, valid, TOPK, buf, CAND, BINS)
         take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     return key, offs, take
 
@@ -332,11 +334,7 @@ def emit_row(key, pos, take, count, pt_row, out_bits_row, out_raw_row, out_phys_
     the ``count`` entries ``take`` marks (in position order) at slots ``0 .. count - 1``, then
     ``-inf`` / ``-1`` padding; no round trip through the output row."""
     take_i = take.to(tl.int32)
-    slot = tl.cumsum(take_i, axis=0) - take_i
-    page = tl.load(pt_row + (pos >> 6), mask=take, other=0)
-    tl.store(out_bits_row + slot, key_to_score_bits(key), mask=take)
-    tl.store(out_raw_row + slot, pos, mask=take)
-    tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=take)
+    store_entries(key, pos, tl.cumsum(take_i, axis=0) - take_i, take, pt_row, out_bits_row, out_raw_row, out_phys_row)
     offs = tl.arange(0, TOPK)
     pad = offs >= count
     tl.store(out_bits_row + offs, tl.zeros([TOPK], dtype=tl.int32) + NEG_INF_BITS, mask=pad)
@@ -356,7 +354,7 @@ def select_row(
     compacts them to ``out_key``), else (0) by :func:`tile_kth`. ``ONE_TILE``: ``n <= TILE``
     always (only that path is compiled)."""
     CAP: tl.constexpr = 2 * TOPK
-    if ONE_TILE:
+    if ONE_TILE:  # the branch below, chosen at compile time: no longer rows' path is compiled
         key, offs, take = tile_take(src, n, out_key, TOPK, TILE, BINS, CAND)
         append(out_key, out_pos, 0, key, offs, take)
     elif n <= TILE:
@@ -420,7 +418,9 @@ def topk_rows_kernel(
         n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
         pt_row = page_table + row.to(tl.int64) * stride_pt
-        if ((n <= TILE) | ONE_TILE) & (SORT_BITS == 0):  # a one-tile row in position order: written as selected
+        # a one-tile row in position order, written as selected (with ONE_TILE the test folds to a
+        # constant and the other branch is not compiled: its registers would crowd this one's)
+        if ((n <= TILE) | ONE_TILE) & (SORT_BITS == 0):
             key, pos, take = tile_take(src + i.to(tl.int64) * stride_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
             emit_row(key, pos, take, tl.minimum(n, TOPK), pt_row, out_bits + orow, out_raw + orow, out_phys + orow,
                      out_cnt + row, TOPK)

@@ -267,6 +267,17 @@ def sort_narrow(src_key, src_pos, count, key, pos, m, TOPK: tl.constexpr, RUN: t
 
 
 @triton.jit
+def store_entries(key, pos, slot, m, pt_row_ptr, out_bits_row, out_raw_row, out_phys_row):
+    """The three outputs of the entries ``(key, pos)`` that ``m`` marks, each at its ``slot`` of
+    the row: the score's bits, the position, and the physical slot through the row's page table
+    (pages of 64)."""
+    page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
+    tl.store(out_bits_row + slot, key_to_score_bits(key), mask=m)
+    tl.store(out_raw_row + slot, pos, mask=m)
+    tl.store(out_phys_row + slot, page * 64 + (pos & 63), mask=m)
+
+
+@triton.jit
 def finalize_row(
     src_key, src_pos, count, seq_len, pt_row_ptr,
     out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,

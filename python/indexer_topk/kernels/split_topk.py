@@ -54,10 +54,10 @@ few reach the gate in about one row in 8 million and more than ``CAP`` in one in
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, key_to_score_bits, release_dependents, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, release_dependents, wait_for_producer
 from .row_topk import (append, bin_of, row_length, row_sample, sample_gate, sample_rank, score_of, select_row, span_kth,
                        tile_kth)
-from .select import composite, finalize_row, radix_digit, take_mask
+from .select import composite, finalize_row, radix_digit, store_entries, take_mask
 
 GATE_HALVES = tl.constexpr(5)  # the sampled gate lets about GATE_HALVES / 2 * TOPK keys in
 PROF_FIELDS = 5  # int64 counters per row of the finishing kernel's PROF build (see there)
@@ -376,10 +376,7 @@ def _finish_by_bins(key, pos, valid, ck, stage, hist_row, ctr_row, bnd, gate, sc
         rank += (m & (cj > cs)).to(tl.int32)
     f = lo + rank
     w = live & (f < TOPK) & (ps >= 0) & (ps < n)
-    page = tl.load(pt_row + (ps >> 6), mask=w, other=0)
-    tl.store(out_bits_row + f, key_to_score_bits(ks), mask=w)
-    tl.store(out_raw_row + f, ps, mask=w)
-    tl.store(out_phys_row + f, page * 64 + (ps & 63), mask=w)
+    store_entries(ks, ps, f, w, pt_row, out_bits_row, out_raw_row, out_phys_row)
     tl.store(out_cnt_ptr, TOPK, mask=part == 0)
 
 
