@@ -216,3 +216,29 @@ def sort1d(x, DESCENDING: tl.constexpr):
         return tl.reshape(out, [N])
     else:
         return tl.sort(x, descending=DESCENDING)
+
+
+# Runs of a 1-D prefix sum's tile that exclusive_sum scans as rows (and wider tiles than this
+# take that way; narrower ones, a plain scan)
+SCAN_RUN = tl.constexpr(4)
+SCAN_ROWS_MIN = tl.constexpr(256)
+
+
+@triton.jit
+def exclusive_sum(x):
+    """Exclusive prefix sum of a 1-D int32 tile: ``out[i] = x[0] + ... + x[i - 1]``.
+
+    The same sums as ``tl.cumsum(x, 0) - x``. A wide tile is scanned as ``[N / SCAN_RUN,
+    SCAN_RUN]``: each run along its row, then the runs' totals down the column. On sm_90, with
+    Triton 3.6 at 4,096 entries and 8 warps, ``tl.cumsum`` over the 1-D tile compiled to about
+    twice the instructions, and spilled; the layout of 16-byte loads hands each thread four
+    entries of four separate scans."""
+    N: tl.constexpr = x.shape[0]
+    if N >= SCAN_ROWS_MIN:
+        rows = tl.reshape(x, [N // SCAN_RUN, SCAN_RUN])
+        totals = tl.sum(rows, axis=1)
+        before = tl.cumsum(rows, axis=1) - rows + (tl.cumsum(totals, axis=0) - totals)[:, None]
+        out = tl.reshape(before, [N])
+    else:
+        out = tl.cumsum(x, axis=0) - x
+    return out

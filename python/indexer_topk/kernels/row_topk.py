@@ -34,7 +34,7 @@ one-tile row in position order is written from its registers (:func:`emit_row`).
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, key_to_score_bits, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, exclusive_sum, key_to_score_bits, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, store_entries, take_mask
 
 @triton.jit
@@ -103,12 +103,7 @@ def span_kth(key, valid, k):
     runtime values, the search a loop that stops once the boundary bucket is taken whole."""
     lo_key = tl.min(tl.where(valid, key, INT32_MAX), axis=0)
     hi_key = tl.max(tl.where(valid, key, KEY_MIN), axis=0)
-    diff = lo_key ^ hi_key
-    # bits of diff (its highest set bit, plus one): diff >> s stays non-zero up to there, and a
-    # negative diff (the sign bits differ) never reaches zero
-    sh = tl.zeros([], dtype=tl.int32)
-    for s in tl.static_range(32):
-        sh += ((diff >> s) != 0).to(tl.int32)
+    sh = bit_length(lo_key ^ hi_key)
     b = key ^ KEY_MIN  # sign bit flipped: unsigned order is key order
     tb = (lo_key ^ KEY_MIN) & _high_mask(sh)  # the shared bits
     need = tl.zeros([], dtype=tl.int32) + k
@@ -124,6 +119,15 @@ def span_kth(key, valid, k):
         done = whole.to(tl.int32)
         sh = lo
     return tb ^ KEY_MIN, shift, need, done
+
+
+@triton.jit
+def bit_length(x):
+    """Bits of the int32 ``x`` up to its highest set bit (0 for 0, 32 for a negative ``x``), from
+    the exponent of ``x`` in fp64, which holds every int32 exactly: a few instructions where a
+    shift and test per bit took a hundred."""
+    e = ((x.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF).to(tl.int32)
+    return tl.where(x < 0, 32, tl.where(x == 0, 0, e - 1022))
 
 
 @triton.jit
@@ -180,8 +184,7 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
     if bucket == need:  # the bin is taken whole: the k-th is its least key
         t = tl.min(tl.where(in_bin, key, INT32_MAX), axis=0)
     elif bucket <= CAND:
-        in_i = in_bin.to(tl.int32)
-        slot = tl.cumsum(in_i, axis=0) - in_i
+        slot = exclusive_sum(in_bin.to(tl.int32))
         tl.debug_barrier()  # buf may hold the tile's own source: every thread has read it
         tl.store(buf + slot, key, mask=in_bin)
         tl.debug_barrier()
@@ -216,7 +219,7 @@ def _high_mask(sh):
 def append(dst_key, dst_pos, count, key, pos, take):
     """Write the taken entries of a tile at ``dst[count ..]``, in storage order; returns their number."""
     take_i = take.to(tl.int32)
-    dst = count + tl.cumsum(take_i, axis=0) - take_i
+    dst = count + exclusive_sum(take_i)
     tl.store(dst_key + dst, key, mask=take)
     tl.store(dst_pos + dst, pos, mask=take)
     return tl.sum(take_i, axis=0)
@@ -333,8 +336,7 @@ def emit_row(key, pos, take, count, pt_row, out_bits_row, out_raw_row, out_phys_
     """:func:`.select.finalize_row`'s outputs in position order, straight from a register tile:
     the ``count`` entries ``take`` marks (in position order) at slots ``0 .. count - 1``, then
     ``-inf`` / ``-1`` padding; no round trip through the output row."""
-    take_i = take.to(tl.int32)
-    store_entries(key, pos, tl.cumsum(take_i, axis=0) - take_i, take, pt_row, out_bits_row, out_raw_row, out_phys_row)
+    store_entries(key, pos, exclusive_sum(take.to(tl.int32)), take, pt_row, out_bits_row, out_raw_row, out_phys_row)
     offs = tl.arange(0, TOPK)
     pad = offs >= count
     tl.store(out_bits_row + offs, tl.zeros([TOPK], dtype=tl.int32) + NEG_INF_BITS, mask=pad)

@@ -15,7 +15,7 @@ correction, :func:`sort_narrow`) and writes the four outputs.
 import triton
 import triton.language as tl
 
-from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, key_to_score_bits, sort1d
+from .common import COMP_MIN, KEY_MIN, LOW32, NEG_INF_BITS, exclusive_sum, key_to_score_bits, sort1d
 
 MODE_KEYS = 0  # a key-matrix row: int32 keys, position = offset, valid below n
 MODE_SEGMENTS = 1  # per-split lists of TOPK entries, valid below each split's count
@@ -125,7 +125,7 @@ def take_mask(key, valid, t, shift, need, eq_seen, whole=0):
     if whole:
         take = valid & (hi >= t_hi)
     else:
-        take = (valid & (hi > t_hi)) | (eq & ((eq_seen + tl.cumsum(eq_i, axis=0) - eq_i) < need))
+        take = (valid & (hi > t_hi)) | (eq & ((eq_seen + exclusive_sum(eq_i)) < need))
     return take, eq_i
 
 
