@@ -6,7 +6,8 @@
 #
 #   BASE=.carry/base/python bash benchmark/research/rows_ab.sh
 #
-# BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python.
+# BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python. ALT: a
+# third package folder (a variant of the checkout), timed as the side "alt" beside the two.
 # SHAPES, CONFIGS, PATTERNS: row_select.py's (default: the plugin's position order, 32 bins);
 # DECODE_SHAPES: split_decode.py's ("" skips it). Logs come back packed as $OUT/rows_ab.tgz; the
 # tables are printed last.
@@ -23,7 +24,8 @@ LOGS=/tmp/rows_ab_logs
 mkdir -p "$LOGS"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-side_path() { if [ "$1" = base ]; then echo "$BASE"; else echo python; fi; }
+SIDES="base new${ALT:+ alt}"
+side_path() { case $1 in base) echo "$BASE" ;; alt) echo "$ALT" ;; *) echo python ;; esac; }
 rows() {  # side, label, iters
   PYTHONPATH=$(side_path "$1") timeout "${ROWS_S:-150}" python3 benchmark/research/row_select.py --ways rows \
     --shapes "$SHAPES" --configs "$CONFIGS" --patterns "$PATTERNS" --iters "$3" --json "$LOGS/rows_$1_$2.json" \
@@ -37,11 +39,11 @@ decode() {  # side, label, iters
   stamp "decode $1 $2 rc $?"
 }
 # compiles: both sides at once (their timings, of two processes sharing the GPU, are not used)
-for side in base new; do (rows "$side" warm 1; decode "$side" warm 1) & done
+for side in $SIDES; do (rows "$side" warm 1; decode "$side" warm 1) & done
 wait
 for run in 1 2; do
-  for side in base new; do rows "$side" "$run" 30; done
-  for side in base new; do decode "$side" "$run" 30; done
+  for side in $SIDES; do rows "$side" "$run" 30; done
+  for side in $SIDES; do decode "$side" "$run" 30; done
 done
 tar czf "$OUT/rows_ab.tgz" -C "$LOGS" .
 for f in "$LOGS"/rows_*_[12].log "$LOGS"/decode_*_[12].log; do

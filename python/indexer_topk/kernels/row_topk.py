@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, exclusive_sum, key_to_score_bits, wait_for_producer
-from .select import finalize_row, next_gate, radix_digit, radix_update, store_entries, take_mask
+from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -332,16 +332,26 @@ def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.cons
 
 
 @triton.jit
-def emit_row(key, pos, take, count, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr, TOPK: tl.constexpr):
-    """:func:`.select.finalize_row`'s outputs in position order, straight from a register tile:
-    the ``count`` entries ``take`` marks (in position order) at slots ``0 .. count - 1``, then
-    ``-inf`` / ``-1`` padding; no round trip through the output row."""
-    store_entries(key, pos, exclusive_sum(take.to(tl.int32)), take, pt_row, out_bits_row, out_raw_row, out_phys_row)
-    offs = tl.arange(0, TOPK)
-    pad = offs >= count
-    tl.store(out_bits_row + offs, tl.zeros([TOPK], dtype=tl.int32) + NEG_INF_BITS, mask=pad)
-    tl.store(out_raw_row + offs, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=pad)
-    tl.store(out_phys_row + offs, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=pad)
+def emit_row(key, pos, take, count, src, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
+             TOPK: tl.constexpr):
+    """:func:`.select.finalize_row`'s outputs in position order for a one-tile row held in
+    registers (``key`` read from ``src`` at ``pos``): the ``count`` entries ``take`` marks (in
+    position order) at slots ``0 .. count - 1``, then ``-inf`` / ``-1`` padding.
+
+    Only the positions are scattered, to ``out_raw_row``; they are read back in slot order with
+    their keys (from ``src``, just read) and pages, and the other two outputs written in order. A
+    scattered store moves its operands to a layout of its own, so three of them cost three times
+    the shared-memory exchanges and barriers."""
+    tl.store(out_raw_row + exclusive_sum(take.to(tl.int32)), pos, mask=take)
+    tl.debug_barrier()  # every slot written before any thread reads it back
+    slot = tl.arange(0, TOPK)
+    m = slot < count
+    p = tl.load(out_raw_row + slot, mask=m, other=0)
+    page = tl.load(pt_row + (p >> 6), mask=m, other=0)
+    k = tl.load(src + p, mask=m, other=0)
+    tl.store(out_bits_row + slot, tl.where(m, key_to_score_bits(k), NEG_INF_BITS))
+    tl.store(out_phys_row + slot, tl.where(m, page * 64 + (p & 63), -1))
+    tl.store(out_raw_row + slot, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=slot >= count)
     tl.store(out_cnt_ptr, count)
 
 
@@ -424,8 +434,8 @@ def topk_rows_kernel(
         # constant and the other branch is not compiled: its registers would crowd this one's)
         if ((n <= TILE) | ONE_TILE) & (SORT_BITS == 0):
             key, pos, take = tile_take(src + i.to(tl.int64) * stride_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
-            emit_row(key, pos, take, tl.minimum(n, TOPK), pt_row, out_bits + orow, out_raw + orow, out_phys + orow,
-                     out_cnt + row, TOPK)
+            emit_row(key, pos, take, tl.minimum(n, TOPK), src + i.to(tl.int64) * stride_src, pt_row, out_bits + orow,
+                     out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
         else:
             select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK,
                        TILE, SAMPLE, BINS, CAND, ONE_TILE)
