@@ -2,11 +2,14 @@
 """The row select's one-tile path in machine code, by source line: how many instructions each
 line of the search and the write compiles to (no GPU needed).
 
-    python3 benchmark/research/one_tile_sass.py [--bins 0,32] [--warps 8] [--top 25]
+    python3 benchmark/research/one_tile_sass.py [--bins 0,32] [--warps 8] [--top 25] [--kernel rows]
 
 Compiles a kernel that runs only a one-tile row (``row_topk.tile_take`` then ``emit_row``, topk
 1,024 of 4,096 keys, position order) for sm_90 with this Triton, disassembles it with line
-information, and counts the instructions by source line and by opcode. The counts are static:
+information, and counts the instructions by source line and by opcode. ``--kernel rows``: the row
+select's own kernel instead (``topk_rows_kernel`` with ``ONE_TILE``, as a matrix at most the tile
+wide launches it: its persistent loop, and its row pointer of unknown alignment, which sets the
+tile's layout). The counts are static:
 the radix search's seven passes are all counted though a row stops after the pass that takes its
 boundary bucket whole. Run it with the Triton the GPU machine has (its ``tl.histogram`` lowering
 differs between releases; ``histogram_lowering.py``).
@@ -29,7 +32,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_report  # noqa: E402  (puts the checkout's python/ on the path where needed)
 
-from indexer_topk.kernels.row_topk import emit_row, tile_take  # noqa: E402
+from indexer_topk.kernels.row_topk import emit_row, tile_take, topk_rows_kernel  # noqa: E402
 
 
 @triton.jit
@@ -62,13 +65,18 @@ def main(argv=None) -> int:
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--maxnreg", type=int, default=128)
     p.add_argument("--top", type=int, default=25)
+    p.add_argument("--kernel", choices=("one_tile", "rows"), default="one_tile")
     a = p.parse_args(argv)
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     print(f"triton {triton.__version__}, sm_90, {a.warps} warps")
     for bins in (int(b) for b in a.bins.split(",")):
         const = dict(TOPK=1024, TILE=4096, BINS=bins, CAND=a.cand)
-        sig = dict(compile_report._signature(one_tile_kernel, {}, constexprs=const), n="i32")
-        kernel = compile_report._compile(one_tile_kernel, sig, const, 90, a.warps, 1, a.maxnreg)
+        fn, scalars = one_tile_kernel, dict(n="i32")
+        if a.kernel == "rows":
+            fn, scalars = topk_rows_kernel, dict(rows="i32")
+            const.update(SAMPLE=2048, SORT_BITS=0, ONE_TILE=True)
+        sig = dict(compile_report._signature(fn, {}, constexprs=const), **scalars)
+        kernel = compile_report._compile(fn, sig, const, 90, a.warps, 1, a.maxnreg)
         with tempfile.TemporaryDirectory() as d:
             path = os.path.join(d, "kernel.cubin")
             Path(path).write_bytes(kernel.asm["cubin"])
