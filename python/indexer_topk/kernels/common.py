@@ -218,8 +218,8 @@ def sort1d(x, DESCENDING: tl.constexpr):
         return tl.sort(x, descending=DESCENDING)
 
 
-# Runs of a 1-D prefix sum's tile that exclusive_sum scans as rows (and wider tiles than this
-# take that way; narrower ones, a plain scan)
+# exclusive_sum's rows hold SCAN_RUN entries each (runs of two compiled to fewer instructions and
+# more barriers, and measured slower); tiles narrower than SCAN_ROWS_MIN take a plain scan
 SCAN_RUN = tl.constexpr(4)
 SCAN_ROWS_MIN = tl.constexpr(256)
 
