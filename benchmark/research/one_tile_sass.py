@@ -38,8 +38,8 @@ from indexer_topk.kernels.row_topk import emit_row, tile_take, topk_rows_kernel 
 @triton.jit
 def one_tile_kernel(src, n, pt, out_bits, out_raw, out_phys, out_cnt, TOPK: tl.constexpr, TILE: tl.constexpr,
                     BINS: tl.constexpr, CAND: tl.constexpr):
-    key, pos, take = tile_take(src, n, out_bits, TOPK, TILE, BINS, CAND)
-    emit_row(key, pos, take, tl.minimum(n, TOPK), src, pt, out_bits, out_raw, out_phys, out_cnt, TOPK)
+    _key, pos, take = tile_take(src, n, out_bits, TOPK, TILE, BINS, CAND)
+    emit_row(pos, take, tl.minimum(n, TOPK), src, pt, out_bits, out_raw, out_phys, out_cnt, TOPK)
 
 
 def count(sass: str):

@@ -35,8 +35,8 @@ one-tile row in position order scatters its positions and writes its outputs in 
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, NEG_INF_BITS, exclusive_sum, key_to_score_bits, wait_for_producer
-from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask
+from .common import INT32_MAX, KEY_MIN, exclusive_sum, key_to_score_bits, wait_for_producer
+from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask, write_row
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -333,14 +333,14 @@ def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.cons
 
 
 @triton.jit
-def emit_row(key, pos, take, count, src, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
+def emit_row(pos, take, count, src, pt_row, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr,
              TOPK: tl.constexpr):
-    """:func:`.select.finalize_row`'s outputs in position order for a one-tile row held in
-    registers (``key`` read from ``src`` at ``pos``): the ``count`` entries ``take`` marks (in
+    """:func:`.select.finalize_row`'s outputs in position order for a one-tile row of ``src``
+    held in registers: the ``count`` entries ``take`` marks among the positions ``pos`` (in
     position order) at slots ``0 .. count - 1``, then ``-inf`` / ``-1`` padding.
 
     Only the positions are scattered, to ``out_raw_row``; they are read back in slot order with
-    their keys (from ``src``, just read) and pages, and the other two outputs written in order. A
+    their keys (from ``src``, just read) and pages, and the row written in slot order. A
     scatter costs an address and a masked store per key of the tile, a write in slot order one per
     slot (``TOPK`` of them, contiguous), so one scatter and a read back cost fewer instructions
     than three scatters and a page lookup per key."""
@@ -351,10 +351,9 @@ def emit_row(key, pos, take, count, src, pt_row, out_bits_row, out_raw_row, out_
     p = tl.load(out_raw_row + slot, mask=m, other=0)
     page = tl.load(pt_row + (p >> 6), mask=m, other=0)
     k = tl.load(src + p, mask=m, other=0)
-    tl.store(out_bits_row + slot, tl.where(m, key_to_score_bits(k), NEG_INF_BITS))
-    tl.store(out_phys_row + slot, tl.where(m, page * 64 + (p & 63), -1))
-    tl.store(out_raw_row + slot, tl.zeros([TOPK], dtype=tl.int32) - 1, mask=slot >= count)
-    tl.store(out_cnt_ptr, count)
+    # out_raw is written over with the positions it holds, and -1 only where nothing was read:
+    # whichever thread writes a slot, no reader can see another value, so no barrier
+    write_row(k, p, page, m, slot, count, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr)
 
 
 @triton.jit
@@ -432,15 +431,16 @@ def topk_rows_kernel(
         n = row_length(seq_lens, row, stride_src)
         orow = row.to(tl.int64) * TOPK
         pt_row = page_table + row.to(tl.int64) * stride_pt
+        row_src = src + i.to(tl.int64) * stride_src
         # a one-tile row in position order, written as selected (with ONE_TILE the test folds to a
         # constant and the other branch is not compiled: its registers would crowd this one's)
         if ((n <= TILE) | ONE_TILE) & (SORT_BITS == 0):
-            key, pos, take = tile_take(src + i.to(tl.int64) * stride_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
-            emit_row(key, pos, take, tl.minimum(n, TOPK), src + i.to(tl.int64) * stride_src, pt_row, out_bits + orow,
-                     out_raw + orow, out_phys + orow, out_cnt + row, TOPK)
+            _key, pos, take = tile_take(row_src, n, out_bits + orow, TOPK, TILE, BINS, CAND)
+            emit_row(pos, take, tl.minimum(n, TOPK), row_src, pt_row, out_bits + orow, out_raw + orow, out_phys + orow,
+                     out_cnt + row, TOPK)
         else:
-            select_row(src + i.to(tl.int64) * stride_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK,
-                       TILE, SAMPLE, BINS, CAND, ONE_TILE)
+            select_row(row_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE, BINS, CAND,
+                       ONE_TILE)
             tl.debug_barrier()
             finalize_row(
                 out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,

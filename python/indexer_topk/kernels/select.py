@@ -306,13 +306,17 @@ def finalize_row(
             key = (comp >> 32).to(tl.int32)
             pos = ((comp & LOW32) ^ LOW32).to(tl.int32)
     page = tl.load(pt_row_ptr + (pos >> 6), mask=m, other=0)
-    bits = tl.where(m, key_to_score_bits(key), NEG_INF_BITS)
-    raw = tl.where(m, pos, -1)
-    phys = tl.where(m, page * 64 + (pos & 63), -1)
     tl.debug_barrier()
-    tl.store(out_bits_row + slot, bits)
-    tl.store(out_raw_row + slot, raw)
-    tl.store(out_phys_row + slot, phys)
+    write_row(key, pos, page, m, slot, count, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr)
+
+
+@triton.jit
+def write_row(key, pos, page, m, slot, count, out_bits_row, out_raw_row, out_phys_row, out_cnt_ptr):
+    """A whole row's four outputs: at each ``slot`` the entry ``(key, pos)`` (``page``: its page,
+    pages of 64) where ``m`` marks one, ``-inf`` / ``-1`` elsewhere, and the row's ``count``."""
+    tl.store(out_bits_row + slot, tl.where(m, key_to_score_bits(key), NEG_INF_BITS))
+    tl.store(out_raw_row + slot, tl.where(m, pos, -1))
+    tl.store(out_phys_row + slot, tl.where(m, page * 64 + (pos & 63), -1))
     tl.store(out_cnt_ptr, count)
 
 
