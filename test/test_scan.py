@@ -1,9 +1,11 @@
-"""The position-order prefix sums of the select kernels (:func:`indexer_topk.kernels.common.exclusive_sum`
-and :func:`indexer_topk.kernels.row_topk.bit_length`), against torch.
+"""The prefix sums of the select kernels (:func:`indexer_topk.kernels.common.exclusive_sum` in
+position order, :func:`~indexer_topk.kernels.common.exclusive_sum_strided` in strided order) and
+:func:`indexer_topk.kernels.row_topk.bit_length`, against torch.
 
 ``exclusive_sum`` takes wide tiles as rows of ``SCAN_RUN`` and narrow ones as a plain scan: both
 are checked at every width around the switch, on flags (what the kernels scan: which keys are
-taken, which equal the k-th) and on counts of any size, the int32 range's ends included.
+taken, which equal the k-th) and on counts of any size, the int32 range's ends included. The
+strided sums are checked the same way, and as slots: a compaction by them fills every slot once.
 """
 
 import pytest
@@ -11,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from indexer_topk.kernels.common import SCAN_ROWS_MIN, SCAN_RUN, exclusive_sum
+from indexer_topk.kernels.common import SCAN_ROWS_MIN, SCAN_RUN, SCAN_STRIDE, exclusive_sum, exclusive_sum_strided
 from indexer_topk.kernels.row_topk import bit_length
 
 
@@ -19,6 +21,12 @@ from indexer_topk.kernels.row_topk import bit_length
 def _scan_kernel(x, out, N: tl.constexpr):
     offs = tl.arange(0, N)
     tl.store(out + offs, exclusive_sum(tl.load(x + offs)))
+
+
+@triton.jit
+def _strided_kernel(x, out, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(out + offs, exclusive_sum_strided(tl.load(x + offs)))
 
 
 @triton.jit
@@ -33,8 +41,55 @@ def _exclusive(x: torch.Tensor) -> torch.Tensor:
     return ((wide + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
-ROWS_MIN, RUN = SCAN_ROWS_MIN.value, SCAN_RUN.value
+def _strided_order(n: int, stride: int) -> torch.Tensor:
+    """The entries of a tile of ``n`` in strided order: ``t, t + stride, ...`` for each ``t``."""
+    if n % stride or n <= stride:  # the kernel scans such tiles in storage order
+        return torch.arange(n)
+    return torch.arange(n).reshape(n // stride, stride).t().reshape(-1)
+
+
+ROWS_MIN, RUN, STRIDE = SCAN_ROWS_MIN.value, SCAN_RUN.value, SCAN_STRIDE.value
 WIDTHS = sorted({16, ROWS_MIN // 2, ROWS_MIN, 2 * ROWS_MIN, 4096})
+STRIDED_WIDTHS = sorted({16, STRIDE, 2 * STRIDE, 4 * STRIDE, 4096})
+
+
+def _values(kind: str, n: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    if kind == "flags":
+        x = (torch.rand(n, generator=gen) < 0.5).to(torch.int32)
+    elif kind == "sparse":  # one set flag in a run at most, the runs' totals mostly zero
+        x = torch.zeros(n, dtype=torch.int32)
+        x[torch.randint(0, n, (max(1, n // (4 * RUN)),), generator=gen)] = 1
+    elif kind == "counts":
+        x = torch.randint(-1000, 1000, (n,), generator=gen, dtype=torch.int32)
+    else:  # the int32 range's ends: the sums wrap as int32 adds do
+        x = torch.full((n,), 2**31 - 1, dtype=torch.int32)
+        x[1::2] = -(2**31)
+    return x
+
+
+@pytest.mark.parametrize("n", STRIDED_WIDTHS)
+@pytest.mark.parametrize("values", ["flags", "sparse", "counts", "extremes"])
+def test_exclusive_sum_strided_matches_torch(n, values, device):
+    """Each entry's sum is that of the entries before it in strided order."""
+    x = _values(values, n, n * 17 + len(values))
+    out = torch.full((n,), -7, dtype=torch.int32, device=device)
+    _strided_kernel[(1,)](x.to(device), out, N=n)
+    order = _strided_order(n, STRIDE)
+    want = torch.empty(n, dtype=torch.int32)
+    want[order] = _exclusive(x[order])
+    assert torch.equal(out.cpu(), want)
+
+
+def test_exclusive_sum_strided_slots_fill_each_once(device):
+    """As a compaction's slots (what :func:`~indexer_topk.kernels.row_topk.append_set` uses them
+    for): the flagged entries land on ``0 .. count - 1``, one each."""
+    n = 4096
+    x = _values("flags", n, 3)
+    out = torch.full((n,), -7, dtype=torch.int32, device=device)
+    _strided_kernel[(1,)](x.to(device), out, N=n)
+    slots = out.cpu()[x.bool()]
+    assert torch.equal(torch.sort(slots).values, torch.arange(int(x.sum()), dtype=torch.int32))
 
 
 @pytest.mark.parametrize("n", WIDTHS)

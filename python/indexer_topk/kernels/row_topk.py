@@ -8,7 +8,8 @@ The legacy path's select stage. A persistent grid of programs takes rows in turn
   that about ``1.5 * TOPK`` of the row's keys should reach (:func:`sampled_gate`). It then
   streams its tiles, in position order, through a candidate pool of ``CAP = 2 * TOPK``
   entries (the program's slice of scratch, L2-resident): a tile's keys that reach the gate are
-  appended with one prefix sum; when they would not fit, the pool is cut to its best ``TOPK``,
+  appended with one prefix sum, in no particular order within the tile (a sum along each
+  thread's registers, :func:`append_set`); when they would not fit, the pool is cut to its best ``TOPK``,
   which raises the gate, and a tile that alone holds more entrants than fit is cut to its own
   best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
   row is streamed again from a lower one, then from none. The pool is finally cut to ``TOPK``.
@@ -24,18 +25,21 @@ top, stopping once the boundary bucket is taken whole (:func:`tile_kth`). Triton
 ``tl.histogram`` counts a bin with a ballot per digit bit and a popcount per bin a lane owns, so
 its cost grows with the bins; later releases add one shared-memory atomic per key at any count.
 
-Storage order is position order everywhere (tiles are read in order, cuts keep order), so the
-tie rule is the select stage's: every key above the k-th, then the first keys equal to it. A
-later entry enters a cut pool only if it beats the k-th strictly (:func:`.select.next_gate`).
-The selection is the contract's and :func:`.select.finalize_row` sorts and writes it; a
-one-tile row in position order scatters its positions and writes its outputs in slot order
-(:func:`emit_row`).
+A register tile is in position order, so its tie rule is the select stage's: every key above
+the k-th, then the first keys equal to it. The row kernel's pools are not (``SET``): tiles enter
+in position order, but a tile's entrants in the order of a sum along each thread's registers,
+which costs a fraction of a sum in position order. So a cut takes the keys tied at its k-th by
+their positions, lowest first (:func:`take_set`), and the row's last ``TOPK`` are put back in
+position order by sorting their positions (:func:`in_order`). Either way a later entry enters a
+cut pool only if it beats the k-th strictly (:func:`.select.next_gate`). The selection is the contract's and
+:func:`.select.finalize_row` sorts and writes it; a one-tile row in position order scatters its
+positions and writes its outputs in slot order (:func:`emit_row`).
 """
 
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, exclusive_sum, key_to_score_bits, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, exclusive_sum, exclusive_sum_strided, key_to_score_bits, sort1d, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask, write_row
 
 @triton.jit
@@ -162,7 +166,7 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
 
     The valid keys' scores are binned in ``BINS`` bins of equal width over their range
     (:func:`bin_of`), and one histogram names the bin that holds the k-th key. When that bin
-    holds at most ``CAND`` keys they are compacted, in storage order, to ``buf`` (``CAND`` int32
+    holds at most ``CAND`` keys they are compacted, in no particular order, to ``buf`` (``CAND`` int32
     of scratch; it may hold what the tile was loaded from, and is free again once this returns)
     and the k-th is searched among them alone (:func:`span_kth`: their keys share their high
     bits); keys of higher bins are all taken, keys of lower ones none. A fuller bin (ties, a
@@ -185,7 +189,7 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
     if bucket == need:  # the bin is taken whole: the k-th is its least key
         t = tl.min(tl.where(in_bin, key, INT32_MAX), axis=0)
     elif bucket <= CAND:
-        slot = exclusive_sum(in_bin.to(tl.int32))
+        slot = exclusive_sum_strided(in_bin.to(tl.int32))  # span_kth needs the set, not its order
         tl.debug_barrier()  # buf may hold the tile's own source: every thread has read it
         tl.store(buf + slot, key, mask=in_bin)
         tl.debug_barrier()
@@ -227,21 +231,75 @@ def append(dst_key, dst_pos, count, key, pos, take):
 
 
 @triton.jit
+def append_set(dst_key, dst_pos, count, key, pos, take):
+    """:func:`append` in no particular order (slots by :func:`.common.exclusive_sum_strided`, a
+    fraction of a sum in storage order), for a pool whose cuts break ties by position
+    (:func:`take_set`) and whose last entries are put back in position order (:func:`in_order`).
+    Returns nothing: its callers know how many ``take`` marks."""
+    dst = count + exclusive_sum_strided(take.to(tl.int32))
+    tl.store(dst_key + dst, key, mask=take)
+    tl.store(dst_pos + dst, pos, mask=take)
+
+
+@triton.jit
+def take_set(key, pos, valid, t, shift, need, whole):
+    """:func:`.select.take_mask` for entries in no particular order, with distinct positions: of
+    the entries tied at the threshold, the ``need`` of lowest position (the contract's rule), found
+    by a search over those entries' positions (the ``need`` largest of ``~pos``) instead of by
+    their storage order. A search over distinct values ends with its boundary bucket taken whole."""
+    hi = key >> shift
+    t_hi = t >> shift
+    if whole:
+        take = valid & (hi >= t_hi)
+    else:
+        eq = valid & (hi == t_hi)  # more than need of them: the bucket was not taken whole
+        pt, psh, _pneed, _pwhole = span_kth(~pos, eq, need)
+        take = (valid & (hi > t_hi)) | (eq & ((~pos >> psh) >= (pt >> psh)))
+    return take
+
+
+@triton.jit
+def in_order(src, from_pos, out_key, out_pos, count, TOPK: tl.constexpr):
+    """Write ``count <= TOPK`` entries of the row ``src`` to ``out_key`` / ``out_pos`` in position
+    order, from their distinct positions at ``from_pos`` (in no particular order; it may be
+    ``out_pos``): the positions sorted (one int32 network), each key read back from the row."""
+    offs = tl.arange(0, TOPK)
+    m = offs < count
+    tl.debug_barrier()  # every position written before any thread reads it
+    p = sort1d(tl.load(from_pos + offs, mask=m, other=INT32_MAX), False)
+    k = tl.load(src + p, mask=m, other=0)
+    tl.debug_barrier()  # and read before it is written over
+    tl.store(out_key + offs, k, mask=m)
+    tl.store(out_pos + offs, p, mask=m)
+
+
+@triton.jit
 def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CAP: tl.constexpr,
-             BINS: tl.constexpr = 0, CAND: tl.constexpr = 512):
+             BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, SET: tl.constexpr = False):
     """Cut a pool of ``TOPK < count <= CAP`` entries (storage order) to its best ``TOPK``,
     written in storage order to ``dst`` (which may be the pool). Returns the gate a later entry
     must reach. ``BINS``: the k-th searched by :func:`binned_kth` (``CAND`` keys of the pool's
-    scratch at most), else (0) by :func:`tile_kth`."""
+    scratch at most), else (0) by :func:`tile_kth`. ``SET``: the pool's entries have distinct
+    positions in no particular order (:func:`append_set`), its ties are taken by position
+    (:func:`take_set`) and ``dst`` written in no particular order; the gate holds while later
+    entries have higher positions than the pool's."""
     offs = tl.arange(0, CAP)
     valid = offs < count
+    if SET:
+        tl.debug_barrier()  # every append to the pool is seen (those appends keep no barrier)
     key = tl.load(pool_key + offs, mask=valid, other=0)
     pos = tl.load(pool_pos + offs, mask=valid, other=0)
     t, shift, need, whole = search_kth(key, valid, TOPK, pool_key, CAND, BINS)
-    take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
+    if SET:
+        take = take_set(key, pos, valid, t, shift, need, whole)
+    else:
+        take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
-    append(dst_key, dst_pos, 0, key, pos, take)
-    tl.debug_barrier()  # and written before any thread reads the pool again
+    if SET:
+        append_set(dst_key, dst_pos, 0, key, pos, take)  # read next by a cut or in_order, after a barrier
+    else:
+        append(dst_key, dst_pos, 0, key, pos, take)
+        tl.debug_barrier()  # and written before any thread reads the pool again
     return next_gate(t, shift)
 
 
@@ -285,14 +343,17 @@ def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.co
 
 @triton.jit
 def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr = 0,
-             CAND: tl.constexpr = 512):
+             CAND: tl.constexpr = 512, SET: tl.constexpr = False):
     """Stream the row's tiles through the pool, from the gate ``gate``: returns how many entries
-    the pool holds, in position order. When that is ``TOPK`` or more, they hold the row's top
+    the pool holds, in position order (``SET``: in no particular order, :func:`append_set`, and
+    cut by :func:`cut_pool` with ``SET``). When that is ``TOPK`` or more, they hold the row's top
     ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means the
     gate was too high and nothing is known."""
     CAP: tl.constexpr = 2 * TOPK
     offs = tl.arange(0, TILE)
     count = tl.zeros([], dtype=tl.int32)
+    if SET:
+        tl.debug_barrier()  # a scan before this one wrote the pool's slots this one writes again
     for c0 in range(0, n, TILE):
         pos = c0 + offs
         valid = pos < n
@@ -301,7 +362,8 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
         n_in = tl.sum(enter.to(tl.int32), axis=0)
         if count + n_in > CAP:
             if count > TOPK:
-                gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP, BINS, CAND))
+                gate = tl.maximum(gate, cut_pool(pool_key, pool_pos, count, pool_key, pool_pos, TOPK, CAP, BINS, CAND,
+                                                 SET))
                 count = tl.zeros([], dtype=tl.int32) + TOPK
                 enter = enter & (key >= gate)
                 n_in = tl.sum(enter.to(tl.int32), axis=0)
@@ -311,9 +373,15 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
                 t, shift, need, whole = tile_kth(key, enter, TOPK)
                 enter, _eq = take_mask(key, enter, t, shift, need, 0, whole)
                 gate = tl.maximum(gate, next_gate(t, shift))
+                n_in = tl.zeros([], dtype=tl.int32) + TOPK
         if n_in > 0:
-            count += append(pool_key, pool_pos, count, key, pos, enter)
-            tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
+            if SET:
+                # no barrier: the pool's next reader (a cut, in_order) starts with one
+                append_set(pool_key, pool_pos, count, key, pos, enter)
+                count += n_in
+            else:
+                count += append(pool_key, pool_pos, count, key, pos, enter)
+                tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
     return count
 
 
@@ -359,13 +427,15 @@ def emit_row(pos, take, count, src, pt_row, out_bits_row, out_raw_row, out_phys_
 @triton.jit
 def select_row(
     src, n, out_key, out_pos, pool_key, pool_pos, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr,
-    BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, ONE_TILE: tl.constexpr = False,
+    BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, ONE_TILE: tl.constexpr = False, SET: tl.constexpr = False,
 ):
     """Write the best ``min(n, TOPK)`` of the ``n`` keys at ``src`` (positions ``0 .. n - 1``) to
     ``out_key`` / ``out_pos`` in position order. ``BINS``: each k-th searched by
     :func:`binned_kth` over at most ``CAND`` keys of one bin (``CAND <= TOPK``: a one-tile row
     compacts them to ``out_key``), else (0) by :func:`tile_kth`. ``ONE_TILE``: ``n <= TILE``
-    always (only that path is compiled)."""
+    always (only that path is compiled). ``SET``: a longer row's pool holds its entries in no
+    particular order (:func:`append_set`: cheaper appends, a sort of the last ``TOPK``
+    positions); the same outputs."""
     CAP: tl.constexpr = 2 * TOPK
     if ONE_TILE:  # the branch below, chosen at compile time: no longer rows' path is compiled
         key, offs, take = tile_take(src, n, out_key, TOPK, TILE, BINS, CAND)
@@ -380,14 +450,20 @@ def select_row(
         # the row is scanned again from a gate four times as generous, then from none
         # (the pool, empty before each scan, is the sample's scratch)
         gate = sampled_gate(src, n, TOPK, SAMPLE, 3, pool_key, CAND, BINS)
-        count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND)
+        count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND, SET)
         if count < TOPK:
             gate = sampled_gate(src, n, TOPK, SAMPLE, 12, pool_key, CAND, BINS)
-            count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND)
+            count = scan_row(src, n, pool_key, pool_pos, gate, TOPK, TILE, BINS, CAND, SET)
         if count < TOPK:
             count = scan_row(src, n, pool_key, pool_pos, tl.zeros([], dtype=tl.int32) + KEY_MIN, TOPK, TILE, BINS,
-                             CAND)
-        if count > TOPK:
+                             CAND, SET)
+        if SET:
+            chosen = pool_pos  # the scans leave at least TOPK entries: exactly TOPK, or a cut to TOPK
+            if count > TOPK:
+                cut_pool(pool_key, pool_pos, count, out_key, out_pos, TOPK, CAP, BINS, CAND, SET)
+                chosen = out_pos
+            in_order(src, chosen, out_key, out_pos, TOPK, TOPK)
+        elif count > TOPK:
             cut_pool(pool_key, pool_pos, count, out_key, out_pos, TOPK, CAP, BINS, CAND)
         else:
             m = tl.arange(0, CAP) < count
@@ -440,7 +516,7 @@ def topk_rows_kernel(
                      out_cnt + row, TOPK)
         else:
             select_row(row_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE, BINS, CAND,
-                       ONE_TILE)
+                       ONE_TILE, True)
             tl.debug_barrier()
             finalize_row(
                 out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
