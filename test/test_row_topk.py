@@ -105,10 +105,13 @@ def assert_same_bits(got, want):
 
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
 @pytest.mark.parametrize("bits", [64, 32])
-def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("set_pool", [0, 1])
+def test_rows_equal_torch_way(pattern, bits, set_pool, rows_way, monkeypatch, device):
     """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot,
-    the selection sorted by the 64- or the 32-bit network."""
+    the selection sorted by the 64- or the 32-bit network, the long rows' pool in position order
+    or in none (``ROWS_SET_POOL``: its ties cut by position, its last entries sorted back)."""
     set_sort(monkeypatch, bits)
+    set_settings(monkeypatch, ROWS_SET_POOL=set_pool)
     width = 4160
     lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -119,10 +122,12 @@ def test_rows_equal_torch_way(pattern, bits, rows_way, monkeypatch, device):
 
 @pytest.mark.parametrize("bins,cand", [(0, 512), (2, 16), (256, 512)])
 @pytest.mark.parametrize("pattern", ["scores", "ties", "spikes"])
-def test_rows_equal_torch_way_by_each_kth_search(pattern, bins, cand, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("set_pool", [0, 1])
+def test_rows_equal_torch_way_by_each_kth_search(pattern, bins, cand, set_pool, rows_way, monkeypatch, device):
     """The k-th searched by radix digits over each tile (``ROWS_BINS = 0``), in a bin of two,
-    with a scratch too small for most bins, or in a bin of 256: the same four outputs."""
-    set_settings(monkeypatch, ROWS_BINS=bins, ROWS_CAND=cand)
+    with a scratch too small for most bins, or in a bin of 256, the long rows' pool in either
+    order: the same four outputs."""
+    set_settings(monkeypatch, ROWS_BINS=bins, ROWS_CAND=cand, ROWS_SET_POOL=set_pool)
     width = 4160
     lens = [width, 1100, TOPK + 1, TOPK - 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -266,7 +271,8 @@ def test_rows_of_a_matrix_one_tile_wide(pattern, order, rows_way, monkeypatch, d
 
 def test_row_select_builds_compile_for_hopper():
     """The row select's build for rows of one tile in position order with the binned k-th search
-    (``ONE_TILE``, what prefill chunks of up to 16K tokens take) compiles for sm_90 here, in a
+    (``ONE_TILE``, what prefill chunks of up to 16K tokens take), and the longer rows' build with
+    its pool in no particular order (``SET_POOL``), compile for sm_90 here, in a
     process without the interpreter (which runs only the branches a call takes, and does not
     check that a name bound in two branches has one type in both)."""
     import os
@@ -282,9 +288,9 @@ report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.row_topk import topk_rows_kernel as f
-for one_tile, bits in ((True, 0),):
+for one_tile, bits, set_pool in ((True, 0, False), (False, 0, True)):
     const = dict(TOPK=1024, TILE=L.ROWS_TILE, SAMPLE=L.ROWS_SAMPLE, SORT_BITS=bits, BINS=L.ROWS_BINS,
-                 CAND=L.ROWS_CAND, ONE_TILE=one_tile)
+                 CAND=L.ROWS_CAND, ONE_TILE=one_tile, SET_POOL=set_pool)
     sig = dict(report._signature(f, {}, constexprs=const), rows="i32")
     k = report._compile(f, sig, const, 90, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
     print(k.asm["ptx"].count("bar.sync") > 0)
@@ -294,7 +300,7 @@ for one_tile, bits in ((True, 0),):
     done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
                           env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True"]
+    assert done.stdout.split() == ["True", "True"]
 
 
 @pytest.mark.parametrize("bits", [64, 32])
@@ -483,10 +489,13 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
 @pytest.mark.parametrize("bits", [64, 32])
-def test_rows_equal_torch_way_gpu(pattern, topk, bits, monkeypatch, device):
+@pytest.mark.parametrize("set_pool", [0, 1])
+def test_rows_equal_torch_way_gpu(pattern, topk, bits, set_pool, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
-    tokens), 16,384 and one tile, beside lengths around topk; by either sort."""
+    tokens), 16,384 and one tile, beside lengths around topk; by either sort, the long rows'
+    pool in either order (``ROWS_SET_POOL``)."""
     set_sort(monkeypatch, bits)
+    set_settings(monkeypatch, ROWS_SET_POOL=set_pool)
     width = 196608
     lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)

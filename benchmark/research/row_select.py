@@ -11,7 +11,8 @@ Builds key matrices as the score stage leaves them (int32 order keys of fp32 sco
 host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE:WARPS:PROGRAMS_PER_SM[:MAXNREG[:SORT_BITS]]``
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
 none: the package's rule; ``pos`` in its place: ``order="position"``, each row left in ascending positions
-unsorted, what the sort costs; a further ``bN``: ``ROWS_BINS = N``, 0 for the radix digits over each tile, ``cN``: ``ROWS_CAND = N``), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
+unsorted, what the sort costs; a further ``bN``: ``ROWS_BINS = N``, 0 for the radix digits over each tile, ``cN``: ``ROWS_CAND = N``, ``sN``:
+``ROWS_SET_POOL = N``), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
 ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
@@ -70,7 +71,9 @@ def main(argv=None) -> int:
     records = []
     lines = []
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
-             "ROWS_BINS", "ROWS_CAND", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM", "SPLIT_MORE_PROGRAMS_PER_SM")
+             "ROWS_BINS", "ROWS_CAND", "ROWS_SET_POOL", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM",
+             "SPLIT_MORE_PROGRAMS_PER_SM")
+    knobs = tuple(k for k in knobs if hasattr(legacy_backend, k))  # an earlier package may lack some
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
         rows, width = (int(x) for x in shape.split("x"))
@@ -92,6 +95,7 @@ def main(argv=None) -> int:
                     unsorted = "pos" in words
                     bins = [int(w[1:]) for w in words if w.startswith("b")]
                     cand = [int(w[1:]) for w in words if w.startswith("c")]
+                    set_pool = [int(w[1:]) for w in words if w.startswith("s")]
                     order = "position" if unsorted else "score"
                     if cfg and way == "split":
                         warps, pps = (int(x) for x in cfg.split(":"))
@@ -110,6 +114,8 @@ def main(argv=None) -> int:
                             legacy_backend.ROWS_BINS = bins[0]
                         if cand:
                             legacy_backend.ROWS_CAND = cand[0]
+                        if set_pool:
+                            legacy_backend.ROWS_SET_POOL = set_pool[0]
                         name = f"rows {cfg}"
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"

@@ -484,6 +484,7 @@ def topk_rows_kernel(
     src, stride_src, rows, seq_lens, page_table, stride_pt, out_bits, out_raw, out_phys, out_cnt, row_start,
     scratch, TOPK: tl.constexpr, TILE: tl.constexpr, SAMPLE: tl.constexpr, PDL: tl.constexpr = False,
     SORT_BITS: tl.constexpr = 64, BINS: tl.constexpr = 0, CAND: tl.constexpr = 512, ONE_TILE: tl.constexpr = False,
+    SET_POOL: tl.constexpr = False,
 ):
     """Persistent programs over the ``rows`` rows of a contiguous key matrix (``stride_src``
     keys a row; row ``i`` is the contract's row ``row_start + i``): each row's top ``TOPK``,
@@ -494,7 +495,8 @@ def topk_rows_kernel(
     searched in one bin of a histogram (:func:`binned_kth`), or (``BINS = 0``) by radix digits
     over the whole tile; the same outputs either way. ``ONE_TILE``: the matrix is at most ``TILE``
     keys wide, so every row is one register tile and the longer rows' path is not compiled (its
-    registers would crowd the tile's)."""
+    registers would crowd the tile's). ``SET_POOL``: a longer row's pool in no particular order
+    (:func:`select_row`'s ``SET``); the same outputs."""
     wait_for_producer(PDL)
     tl.static_assert(SAMPLE <= TILE, "rows longer than the tile are sampled: SAMPLE must not exceed TILE")
     pid = tl.program_id(0)
@@ -516,7 +518,7 @@ def topk_rows_kernel(
                      out_cnt + row, TOPK)
         else:
             select_row(row_src, n, out_bits + orow, out_raw + orow, pool_key, pool_pos, TOPK, TILE, SAMPLE, BINS, CAND,
-                       ONE_TILE, True)
+                       ONE_TILE, SET_POOL)
             tl.debug_barrier()
             finalize_row(
                 out_bits + orow, out_raw + orow, tl.minimum(n, TOPK), n, pt_row,
