@@ -105,13 +105,13 @@ def assert_same_bits(got, want):
 
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "decreasing", "ties", "nan", "spikes"])
 @pytest.mark.parametrize("bits", [64, 32])
-@pytest.mark.parametrize("set_pool", [0, 1])
+@pytest.mark.parametrize("set_pool", [None, 0])
 def test_rows_equal_torch_way(pattern, bits, set_pool, rows_way, monkeypatch, device):
     """Rows of many tiles, one tile, exactly topk and fewer: the same four outputs, every slot,
     the selection sorted by the 64- or the 32-bit network, the long rows' pool in position order
-    or in none (``ROWS_SET_POOL``: its ties cut by position, its last entries sorted back)."""
+    or in none (``ROWS_SET_POOL_WIDTH``: its ties cut by position, its last entries sorted back)."""
     set_sort(monkeypatch, bits)
-    set_settings(monkeypatch, ROWS_SET_POOL=set_pool)
+    set_settings(monkeypatch, ROWS_SET_POOL_WIDTH=set_pool)
     width = 4160
     lens = [width, width - 1, 1100, TOPK + 1, TOPK, TOPK - 1, 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -122,12 +122,12 @@ def test_rows_equal_torch_way(pattern, bits, set_pool, rows_way, monkeypatch, de
 
 @pytest.mark.parametrize("bins,cand", [(0, 512), (2, 16), (256, 512)])
 @pytest.mark.parametrize("pattern", ["scores", "ties", "spikes"])
-@pytest.mark.parametrize("set_pool", [0, 1])
+@pytest.mark.parametrize("set_pool", [None, 0])
 def test_rows_equal_torch_way_by_each_kth_search(pattern, bins, cand, set_pool, rows_way, monkeypatch, device):
     """The k-th searched by radix digits over each tile (``ROWS_BINS = 0``), in a bin of two,
     with a scratch too small for most bins, or in a bin of 256, the long rows' pool in either
     order: the same four outputs."""
-    set_settings(monkeypatch, ROWS_BINS=bins, ROWS_CAND=cand, ROWS_SET_POOL=set_pool)
+    set_settings(monkeypatch, ROWS_BINS=bins, ROWS_CAND=cand, ROWS_SET_POOL_WIDTH=set_pool)
     width = 4160
     lens = [width, 1100, TOPK + 1, TOPK - 1, 0]
     keys, lens_t = key_matrix(pattern, lens, width, device)
@@ -489,13 +489,13 @@ def test_legacy_with_rows_matches_reference(case, rows_way, device):
 @pytest.mark.parametrize("pattern", ["random", "scores", "increasing", "ties", "spikes"])
 @pytest.mark.parametrize("topk", [512, 1024, 2048])
 @pytest.mark.parametrize("bits", [64, 32])
-@pytest.mark.parametrize("set_pool", [0, 1])
+@pytest.mark.parametrize("set_pool", [None, 0])
 def test_rows_equal_torch_way_gpu(pattern, topk, bits, set_pool, monkeypatch, device):
     """DeepSeek-V4 widths on the GPU, the shipped tile and sample: 196,608-key rows (768K
     tokens), 16,384 and one tile, beside lengths around topk; by either sort, the long rows'
-    pool in either order (``ROWS_SET_POOL``)."""
+    pool in either order (``ROWS_SET_POOL_WIDTH``)."""
     set_sort(monkeypatch, bits)
-    set_settings(monkeypatch, ROWS_SET_POOL=set_pool)
+    set_settings(monkeypatch, ROWS_SET_POOL_WIDTH=set_pool)
     width = 196608
     lens = [width, width - 1, 16384, 4096, 4095, topk + 1, topk, topk - 1, 1, 0] * 13
     keys, lens_t = key_matrix(pattern, lens, width, device, seed=topk)

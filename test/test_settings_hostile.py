@@ -407,8 +407,9 @@ def test_scored_gate_rule_asked_directly_names_a_setting_it_cannot_read(monkeypa
                                         ("ROWS_BINS", 24), ("ROWS_BINS", 1), ("ROWS_BINS", 512), ("ROWS_BINS", -32),
                                         ("ROWS_BINS", None), ("ROWS_BINS", 32.0), ("ROWS_BINS", True),
                                         ("ROWS_CAND", 8), ("ROWS_CAND", 500), ("ROWS_CAND", 0), ("ROWS_CAND", None),
-                                        ("ROWS_CAND", "np.int64"), ("ROWS_SET_POOL", 2), ("ROWS_SET_POOL", True),
-                                        ("ROWS_SET_POOL", None), ("ROWS_SET_POOL", 1.0)])
+                                        ("ROWS_CAND", "np.int64"), ("ROWS_SET_POOL_WIDTH", -1),
+                                        ("ROWS_SET_POOL_WIDTH", True), ("ROWS_SET_POOL_WIDTH", 4096.0),
+                                        ("ROWS_SET_POOL_WIDTH", "4096")])
 def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, monkeypatch):
     """The row select's sort is 32 or 64 bits wide (``ROWS_SORT_BITS``, or by counts of rows,
     ``ROWS_NARROW_MIN_ROWS`` and ``ROWS_NARROW_MIN_ROWS_LONG``), its programs take a power of two
@@ -416,7 +417,8 @@ def test_row_select_settings_the_kernel_cannot_take_are_refused(name, value, mon
     128: 32 warps need twice the register file) fit a program, and an SM at least one of them
     (``ROWS_PROGRAMS_PER_SM``), and its k-th search bins a tile in 0 or a power of two from 2 to
     256 bins (``ROWS_BINS``) with a power of two from 16 keys of scratch (``ROWS_CAND``), and its
-    long rows' pool is ordered or not (``ROWS_SET_POOL`` 0 or 1): any other value is refused naming
+    long rows' pool is unordered from a width of keys (``ROWS_SET_POOL_WIDTH``, or never with None): any
+    other value is refused naming
     the setting before any kernel runs, the outputs untouched, on the path
     that never reaches the row select too."""
     if value == "np.int64":  # a numpy int (not a Python int): refused like any other type

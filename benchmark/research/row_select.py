@@ -12,7 +12,7 @@ host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
 none: the package's rule; ``pos`` in its place: ``order="position"``, each row left in ascending positions
 unsorted, what the sort costs; a further ``bN``: ``ROWS_BINS = N``, 0 for the radix digits over each tile, ``cN``: ``ROWS_CAND = N``, ``sN``:
-``ROWS_SET_POOL = N``), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
+``ROWS_SET_POOL_WIDTH = N``, 0 for every width), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
 ``--split-configs``, ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     records = []
     lines = []
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
-             "ROWS_BINS", "ROWS_CAND", "ROWS_SET_POOL", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM",
+             "ROWS_BINS", "ROWS_CAND", "ROWS_SET_POOL_WIDTH", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM",
              "SPLIT_MORE_PROGRAMS_PER_SM")
     knobs = tuple(k for k in knobs if hasattr(legacy_backend, k))  # an earlier package may lack some
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
@@ -115,7 +115,7 @@ def main(argv=None) -> int:
                         if cand:
                             legacy_backend.ROWS_CAND = cand[0]
                         if set_pool:
-                            legacy_backend.ROWS_SET_POOL = set_pool[0]
+                            legacy_backend.ROWS_SET_POOL_WIDTH = set_pool[0]
                         name = f"rows {cfg}"
                     if way == "auto":
                         name = f"auto={legacy_backend.select_way(rows, width, device_sm_count(device))}"

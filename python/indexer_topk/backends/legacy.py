@@ -110,12 +110,14 @@ ROWS_SORT_BITS: Optional[int] = None
 # (benchmark/results/NOTES.md, "The k-th of a tile from one histogram").
 ROWS_BINS = 32
 ROWS_CAND = 512
-# Whether a row longer than the tile appends its entrants to its pool in no particular order (1):
-# slots by a sum along each thread's registers rather than one in position order, ties at a cut
-# taken by position, the last topk sorted back to position order (kernels/row_topk.py,
-# append_set). The same bits either way. Compiled for sm_90 (Triton 3.6) the append's sum is half
-# the instructions, but the long rows' build spills more (480 B against 328); not yet timed, so 0.
-ROWS_SET_POOL = 0
+# From which key-matrix width (keys a row) a row longer than the tile appends its entrants to its
+# pool in no particular order: slots by a sum along each thread's registers rather than one in
+# position order, ties at a cut taken by position, the last topk sorted back to position order by
+# one int32 sort a row (kernels/row_topk.py, append_set). None: never. The same bits either way.
+# Compiled for sm_90 (Triton 3.6), an append's sum is half the instructions and the sort about as
+# many as four appends save, but the long rows' build spills more (480 B against 328); not yet
+# timed, so None.
+ROWS_SET_POOL_WIDTH: Optional[int] = None
 ROWS_NARROW_MIN_ROWS = 512
 ROWS_NARROW_MIN_ROWS_LONG = 1024
 
@@ -310,7 +312,7 @@ def _check_row_select() -> None:
     ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
     ``ROWS_PROGRAMS_PER_SM`` a positive count (0 would launch no program for more rows than SMs,
     or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten), and
-    ``ROWS_BINS`` 0 or a power of two up to 256 and ``ROWS_CAND`` one from 16, ``ROWS_SET_POOL`` 0 or 1,
+    ``ROWS_BINS`` 0 or a power of two up to 256 and ``ROWS_CAND`` one from 16, ``ROWS_SET_POOL_WIDTH`` None or a width,
     ``ROWS_MAXNREG`` None or a register count that leaves each warps setting's program within
     ``REGISTERS_PER_PROGRAM`` (the launch would fail after the score kernel ran)."""
     _check_int_setting("ROWS_WARPS", ROWS_WARPS, _is_warps, "a power of two from 1 to 32")
@@ -329,7 +331,8 @@ def _check_row_select() -> None:
     _check_int_setting("ROWS_BINS", ROWS_BINS, lambda v: v == 0 or (v & (v - 1) == 0 and 2 <= v <= 256),
                        "0 or a power of two from 2 to 256")
     _check_int_setting("ROWS_CAND", ROWS_CAND, lambda v: v >= 16 and v & (v - 1) == 0, "a power of two from 16")
-    _check_int_setting("ROWS_SET_POOL", ROWS_SET_POOL, lambda v: v in (0, 1), "0 or 1")
+    if ROWS_SET_POOL_WIDTH is not None:
+        _check_int_setting("ROWS_SET_POOL_WIDTH", ROWS_SET_POOL_WIDTH, lambda v: v >= 0, "None or a count of keys")
     for name, value in (("ROWS_NARROW_MIN_ROWS", ROWS_NARROW_MIN_ROWS),
                         ("ROWS_NARROW_MIN_ROWS_LONG", ROWS_NARROW_MIN_ROWS_LONG)):
         _check_int_setting(name, value, lambda v: v >= 0, "a count of rows")
@@ -552,7 +555,7 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
             TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, BINS=ROWS_BINS,
-            CAND=min(ROWS_CAND, topk), ONE_TILE=keys.shape[1] <= ROWS_TILE, SET_POOL=bool(ROWS_SET_POOL),
+            CAND=min(ROWS_CAND, topk), ONE_TILE=keys.shape[1] <= ROWS_TILE, SET_POOL=ROWS_SET_POOL_WIDTH is not None and keys.shape[1] >= ROWS_SET_POOL_WIDTH,
             num_warps=warps,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
