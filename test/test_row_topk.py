@@ -318,12 +318,15 @@ def test_rows_topk_1024_and_more_rows_than_programs(bits, rows_way, monkeypatch,
 
 @pytest.mark.parametrize("topk", [512, 1024])
 @pytest.mark.parametrize("bits", [64, 32])
-def test_rows_write_only_their_outputs(topk, bits, rows_way, monkeypatch, device):
+@pytest.mark.parametrize("set_pool", [None, 0])
+def test_rows_write_only_their_outputs(topk, bits, set_pool, rows_way, monkeypatch, device):
     """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched,
     also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size), by
     either sort (the 32-bit one writes its network order over the output row before the
-    outputs)."""
+    outputs), with the long rows' pool in either order (the unordered one's last entries are
+    sorted back into the output row)."""
     set_sort(monkeypatch, bits)
+    set_settings(monkeypatch, ROWS_SET_POOL_WIDTH=set_pool)
     width = 2048
     keys, lens = key_matrix("ties", [width, 700], width, device, seed=7)
     before = keys.clone()
