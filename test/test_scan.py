@@ -54,6 +54,7 @@ STRIDED_WIDTHS = sorted({16, STRIDE, 2 * STRIDE, 4 * STRIDE, 4096})
 
 
 def _values(kind: str, n: int, seed: int) -> torch.Tensor:
+    """``n`` int32 values of a kind the kernels scan (or a sum's edge), from ``seed``."""
     gen = torch.Generator().manual_seed(seed)
     if kind == "flags":
         x = (torch.rand(n, generator=gen) < 0.5).to(torch.int32)
@@ -68,17 +69,22 @@ def _values(kind: str, n: int, seed: int) -> torch.Tensor:
     return x
 
 
+def _launch(kernel, x: torch.Tensor, device) -> torch.Tensor:
+    """``kernel``'s one-tile output for ``x``, every slot poisoned before."""
+    out = torch.full(x.shape, -7, dtype=torch.int32, device=device)
+    kernel[(1,)](x.to(device), out, N=x.numel())
+    return out.cpu()
+
+
 @pytest.mark.parametrize("n", STRIDED_WIDTHS)
 @pytest.mark.parametrize("values", ["flags", "sparse", "counts", "extremes"])
 def test_exclusive_sum_strided_matches_torch(n, values, device):
     """Each entry's sum is that of the entries before it in strided order."""
     x = _values(values, n, n * 17 + len(values))
-    out = torch.full((n,), -7, dtype=torch.int32, device=device)
-    _strided_kernel[(1,)](x.to(device), out, N=n)
     order = _strided_order(n, STRIDE)
     want = torch.empty(n, dtype=torch.int32)
     want[order] = _exclusive(x[order])
-    assert torch.equal(out.cpu(), want)
+    assert torch.equal(_launch(_strided_kernel, x, device), want)
 
 
 def test_exclusive_sum_strided_slots_fill_each_once(device):
@@ -86,29 +92,16 @@ def test_exclusive_sum_strided_slots_fill_each_once(device):
     for): the flagged entries land on ``0 .. count - 1``, one each."""
     n = 4096
     x = _values("flags", n, 3)
-    out = torch.full((n,), -7, dtype=torch.int32, device=device)
-    _strided_kernel[(1,)](x.to(device), out, N=n)
-    slots = out.cpu()[x.bool()]
+    slots = _launch(_strided_kernel, x, device)[x.bool()]
     assert torch.equal(torch.sort(slots).values, torch.arange(int(x.sum()), dtype=torch.int32))
 
 
 @pytest.mark.parametrize("n", WIDTHS)
 @pytest.mark.parametrize("values", ["flags", "sparse", "counts", "extremes"])
 def test_exclusive_sum_matches_torch(n, values, device):
-    gen = torch.Generator().manual_seed(n * 31 + len(values))
-    if values == "flags":
-        x = (torch.rand(n, generator=gen) < 0.5).to(torch.int32)
-    elif values == "sparse":  # one set flag in a run at most, the runs' totals mostly zero
-        x = torch.zeros(n, dtype=torch.int32)
-        x[torch.randint(0, n, (max(1, n // (4 * RUN)),), generator=gen)] = 1
-    elif values == "counts":
-        x = torch.randint(-1000, 1000, (n,), generator=gen, dtype=torch.int32)
-    else:  # the int32 range's ends: the sums wrap as int32 adds do
-        x = torch.full((n,), 2**31 - 1, dtype=torch.int32)
-        x[1::2] = -(2**31)
-    out = torch.full((n,), -7, dtype=torch.int32, device=device)
-    _scan_kernel[(1,)](x.to(device), out, N=n)
-    assert torch.equal(out.cpu(), _exclusive(x))
+    """Each entry's sum is that of the entries before it in storage order."""
+    x = _values(values, n, n * 31 + len(values))
+    assert torch.equal(_launch(_scan_kernel, x, device), _exclusive(x))
 
 
 def test_bit_length_matches_python(device):
