@@ -316,9 +316,8 @@ def test_rows_topk_1024_and_more_rows_than_programs(bits, rows_way, monkeypatch,
     assert_same_bits(got, select(keys, lens_t, 1024, "torch", monkeypatch))
 
 
-@pytest.mark.parametrize("topk", [512, 1024])
-@pytest.mark.parametrize("bits", [64, 32])
-@pytest.mark.parametrize("set_pool", [None, 0])
+@pytest.mark.parametrize("topk,bits,set_pool", [(512, 64, None), (512, 32, None), (1024, 64, None), (1024, 32, None),
+                                               (512, 32, 0), (1024, 64, 0)])
 def test_rows_write_only_their_outputs(topk, bits, set_pool, rows_way, monkeypatch, device):
     """Output rows beside the selected ones (``row_start``) and the key matrix stay untouched,
     also where rows longer than the tile are at most ``2 * topk`` keys (the pools' size), by
