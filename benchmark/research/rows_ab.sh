@@ -9,8 +9,9 @@
 # BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python. ALT: a
 # third package folder (a variant of the checkout), timed as the side "alt" beside the two.
 # SHAPES, CONFIGS, PATTERNS: row_select.py's (default: the plugin's position order, 32 bins);
-# DECODE_SHAPES: split_decode.py's ("" skips it). Logs come back packed as $OUT/rows_ab.tgz; the
-# tables are printed last.
+# DECODE_SHAPES: split_decode.py's ("" skips it). TESTS: pytest arguments run after the timings
+# (`-n 8`; the checkout's package), given what is left of TOTAL_S (default 540) seconds. Logs come
+# back packed as $OUT/rows_ab.tgz, the tests' as $OUT/gpu_tests.log; the tables are printed last.
 set -u -o pipefail
 export OUT=${OUT:-/tmp/rows_ab}
 mkdir -p "$OUT"
@@ -45,6 +46,17 @@ for run in 1 2; do
   for side in $SIDES; do rows "$side" "$run" 30; done
   for side in $SIDES; do decode "$side" "$run" 30; done
 done
+if [ -n "${TESTS:-}" ]; then
+  left=$(( ${TOTAL_S:-540} - ($(date +%s) - T0) ))
+  if [ "$left" -gt 30 ]; then  # (timeout 0 would mean none)
+    stamp "GPU tests, ${left}s: $TESTS"
+    # shellcheck disable=SC2086
+    PYTHONPATH=python timeout "$left" python3 -m pytest -q -n 8 -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
+    stamp "GPU tests rc $? ($(tail -1 "$OUT/gpu_tests.log"))"
+  else
+    stamp "GPU tests skipped: ${left}s left of TOTAL_S"
+  fi
+fi
 tar czf "$OUT/rows_ab.tgz" -C "$LOGS" .
 for f in "$LOGS"/rows_*_[12].log "$LOGS"/decode_*_[12].log; do
   [ -f "$f" ] || continue
