@@ -8,10 +8,10 @@ The legacy path's select stage. A persistent grid of programs takes rows in turn
   that about ``1.5 * TOPK`` of the row's keys should reach (:func:`sampled_gate`). It then
   streams its tiles, in position order, through a candidate pool of ``CAP = 2 * TOPK``
   entries (the program's slice of scratch, L2-resident): a tile's keys that reach the gate are
-  appended with one prefix sum, in no particular order within the tile (a sum along each
-  thread's registers, :func:`append_set`); when they would not fit, the pool is cut to its best ``TOPK``,
-  which raises the gate, and a tile that alone holds more entrants than fit is cut to its own
-  best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
+  appended with one prefix sum (in the row kernel from ``ROWS_SET_POOL_WIDTH`` keys, in no
+  particular order within the tile: :func:`append_set`); when they would not fit, the pool is cut
+  to its best ``TOPK``, which raises the gate, and a tile that alone holds more entrants than fit
+  is cut to its own best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
   row is streamed again from a lower one, then from none. The pool is finally cut to ``TOPK``.
 
 Because the gate comes from a sample of the whole row, scores that trend along the row (every
@@ -31,9 +31,9 @@ in position order, but a tile's entrants in the order of a sum along each thread
 which costs a fraction of a sum in position order. So a cut takes the keys tied at its k-th by
 their positions, lowest first (:func:`take_set`), and the row's last ``TOPK`` are put back in
 position order by sorting their positions (:func:`in_order`). Either way a later entry enters a
-cut pool only if it beats the k-th strictly (:func:`.select.next_gate`). The selection is the contract's and
-:func:`.select.finalize_row` sorts and writes it; a one-tile row in position order scatters its
-positions and writes its outputs in slot order (:func:`emit_row`).
+cut pool only if it beats the k-th strictly (:func:`.select.next_gate`). The selection is the
+contract's and :func:`.select.finalize_row` sorts and writes it; a one-tile row in position order
+scatters its positions and writes its outputs in slot order (:func:`emit_row`).
 """
 
 import triton
