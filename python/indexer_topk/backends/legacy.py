@@ -115,7 +115,7 @@ ROWS_CAND = 512
 # position order, ties at a cut taken by position, the last topk sorted back to position order by
 # one int32 sort a row (kernels/row_topk.py, append_set). None: never. The same bits either way.
 # Compiled for sm_90 (Triton 3.6), an append's sum is half the instructions and the sort about as
-# many as four appends save, but the long rows' build spills more (480 B against 328); not yet
+# many as four appends save, but the long rows' build spills more (496 B against 328); not yet
 # timed, so None.
 ROWS_SET_POOL_WIDTH: Optional[int] = None
 ROWS_NARROW_MIN_ROWS = 512

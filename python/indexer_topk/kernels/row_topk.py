@@ -161,13 +161,15 @@ def bin_of(key, floor, scale, BINS: tl.constexpr):
 
 
 @triton.jit
-def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
+def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr, STRIDED: tl.constexpr = False):
     """:func:`tile_kth` by one histogram of the whole tile, then a search over one bin's keys.
 
     The valid keys' scores are binned in ``BINS`` bins of equal width over their range
     (:func:`bin_of`), and one histogram names the bin that holds the k-th key. When that bin
-    holds at most ``CAND`` keys they are compacted, in no particular order, to ``buf`` (``CAND`` int32
-    of scratch; it may hold what the tile was loaded from, and is free again once this returns)
+    holds at most ``CAND`` keys they are compacted to ``buf`` (``CAND`` int32 of scratch; it may
+    hold what the tile was loaded from, and is free again once this returns), in storage order, or
+    with ``STRIDED`` in the order of :func:`.common.exclusive_sum_strided` (a fraction of the sum's
+    instructions; the search needs the keys, not their order),
     and the k-th is searched among them alone (:func:`span_kth`: their keys share their high
     bits); keys of higher bins are all taken, keys of lower ones none. A fuller bin (ties, a
     plateau, a range stretched by a few outliers) takes :func:`tile_kth` over the whole tile.
@@ -189,7 +191,10 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
     if bucket == need:  # the bin is taken whole: the k-th is its least key
         t = tl.min(tl.where(in_bin, key, INT32_MAX), axis=0)
     elif bucket <= CAND:
-        slot = exclusive_sum_strided(in_bin.to(tl.int32))  # span_kth needs the set, not its order
+        if STRIDED:
+            slot = exclusive_sum_strided(in_bin.to(tl.int32))
+        else:
+            slot = exclusive_sum(in_bin.to(tl.int32))
         tl.debug_barrier()  # buf may hold the tile's own source: every thread has read it
         tl.store(buf + slot, key, mask=in_bin)
         tl.debug_barrier()
@@ -203,11 +208,12 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
 
 
 @triton.jit
-def search_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr):
+def search_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr, STRIDED: tl.constexpr = False):
     """:func:`tile_kth`'s ``(t, shift, need, whole)``, by :func:`binned_kth` where ``BINS > 0``
-    (``buf``: ``CAND`` int32 of scratch), else by :func:`tile_kth` itself."""
+    (``buf``: ``CAND`` int32 of scratch; ``STRIDED``: its compaction's order), else by
+    :func:`tile_kth` itself."""
     if BINS > 0:
-        t, shift, need, whole = binned_kth(key, valid, k, buf, CAND, BINS)
+        t, shift, need, whole = binned_kth(key, valid, k, buf, CAND, BINS, STRIDED)
     else:
         t, shift, need, whole = tile_kth(key, valid, k)
     return t, shift, need, whole
@@ -289,7 +295,7 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
         tl.debug_barrier()  # every append to the pool is seen (those appends keep no barrier)
     key = tl.load(pool_key + offs, mask=valid, other=0)
     pos = tl.load(pool_pos + offs, mask=valid, other=0)
-    t, shift, need, whole = search_kth(key, valid, TOPK, pool_key, CAND, BINS)
+    t, shift, need, whole = search_kth(key, valid, TOPK, pool_key, CAND, BINS, SET)
     if SET:
         take = take_set(key, pos, valid, t, shift, need, whole)
     else:
@@ -395,7 +401,9 @@ def tile_take(src, n, buf, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.cons
     key = tl.load(src + offs, mask=valid, other=0)
     take = valid
     if n > TOPK:
-        t, shift, need, whole = search_kth(key, valid, TOPK, buf, CAND, BINS)
+        # the strided compaction: a one-tile build without spills either way; in the longer
+        # rows' ordered build it spilled more (368 B of stack against 328, Triton 3.6)
+        t, shift, need, whole = search_kth(key, valid, TOPK, buf, CAND, BINS, True)
         take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     return key, offs, take
 
