@@ -88,8 +88,8 @@ def test_exclusive_sum_strided_matches_torch(n, values, device):
 
 
 def test_exclusive_sum_strided_slots_fill_each_once(device):
-    """As a compaction's slots (what :func:`~indexer_topk.kernels.row_topk.append_set` uses them
-    for): the flagged entries land on ``0 .. count - 1``, one each."""
+    """As a compaction's slots (what :func:`~indexer_topk.kernels.row_topk.append` with ``STRIDED``
+    uses them for): the flagged entries land on ``0 .. count - 1``, one each."""
     n = 4096
     x = _values("flags", n, 3)
     slots = _launch(_strided_kernel, x, device)[x.bool()]

@@ -113,7 +113,8 @@ ROWS_CAND = 512
 # From which key-matrix width (keys a row) a row longer than the tile appends its entrants to its
 # pool in no particular order: slots by a sum along each thread's registers rather than one in
 # position order, ties at a cut taken by position, the last topk sorted back to position order by
-# one int32 sort a row (kernels/row_topk.py, append_set). None: never. The same bits either way.
+# one int32 sort a row (kernels/row_topk.py, append with STRIDED). None: never. The same bits
+# either way.
 # Compiled for sm_90 (Triton 3.6), an append's sum is half the instructions and the sort about as
 # many as four appends save, but the long rows' build spills more (496 B against 328); not yet
 # timed, so None.
@@ -312,7 +313,8 @@ def _check_row_select() -> None:
     ``ROWS_WARPS`` a power of two up to 32 (Triton's warps) and ``ROWS_FEW_WARPS`` None or one,
     ``ROWS_PROGRAMS_PER_SM`` a positive count (0 would launch no program for more rows than SMs,
     or for any rows with ``ROWS_FEW_WARPS`` None, leaving the outputs unwritten), and
-    ``ROWS_BINS`` 0 or a power of two up to 256 and ``ROWS_CAND`` one from 16, ``ROWS_SET_POOL_WIDTH`` None or a width,
+    ``ROWS_BINS`` 0 or a power of two up to 256, ``ROWS_CAND`` one from 16 and
+    ``ROWS_SET_POOL_WIDTH`` None or a width,
     ``ROWS_MAXNREG`` None or a register count that leaves each warps setting's program within
     ``REGISTERS_PER_PROGRAM`` (the launch would fail after the score kernel ran)."""
     _check_int_setting("ROWS_WARPS", ROWS_WARPS, _is_warps, "a power of two from 1 to 32")
@@ -555,8 +557,8 @@ def legacy_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, r
             topk_rows_kernel, (programs,), keys, keys.shape[1], row_count, seq_lens, page_table, page_table.stride(0),
             out.values.view(torch.int32), out.raw_indices, out.physical_indices, out.counts, row_start, pools,
             TOPK=topk, TILE=ROWS_TILE, SAMPLE=ROWS_SAMPLE, PDL=pdl, SORT_BITS=sort_bits, BINS=ROWS_BINS,
-            CAND=min(ROWS_CAND, topk), ONE_TILE=keys.shape[1] <= ROWS_TILE, SET_POOL=ROWS_SET_POOL_WIDTH is not None and keys.shape[1] >= ROWS_SET_POOL_WIDTH,
-            num_warps=warps,
+            CAND=min(ROWS_CAND, topk), ONE_TILE=keys.shape[1] <= ROWS_TILE,
+            SET_POOL=ROWS_SET_POOL_WIDTH is not None and keys.shape[1] >= ROWS_SET_POOL_WIDTH, num_warps=warps,
             **launch_options(ROWS_MAXNREG, kernels_interpreted()), **pdl_options(pdl),
         )
         return

@@ -9,9 +9,10 @@ The legacy path's select stage. A persistent grid of programs takes rows in turn
   streams its tiles, in position order, through a candidate pool of ``CAP = 2 * TOPK``
   entries (the program's slice of scratch, L2-resident): a tile's keys that reach the gate are
   appended with one prefix sum (in the row kernel from ``ROWS_SET_POOL_WIDTH`` keys, in no
-  particular order within the tile: :func:`append_set`); when they would not fit, the pool is cut
-  to its best ``TOPK``, which raises the gate, and a tile that alone holds more entrants than fit
-  is cut to its own best ``TOPK`` in registers first. If fewer than ``TOPK`` keys reached the sampled gate, the
+  particular order within the tile: :func:`append` ``STRIDED``); when they would not fit, the
+  pool is cut to its best ``TOPK``, which raises the gate, and a tile that alone holds more
+  entrants than fit is cut to its own best ``TOPK`` in registers first. If fewer than ``TOPK``
+  keys reached the sampled gate, the
   row is streamed again from a lower one, then from none. The pool is finally cut to ``TOPK``.
 
 Because the gate comes from a sample of the whole row, scores that trend along the row (every
@@ -227,24 +228,20 @@ def _high_mask(sh):
 
 
 @triton.jit
-def append(dst_key, dst_pos, count, key, pos, take):
-    """Write the taken entries of a tile at ``dst[count ..]``, in storage order; returns their number."""
+def append(dst_key, dst_pos, count, key, pos, take, STRIDED: tl.constexpr = False):
+    """Write the taken entries of a tile at ``dst[count ..]``, in storage order; returns their
+    number (a caller that knows it leaves the sum unused, and the compiler drops it).
+    ``STRIDED``: in no particular order, at slots from :func:`.common.exclusive_sum_strided` (a
+    fraction of a sum in storage order), for a pool whose cuts break ties by position
+    (:func:`take_set`) and whose last entries are put back in position order (:func:`in_order`)."""
     take_i = take.to(tl.int32)
-    dst = count + exclusive_sum(take_i)
+    if STRIDED:
+        dst = count + exclusive_sum_strided(take_i)
+    else:
+        dst = count + exclusive_sum(take_i)
     tl.store(dst_key + dst, key, mask=take)
     tl.store(dst_pos + dst, pos, mask=take)
     return tl.sum(take_i, axis=0)
-
-
-@triton.jit
-def append_set(dst_key, dst_pos, count, key, pos, take):
-    """:func:`append` in no particular order (slots by :func:`.common.exclusive_sum_strided`, a
-    fraction of a sum in storage order), for a pool whose cuts break ties by position
-    (:func:`take_set`) and whose last entries are put back in position order (:func:`in_order`).
-    Returns nothing: its callers know how many ``take`` marks."""
-    dst = count + exclusive_sum_strided(take.to(tl.int32))
-    tl.store(dst_key + dst, key, mask=take)
-    tl.store(dst_pos + dst, pos, mask=take)
 
 
 @triton.jit
@@ -286,7 +283,7 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     written in storage order to ``dst`` (which may be the pool). Returns the gate a later entry
     must reach. ``BINS``: the k-th searched by :func:`binned_kth` (``CAND`` keys of the pool's
     scratch at most), else (0) by :func:`tile_kth`. ``SET``: the pool's entries have distinct
-    positions in no particular order (:func:`append_set`), its ties are taken by position
+    positions in no particular order (:func:`append` ``STRIDED``), its ties are taken by position
     (:func:`take_set`) and ``dst`` written in no particular order; the gate holds while later
     entries have higher positions than the pool's."""
     offs = tl.arange(0, CAP)
@@ -301,11 +298,9 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     else:
         take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
-    if SET:
-        append_set(dst_key, dst_pos, 0, key, pos, take)  # read next by a cut or in_order, after a barrier
-    else:
-        append(dst_key, dst_pos, 0, key, pos, take)
-        tl.debug_barrier()  # and written before any thread reads the pool again
+    append(dst_key, dst_pos, 0, key, pos, take, SET)
+    if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)
+        tl.debug_barrier()  # written before any thread reads the pool again
     return next_gate(t, shift)
 
 
@@ -351,7 +346,8 @@ def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.co
 def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr = 0,
              CAND: tl.constexpr = 512, SET: tl.constexpr = False):
     """Stream the row's tiles through the pool, from the gate ``gate``: returns how many entries
-    the pool holds, in position order (``SET``: in no particular order, :func:`append_set`, and
+    the pool holds, in position order (``SET``: in no particular order, :func:`append`
+    ``STRIDED``, and
     cut by :func:`cut_pool` with ``SET``). When that is ``TOPK`` or more, they hold the row's top
     ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means the
     gate was too high and nothing is known."""
@@ -381,12 +377,9 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
                 gate = tl.maximum(gate, next_gate(t, shift))
                 n_in = tl.zeros([], dtype=tl.int32) + TOPK
         if n_in > 0:
-            if SET:
-                # no barrier: the pool's next reader (a cut, in_order) starts with one
-                append_set(pool_key, pool_pos, count, key, pos, enter)
-                count += n_in
-            else:
-                count += append(pool_key, pool_pos, count, key, pos, enter)
+            append(pool_key, pool_pos, count, key, pos, enter, SET)  # n_in of them, counted above
+            count += n_in
+            if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)
                 tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
     return count
 
@@ -442,7 +435,7 @@ def select_row(
     :func:`binned_kth` over at most ``CAND`` keys of one bin (``CAND <= TOPK``: a one-tile row
     compacts them to ``out_key``), else (0) by :func:`tile_kth`. ``ONE_TILE``: ``n <= TILE``
     always (only that path is compiled). ``SET``: a longer row's pool holds its entries in no
-    particular order (:func:`append_set`: cheaper appends, a sort of the last ``TOPK``
+    particular order (:func:`append` ``STRIDED``: cheaper appends, a sort of the last ``TOPK``
     positions); the same outputs."""
     CAP: tl.constexpr = 2 * TOPK
     if ONE_TILE:  # the branch below, chosen at compile time: no longer rows' path is compiled
