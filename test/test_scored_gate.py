@@ -243,6 +243,28 @@ def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split
         assert_bitwise(o1, o2, f"{way}: prefetch against none")
 
 
+@pytest.mark.parametrize("pattern", ["random", "equal", "increasing", "zero_plateau"])
+def test_gathering_with_strided_slots_gives_the_same_bits(pattern, small_split, monkeypatch, device):
+    """``SPLIT_GATHER_STRIDED = 1`` (a block's entrants slotted in strided order, the block wider
+    than the program's threads so the strided sum runs) against 0: the buffer holds the same
+    entrants in another order, and the finish ranks them to the same outputs, counts and key
+    matrix, every slot written, on the four-kernel step (the gate ahead's own gathering is
+    unchanged, and must agree too)."""
+    wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
+                       topk=128, seed=23, device=device, pattern=pattern)
+    assert legacy_backend.SPLIT_BLOCK > 32 * legacy_backend.SPLIT_GATHER_WARPS
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_STRIDED", 0)
+    by_position = both_ways(wl)
+    monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_STRIDED", 1)
+    strided = both_ways(wl)
+    out = assert_same_step(wl, ways=strided)
+    assert unwritten_slots(out) == []
+    for (o1, k1, h1), (o2, k2, h2), way in zip(by_position, strided, ("the gate ahead", "four kernels")):
+        assert torch.equal(k1, k2), way
+        assert torch.equal(h1[1].cpu(), h2[1].cpu()), f"{way}: counts"
+        assert_bitwise(o1, o2, f"{way}: strided slots against positions")
+
+
 def test_gate_ahead_reads_no_page_outside_the_cache(small_split, device):
     """Page ids outside the cache (the checks off) score as zeros in both ways, the same bits,
     and write nothing outside the outputs and the scratch."""

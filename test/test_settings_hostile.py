@@ -465,12 +465,13 @@ def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
                                         ("SPLIT_MORE_PROGRAMS_ROWS", None), ("SPLIT_MORE_PROGRAMS_ROWS", "64"),
                                         ("SPLIT_GATHER_PREFETCH", 2), ("SPLIT_GATHER_PREFETCH", True),
                                         ("SPLIT_GATHER_PREFETCH", None), ("SPLIT_GATHER_PREFETCH", 1.0),
-                                        ("SCORED_GATE_PREFETCH", 2), ("SCORED_GATE_PREFETCH", False)])
+                                        ("SCORED_GATE_PREFETCH", 2), ("SCORED_GATE_PREFETCH", False),
+                                        ("SPLIT_GATHER_STRIDED", -1), ("SPLIT_GATHER_STRIDED", True)])
 def test_split_gathering_programs_settings_it_cannot_take_are_refused(name, value, monkeypatch):
     """The gathering kernel's programs an SM (``SPLIT_PROGRAMS_PER_SM``, ``SPLIT_MORE_PROGRAMS_PER_SM``
     up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows) are counts: a float would reach the launch's grid,
     0 would run one program a row; the gathering's prefetch (``SPLIT_GATHER_PREFETCH``,
-    ``SCORED_GATE_PREFETCH``) is 0 or 1. Anything else is refused naming the setting before any
+    ``SCORED_GATE_PREFETCH``) and strided slots (``SPLIT_GATHER_STRIDED``) are 0 or 1. Anything else is refused naming the setting before any
     kernel runs, the outputs untouched, and by :func:`split_runs` asked directly."""
     if value == "np.int64":
         import numpy as np

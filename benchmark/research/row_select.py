@@ -12,8 +12,8 @@ host) with each way of selecting: ``rows`` (kernels/row_topk.py) for each ``TILE
 config at every row count (``ROWS_FEW_WARPS`` off; MAXNREG 0: the compiler's choice; SORT_BITS 32 or 64, 0 or
 none: the package's rule; ``pos`` in its place: ``order="position"``, each row left in ascending positions
 unsorted, what the sort costs; a further ``bN``: ``ROWS_BINS = N``, 0 for the radix digits over each tile, ``cN``: ``ROWS_CAND = N``, ``sN``:
-``ROWS_SET_POOL_WIDTH = N``, 0 for every width), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM`` of
-``--split-configs``, ``auto``
+``ROWS_SET_POOL_WIDTH = N``, 0 for every width), ``split`` (kernels/split_topk.py) for each ``WARPS:PROGRAMS_PER_SM[:gN]`` of
+``--split-configs`` (``gN``: ``SPLIT_GATHER_STRIDED = N``), ``auto``
 (the way ``legacy_select`` picks for the shape), ``torch`` (torch.topk for the k-th key, then the select pass) and ``radix`` (8-bit
 histogram passes over each row). Every output is checked bitwise against the ``torch`` way's (a ``pos``
 config's after both are put in ascending positions).
@@ -55,7 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--patterns", default="random,increasing")
     ap.add_argument("--configs", default="4096:8:2:128")
     ap.add_argument("--split-configs", default="16:4",
-                    help="the split way's finishing and gate warps and gathering programs an SM, WARPS:PROGRAMS_PER_SM")
+                    help="the split way's finishing and gate warps and gathering programs an SM, WARPS:PROGRAMS_PER_SM"
+                         "[:gN] (gN: SPLIT_GATHER_STRIDED = N)")
     ap.add_argument("--ways", default="rows,torch,radix")
     ap.add_argument("--topk", type=int, default=1024)
     ap.add_argument("--iters", type=int, default=20)
@@ -72,7 +73,7 @@ def main(argv=None) -> int:
     lines = []
     knobs = ("ROWS_TILE", "ROWS_WARPS", "ROWS_FEW_WARPS", "ROWS_PROGRAMS_PER_SM", "ROWS_MAXNREG", "ROWS_SORT_BITS",
              "ROWS_BINS", "ROWS_CAND", "ROWS_SET_POOL_WIDTH", "SPLIT_WARPS", "SPLIT_PROGRAMS_PER_SM",
-             "SPLIT_MORE_PROGRAMS_PER_SM")
+             "SPLIT_MORE_PROGRAMS_PER_SM", "SPLIT_GATHER_STRIDED")
     knobs = tuple(k for k in knobs if hasattr(legacy_backend, k))  # an earlier package may lack some
     shipped = {k: getattr(legacy_backend, k) for k in knobs}  # each way starts from the package's settings
     for shape in args.shapes.split(","):
@@ -98,8 +99,13 @@ def main(argv=None) -> int:
                     set_pool = [int(w[1:]) for w in words if w.startswith("s")]
                     order = "position" if unsorted else "score"
                     if cfg and way == "split":
-                        warps, pps = (int(x) for x in cfg.split(":"))
+                        fields = cfg.split(":")
+                        warps, pps = (int(x) for x in fields[:2])
                         legacy_backend.SPLIT_WARPS, legacy_backend.SPLIT_PROGRAMS_PER_SM = warps, pps
+                        for w in fields[2:]:
+                            if not w.startswith("g"):
+                                raise SystemExit(f"--split-configs: {cfg!r}: {w!r} is not gN")
+                            legacy_backend.SPLIT_GATHER_STRIDED = int(w[1:])
                         legacy_backend.SPLIT_MORE_PROGRAMS_PER_SM = None  # pps at every row count
                         name = f"split {cfg}"
                     elif cfg:

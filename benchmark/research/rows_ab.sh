@@ -9,7 +9,7 @@
 # BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python. ALT: a
 # third package folder (a variant of the checkout), timed as the side "alt" beside the two.
 # SHAPES, CONFIGS, PATTERNS: row_select.py's (default: the plugin's position order, 32 bins);
-# DECODE_SHAPES: split_decode.py's ("" skips it). TESTS: pytest arguments run after the timings
+# DECODE_SHAPES, DECODE_CONFIGS: split_decode.py's --shapes ("" skips it) and --configs. TESTS: pytest arguments run after the timings
 # (`-n 8`; the checkout's package), given what is left of TOTAL_S (default 540) seconds. Logs come
 # back packed as $OUT/rows_ab.tgz, the tests' as $OUT/gpu_tests.log; the tables are printed last.
 set -u -o pipefail
@@ -36,7 +36,7 @@ rows() {  # side, label, iters
 decode() {  # side, label, iters
   [ -z "$DECODE_SHAPES" ] && return
   PYTHONPATH=$(side_path "$1") timeout "${DECODE_S:-100}" python3 benchmark/research/split_decode.py \
-    --shapes "$DECODE_SHAPES" --iters "$3" --out "$LOGS/decode_$1_$2.json" > "$LOGS/decode_$1_$2.log" 2>&1
+    --shapes "$DECODE_SHAPES" --configs "${DECODE_CONFIGS:-}" --iters "$3" --out "$LOGS/decode_$1_$2.json" > "$LOGS/decode_$1_$2.log" 2>&1
   stamp "decode $1 $2 rc $?"
 }
 # compiles: both sides at once (their timings, of two processes sharing the GPU, are not used)

@@ -169,6 +169,11 @@ SPLIT_MORE_PROGRAMS_ROWS = 64
 # the score kernel it is as fast or slower at every shape of the gate ahead, so it stays off there.
 SPLIT_GATHER_PREFETCH = 1
 SCORED_GATE_PREFETCH = 0
+# Whether the gathering kernel gives a block's entrants their buffer slots by the strided prefix
+# sum (1: kernels/common.py, exclusive_sum_strided, a sum along each thread's registers and one
+# scan across threads) rather than by position (0: a scan across threads per register). The
+# finish ranks the buffer by key and position, so the same bits either way.
+SPLIT_GATHER_STRIDED = 0
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
@@ -603,7 +608,8 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 def _check_split_programs() -> None:
     """``ValueError`` naming the gathering programs' setting it cannot take: ``SPLIT_PROGRAMS_PER_SM``
     a count of at least 1, ``SPLIT_MORE_PROGRAMS_PER_SM`` None or one, ``SPLIT_MORE_PROGRAMS_ROWS``
-    a count of rows, ``SPLIT_GATHER_PREFETCH`` and ``SCORED_GATE_PREFETCH`` 0 or 1."""
+    a count of rows, ``SPLIT_GATHER_PREFETCH``, ``SCORED_GATE_PREFETCH`` and ``SPLIT_GATHER_STRIDED``
+    0 or 1."""
     _check_int_setting("SPLIT_PROGRAMS_PER_SM", SPLIT_PROGRAMS_PER_SM, lambda v: v >= 1, "a count of at least 1")
     if SPLIT_MORE_PROGRAMS_PER_SM is not None:
         _check_int_setting("SPLIT_MORE_PROGRAMS_PER_SM", SPLIT_MORE_PROGRAMS_PER_SM, lambda v: v >= 1,
@@ -611,6 +617,7 @@ def _check_split_programs() -> None:
     _check_int_setting("SPLIT_MORE_PROGRAMS_ROWS", SPLIT_MORE_PROGRAMS_ROWS, lambda v: v >= 0, "a count of rows")
     _check_int_setting("SPLIT_GATHER_PREFETCH", SPLIT_GATHER_PREFETCH, lambda v: v in (0, 1), "0 or 1")
     _check_int_setting("SCORED_GATE_PREFETCH", SCORED_GATE_PREFETCH, lambda v: v in (0, 1), "0 or 1")
+    _check_int_setting("SPLIT_GATHER_STRIDED", SPLIT_GATHER_STRIDED, lambda v: v in (0, 1), "0 or 1")
 
 
 def split_finish_warps(rows: int) -> int:
@@ -714,7 +721,8 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
-           PREFETCH=bool(SPLIT_GATHER_PREFETCH), num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
+           PREFETCH=bool(SPLIT_GATHER_PREFETCH), STRIDE=32 * SPLIT_GATHER_WARPS * SPLIT_GATHER_STRIDED,
+           num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
     _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps)
 
 

@@ -249,21 +249,22 @@ SCAN_STRIDE = tl.constexpr(256)
 
 
 @triton.jit
-def exclusive_sum_strided(x):
-    """Exclusive prefix sums of a 1-D int32 tile in strided order: the tile read as
-    ``SCAN_STRIDE`` interleaved sequences (sequence ``t`` holds entries ``t, t + SCAN_STRIDE,
-    t + 2 * SCAN_STRIDE, ...``) taken one after another. Entry ``i = r * SCAN_STRIDE + t`` gets
-    the sum of sequences ``0 .. t - 1`` and of its own sequence's entries before it.
+def exclusive_sum_strided(x, STRIDE: tl.constexpr = SCAN_STRIDE):
+    """Exclusive prefix sums of a 1-D int32 tile in strided order: the tile read as ``STRIDE``
+    interleaved sequences (sequence ``t`` holds entries ``t, t + STRIDE, t + 2 * STRIDE, ...``)
+    taken one after another. Entry ``i = r * STRIDE + t`` gets the sum of sequences
+    ``0 .. t - 1`` and of its own sequence's entries before it.
 
     For callers that need slots, not an order: a set compacted for a search, or appended to a pool
     whose order is restored later. Triton lays out a tile loaded one entry a thread with entry
     ``i`` in thread ``i mod (32 * num_warps)``, so with 8 warps each sequence lies in one thread's
     registers: a sum along registers and one scan of a total a thread, where a sum in storage
-    order scans across threads once per register. Other layouts give the same sums, at more cost.
-    Tiles that are not a multiple of two strides take :func:`exclusive_sum`."""
+    order scans across threads once per register: ``STRIDE`` is a program's thread count.
+    Other layouts give the same sums, at more cost. Tiles that are not a multiple of two strides
+    take :func:`exclusive_sum`."""
     N: tl.constexpr = x.shape[0]
-    if N % SCAN_STRIDE == 0 and N > SCAN_STRIDE:
-        grid = tl.reshape(x, [N // SCAN_STRIDE, SCAN_STRIDE])
+    if N % STRIDE == 0 and N > STRIDE:
+        grid = tl.reshape(x, [N // STRIDE, STRIDE])
         totals = tl.sum(grid, axis=0)
         before = tl.cumsum(grid, axis=0) - grid + (tl.cumsum(totals, axis=0) - totals)[None, :]
         out = tl.reshape(before, [N])

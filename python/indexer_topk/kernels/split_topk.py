@@ -54,7 +54,7 @@ few reach the gate in about one row in 8 million and more than ``CAP`` in one in
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, release_dependents, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, exclusive_sum_strided, release_dependents, wait_for_producer
 from .row_topk import (append, bin_of, row_length, row_sample, sample_gate, sample_rank, score_of, select_row, span_kth,
                        tile_kth)
 from .select import composite, finalize_row, radix_digit, store_entries, take_mask
@@ -180,13 +180,13 @@ def open_row(key, n, i, gates, scales, hist, TOPK: tl.constexpr, BINS: tl.conste
 def gather_rows_kernel(
     src, stride_src, seq_lens, row_start, gates, counts, scales, hist, cand, splits,
     TOPK: tl.constexpr, TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, STRIDE: tl.constexpr = 0,
 ):
     """Program ``(i, s)``: the keys of run ``s`` of ``splits`` of row ``i`` that reach the row's
     gate, appended to its candidate buffer (``cand``: ``CAND_PER_TOPK * TOPK`` int32 a row, the
     buffer's ``BUF = 8 * TOPK`` keys then as many positions first) and counted in their bins
     (``BINS > 0``; ``hist``: ``2 * BINS`` int32 a row, the bins then the finishing kernel's
-    counters of where their runs fill). ``PREFETCH``: see :func:`gather_run`."""
+    counters of where their runs fill). ``PREFETCH``, ``STRIDE``: see :func:`gather_run`."""
     wait_for_producer(PDL)
     i = tl.program_id(0)
     n = row_length(seq_lens, row_start + i, stride_src)
@@ -194,17 +194,20 @@ def gather_rows_kernel(
         run = tl.cdiv(tl.cdiv(n, splits), BLOCK) * BLOCK
         lo = tl.program_id(1) * run
         gather_run(src + i.to(tl.int64) * stride_src, lo, tl.minimum(lo + run, n), i, gates, counts, scales, hist,
-                   cand, TOPK, BLOCK, BINS, PREFETCH)
+                   cand, TOPK, BLOCK, BINS, PREFETCH, STRIDE)
 
 
 @triton.jit
 def gather_run(row, lo, hi, i, gates, counts, scales, hist, cand, TOPK: tl.constexpr, BLOCK: tl.constexpr,
-               BINS: tl.constexpr, PREFETCH: tl.constexpr = False):
+               BINS: tl.constexpr, PREFETCH: tl.constexpr = False, STRIDE: tl.constexpr = 0):
     """The keys of ``row[lo:hi]`` (row ``i`` of the key matrix, positions ``lo .. hi - 1``) that
     reach the row's gate, appended to its candidate buffer and counted in its bins (see
     :func:`gather_rows_kernel`). ``PREFETCH``: each block's keys are loaded while the block
     before is appended, so a block's load waits behind the last one's returning atomic add no
-    longer; the same appends, block by block, in the same order."""
+    longer; the same appends, block by block, in the same order. ``STRIDE > 0`` (the program's
+    thread count): a block's entrants take their slots in the strided order of
+    :func:`.common.exclusive_sum_strided` rather than by position; nothing reads the buffer's
+    order (the finish ranks by key and position, and blocks land in the atomics' order anyway)."""
     BUF: tl.constexpr = _BUF_PER_TOPK * TOPK
     gate = tl.load(gates + i)
     if BINS > 0:
@@ -221,24 +224,30 @@ def gather_run(row, lo, hi, i, gates, counts, scales, hist, cand, TOPK: tl.const
             pos = c0 + offs
             ahead = pos + BLOCK
             following = tl.load(row + ahead, mask=ahead < hi, other=KEY_MIN, eviction_policy="evict_first")
-            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS)
+            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS, STRIDE)
             key = following
     else:
         for c0 in range(lo, hi, BLOCK):
             pos = c0 + offs
             key = tl.load(row + pos, mask=pos < hi, other=KEY_MIN, eviction_policy="evict_first")
-            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS)
+            _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF, BINS, STRIDE)
 
 
 @triton.jit
-def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.constexpr, BINS: tl.constexpr):
+def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.constexpr, BINS: tl.constexpr,
+                  STRIDE: tl.constexpr):
     """A block's keys ``key`` at positions ``pos`` (below ``hi`` taken) that reach ``gate``,
-    appended at row ``i``'s count to its buffer ``ck`` and counted in its bins."""
+    appended at row ``i``'s count to its buffer ``ck`` (in position order, or strided order
+    with ``STRIDE``) and counted in its bins."""
     enter = (pos < hi) & (key >= gate)
     enter_i = enter.to(tl.int32)
     n_in = tl.sum(enter_i, axis=0)
     if n_in > 0:
-        dst = tl.atomic_add(counts + i, n_in) + tl.cumsum(enter_i, axis=0) - enter_i
+        if STRIDE > 0:
+            slot = exclusive_sum_strided(enter_i, STRIDE)
+        else:
+            slot = tl.cumsum(enter_i, axis=0) - enter_i
+        dst = tl.atomic_add(counts + i, n_in) + slot
         room = enter & (dst < BUF)
         tl.store(ck + dst, key, mask=room)
         tl.store(ck + BUF + dst, pos, mask=room)
