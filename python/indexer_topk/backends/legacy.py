@@ -171,9 +171,13 @@ SPLIT_GATHER_PREFETCH = 1
 SCORED_GATE_PREFETCH = 0
 # Whether the gathering kernel gives a block's entrants their buffer slots by the strided prefix
 # sum (1: kernels/common.py, exclusive_sum_strided, a sum along each thread's registers and one
-# scan across threads) rather than by position (0: a scan across threads per register). The
-# finish ranks the buffer by key and position, so the same bits either way.
-SPLIT_GATHER_STRIDED = 0
+# scan across threads) where at most an eighth of the block enters, rather than by position (0: a
+# scan across threads per register). The finish ranks the buffer by key and position, so the same
+# bits either way. Timed on an H100 (row_select.py --ways split, CUDA-graph replays, the same bits;
+# benchmark/results/split_select/gather_strided_h100/, NOTES.md): normal scores 8-13% faster at
+# 128 x 196,608, 256 x 65,536 and 1024 x 65,536 keys, rising scores unchanged; strided at every
+# block, rising scores had lost 9-17% (dense blocks' scattered stores), hence the eighth.
+SPLIT_GATHER_STRIDED = 1
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the

@@ -238,12 +238,14 @@ def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.co
                   STRIDE: tl.constexpr):
     """A block's keys ``key`` at positions ``pos`` (below ``hi`` taken) that reach ``gate``,
     appended at row ``i``'s count to its buffer ``ck`` (in position order, or strided order
-    with ``STRIDE``) and counted in its bins."""
+    with ``STRIDE`` where few enter) and counted in its bins."""
     enter = (pos < hi) & (key >= gate)
     enter_i = enter.to(tl.int32)
     n_in = tl.sum(enter_i, axis=0)
     if n_in > 0:
-        if STRIDE > 0:
+        # strided slots scatter a dense block's stores (each thread's entrants on adjacent slots):
+        # by position once an eighth of the block enters, as rising scores make it
+        if STRIDE > 0 and n_in * 8 <= key.shape[0]:
             slot = exclusive_sum_strided(enter_i, STRIDE)
         else:
             slot = tl.cumsum(enter_i, axis=0) - enter_i
