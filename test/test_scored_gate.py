@@ -18,6 +18,7 @@ from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.contract import IndexerTopKResult
 from indexer_topk.guards import poisoned_result, unwritten_slots
 from indexer_topk.kernels.split_topk import HEADER_FIELDS
+from indexer_topk.kernels.launch import tile_config
 from indexer_topk.workload import make_workload
 
 from kernel_cases import ALL_PATTERNS, assert_bitwise, assert_contract, assert_matches_reference, decode_batch
@@ -245,17 +246,21 @@ def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split
 
 @pytest.mark.parametrize("pattern", ["random", "equal", "increasing", "zero_plateau"])
 def test_gathering_with_strided_slots_gives_the_same_bits(pattern, small_split, monkeypatch, device):
-    """``SPLIT_GATHER_STRIDED = 1`` (a block's entrants slotted in strided order, the block wider
-    than the program's threads so the strided sum runs) against 0: the buffer holds the same
-    entrants in another order, and the finish ranks them to the same outputs, counts and key
-    matrix, every slot written, on the four-kernel step (the gate ahead's own gathering is
-    unchanged, and must agree too)."""
+    """``SPLIT_GATHER_STRIDED = 1`` and ``SCORED_GATE_STRIDED = 1`` (a sparse block's entrants
+    slotted in strided order, in the gathering kernel and inside the score kernel that gathers;
+    the block wider than the programs' threads so the strided sum runs) against both 0: the
+    buffer holds the same entrants in another order, and the finish ranks them to the same
+    outputs, counts and key matrix, every slot written, in both ways. Random scores leave blocks
+    sparse, ties and rising scores dense ones (slotted by position)."""
+    assert legacy_backend.SPLIT_BLOCK > 32 * tile_config("sglang_fp8").num_warps
     wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
                        topk=128, seed=23, device=device, pattern=pattern)
     assert legacy_backend.SPLIT_BLOCK > 32 * legacy_backend.SPLIT_GATHER_WARPS
     monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_STRIDED", 0)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_STRIDED", 0)
     by_position = both_ways(wl)
     monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_STRIDED", 1)
+    monkeypatch.setattr(legacy_backend, "SCORED_GATE_STRIDED", 1)
     strided = both_ways(wl)
     out = assert_same_step(wl, ways=strided)
     assert unwritten_slots(out) == []

@@ -466,12 +466,14 @@ def test_split_finish_warps_by_rows(few, rows, warps, monkeypatch):
                                         ("SPLIT_GATHER_PREFETCH", 2), ("SPLIT_GATHER_PREFETCH", True),
                                         ("SPLIT_GATHER_PREFETCH", None), ("SPLIT_GATHER_PREFETCH", 1.0),
                                         ("SCORED_GATE_PREFETCH", 2), ("SCORED_GATE_PREFETCH", False),
-                                        ("SPLIT_GATHER_STRIDED", -1), ("SPLIT_GATHER_STRIDED", True)])
+                                        ("SPLIT_GATHER_STRIDED", -1), ("SPLIT_GATHER_STRIDED", True),
+                                        ("SCORED_GATE_STRIDED", 2), ("SCORED_GATE_STRIDED", "1")])
 def test_split_gathering_programs_settings_it_cannot_take_are_refused(name, value, monkeypatch):
     """The gathering kernel's programs an SM (``SPLIT_PROGRAMS_PER_SM``, ``SPLIT_MORE_PROGRAMS_PER_SM``
     up to ``SPLIT_MORE_PROGRAMS_ROWS`` rows) are counts: a float would reach the launch's grid,
     0 would run one program a row; the gathering's prefetch (``SPLIT_GATHER_PREFETCH``,
-    ``SCORED_GATE_PREFETCH``) and strided slots (``SPLIT_GATHER_STRIDED``) are 0 or 1. Anything else is refused naming the setting before any
+    ``SCORED_GATE_PREFETCH``) and strided slots (``SPLIT_GATHER_STRIDED``, ``SCORED_GATE_STRIDED``)
+    are 0 or 1. Anything else is refused naming the setting before any
     kernel runs, the outputs untouched, and by :func:`split_runs` asked directly."""
     if value == "np.int64":
         import numpy as np

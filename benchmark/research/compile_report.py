@@ -154,6 +154,10 @@ def main(argv=None) -> int:
                 k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
                              a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
                 print(f"{layout:13s} logits, gather  {_report(k)}")
+                strided = dict(const, STRIDE=32 * cfg.num_warps)  # SCORED_GATE_STRIDED = 1
+                k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=strided),
+                             strided, a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
+                print(f"{layout:13s} gather, strided {_report(k)}")
                 const["R"] = cfg.rows  # requests of two rows (a draft row each), the cap per tile row
                 k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
                              a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG * cfg.rows)
@@ -176,10 +180,11 @@ def main(argv=None) -> int:
                           SPREAD=L.split_spread(a.topk))),
                     (gather_rows_kernel, "split gather", L.SPLIT_GATHER_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=L.SPLIT_BINS,
-                          PREFETCH=bool(L.SPLIT_GATHER_PREFETCH))),
-                    (gather_rows_kernel, "gather, strided", L.SPLIT_GATHER_WARPS,
+                          PREFETCH=bool(L.SPLIT_GATHER_PREFETCH),
+                          STRIDE=32 * L.SPLIT_GATHER_WARPS * L.SPLIT_GATHER_STRIDED)),
+                    (gather_rows_kernel, "gather, by pos", L.SPLIT_GATHER_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BLOCK=L.SPLIT_BLOCK, BINS=L.SPLIT_BINS,
-                          PREFETCH=bool(L.SPLIT_GATHER_PREFETCH), STRIDE=32 * L.SPLIT_GATHER_WARPS)),
+                          PREFETCH=bool(L.SPLIT_GATHER_PREFETCH))),
                     (finish_rows_kernel, "split finish", L.SPLIT_WARPS,
                      dict(TOPK=a.topk, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS,
                           MAXSEG=L.SPLIT_MAXSEG, PROF=False)),

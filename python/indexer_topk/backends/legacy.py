@@ -178,6 +178,8 @@ SCORED_GATE_PREFETCH = 0
 # 128 x 196,608, 256 x 65,536 and 1024 x 65,536 keys, rising scores unchanged; strided at every
 # block, rising scores had lost 9-17% (dense blocks' scattered stores), hence the eighth.
 SPLIT_GATHER_STRIDED = 1
+# The same inside the score kernel that gathers (the gate ahead): not timed there yet.
+SCORED_GATE_STRIDED = 0
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
@@ -471,7 +473,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     cap = None if SCORE_GATHER_MAXNREG is None else min(255, SCORE_GATHER_MAXNREG * group)
     launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
            TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, R=group,
-           PREFETCH=bool(SCORED_GATE_PREFETCH), **tile,
+           PREFETCH=bool(SCORED_GATE_PREFETCH), STRIDE=32 * cfg.num_warps * SCORED_GATE_STRIDED, **tile,
            **launch_options(cap, ka.interpret), **pdl_options(pdl))
 
 
@@ -612,8 +614,8 @@ def split_runs(rows: int, width: int, sm_count: int) -> int:
 def _check_split_programs() -> None:
     """``ValueError`` naming the gathering programs' setting it cannot take: ``SPLIT_PROGRAMS_PER_SM``
     a count of at least 1, ``SPLIT_MORE_PROGRAMS_PER_SM`` None or one, ``SPLIT_MORE_PROGRAMS_ROWS``
-    a count of rows, ``SPLIT_GATHER_PREFETCH``, ``SCORED_GATE_PREFETCH`` and ``SPLIT_GATHER_STRIDED``
-    0 or 1."""
+    a count of rows, ``SPLIT_GATHER_PREFETCH``, ``SCORED_GATE_PREFETCH``, ``SPLIT_GATHER_STRIDED``
+    and ``SCORED_GATE_STRIDED`` 0 or 1."""
     _check_int_setting("SPLIT_PROGRAMS_PER_SM", SPLIT_PROGRAMS_PER_SM, lambda v: v >= 1, "a count of at least 1")
     if SPLIT_MORE_PROGRAMS_PER_SM is not None:
         _check_int_setting("SPLIT_MORE_PROGRAMS_PER_SM", SPLIT_MORE_PROGRAMS_PER_SM, lambda v: v >= 1,
@@ -622,6 +624,7 @@ def _check_split_programs() -> None:
     _check_int_setting("SPLIT_GATHER_PREFETCH", SPLIT_GATHER_PREFETCH, lambda v: v in (0, 1), "0 or 1")
     _check_int_setting("SCORED_GATE_PREFETCH", SCORED_GATE_PREFETCH, lambda v: v in (0, 1), "0 or 1")
     _check_int_setting("SPLIT_GATHER_STRIDED", SPLIT_GATHER_STRIDED, lambda v: v in (0, 1), "0 or 1")
+    _check_int_setting("SCORED_GATE_STRIDED", SCORED_GATE_STRIDED, lambda v: v in (0, 1), "0 or 1")
 
 
 def split_finish_warps(rows: int) -> int:

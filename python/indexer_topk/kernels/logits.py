@@ -57,14 +57,14 @@ def gather_logits_kernel(
     weight_scale, keys, stride_keys, width, span, gates, counts, scales, hist, cand,
     LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr, STAGES: tl.constexpr, TOPK: tl.constexpr,
     TILE: tl.constexpr, BLOCK: tl.constexpr, BINS: tl.constexpr, PDL: tl.constexpr = False, R: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, STRIDE: tl.constexpr = 0,
 ):
     """:func:`logits_kernel` (``col0 = 0``) that also does the split select's gathering
     (:func:`.split_topk.gather_rows_kernel`) over its own span, for each row of its group: the
     keys it stored that reach the row's gate, read back, appended to the row's candidate buffer
     and counted in its bins. ``R``: rows a group, 1 for one-row requests, 2 for requests of two
     rows (a draft row of multi-token prediction beside each), whose pages the group shares;
-    ``PREFETCH``: see :func:`.split_topk.gather_run`. The gate, the zero count and the cleared
+    ``PREFETCH``, ``STRIDE``: see :func:`.split_topk.gather_run`. The gate, the zero count and the cleared
     bins come from the kernel before it (:func:`.split_topk.gate_rows_kernel` of a sample scored
     on its own, :func:`.scored_gate.score_sample_kernel`); with ``PDL`` this kernel starts while
     those run and waits for them only once its own keys are scored, so the gate's work hides
@@ -82,7 +82,7 @@ def gather_logits_kernel(
             n = row_length(seq_lens, row_start + i, stride_keys)  # as the gate and the finish take it
             if n > TILE:
                 gather_run(keys + i.to(tl.int64) * stride_keys, lo, tl.minimum(lo + span, n), i, gates, counts,
-                           scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH)
+                           scales, hist, cand, TOPK, BLOCK, BINS, PREFETCH, STRIDE)
 
 
 @triton.jit
