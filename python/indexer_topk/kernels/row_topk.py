@@ -298,7 +298,9 @@ def cut_pool(pool_key, pool_pos, count, dst_key, dst_pos, TOPK: tl.constexpr, CA
     else:
         take, _eq = take_mask(key, valid, t, shift, need, 0, whole)
     tl.debug_barrier()  # every entry is read before the cut writes over the pool
-    append(dst_key, dst_pos, 0, key, pos, take, SET)
+    # by position even in the unordered pool: a cut keeps half the pool, and strided slots would
+    # scatter so dense a tile's stores (common.DENSE_SHARE)
+    append(dst_key, dst_pos, 0, key, pos, take)
     if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)
         tl.debug_barrier()  # written before any thread reads the pool again
     return next_gate(t, shift)
@@ -377,6 +379,8 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
                 gate = tl.maximum(gate, next_gate(t, shift))
                 n_in = tl.zeros([], dtype=tl.int32) + TOPK
         if n_in > 0:
+            # (strided at every tile in the unordered pool: by position at dense tiles, as the
+            # split gathering does, compiled to more spills for sm_90)
             append(pool_key, pool_pos, count, key, pos, enter, SET)  # n_in of them, counted above
             count += n_in
             if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)

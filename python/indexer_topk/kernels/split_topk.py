@@ -54,7 +54,7 @@ few reach the gate in about one row in 8 million and more than ``CAP`` in one in
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, exclusive_sum_strided, release_dependents, wait_for_producer
+from .common import DENSE_SHARE, INT32_MAX, KEY_MIN, exclusive_sum_strided, release_dependents, wait_for_producer
 from .row_topk import (append, bin_of, row_length, row_sample, sample_gate, sample_rank, score_of, select_row, span_kth,
                        tile_kth)
 from .select import composite, finalize_row, radix_digit, store_entries, take_mask
@@ -243,9 +243,7 @@ def _gather_block(key, pos, hi, gate, scale, counts, i, ck, hist_row, BUF: tl.co
     enter_i = enter.to(tl.int32)
     n_in = tl.sum(enter_i, axis=0)
     if n_in > 0:
-        # strided slots scatter a dense block's stores (each thread's entrants on adjacent slots):
-        # by position once an eighth of the block enters, as rising scores make it
-        if STRIDE > 0 and n_in * 8 <= key.shape[0]:
+        if STRIDE > 0 and n_in * DENSE_SHARE <= key.shape[0]:  # dense blocks by position
             slot = exclusive_sum_strided(enter_i, STRIDE)
         else:
             slot = tl.cumsum(enter_i, axis=0) - enter_i
