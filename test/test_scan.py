@@ -24,9 +24,9 @@ def _scan_kernel(x, out, N: tl.constexpr):
 
 
 @triton.jit
-def _strided_kernel(x, out, N: tl.constexpr):
+def _strided_kernel(x, out, N: tl.constexpr, STRIDE: tl.constexpr):
     offs = tl.arange(0, N)
-    tl.store(out + offs, exclusive_sum_strided(tl.load(x + offs)))
+    tl.store(out + offs, exclusive_sum_strided(tl.load(x + offs), STRIDE))
 
 
 @triton.jit
@@ -69,10 +69,10 @@ def _values(kind: str, n: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _launch(kernel, x: torch.Tensor, device) -> torch.Tensor:
+def _launch(kernel, x: torch.Tensor, device, **constexprs) -> torch.Tensor:
     """``kernel``'s one-tile output for ``x``, every slot poisoned before."""
     out = torch.full(x.shape, -7, dtype=torch.int32, device=device)
-    kernel[(1,)](x.to(device), out, N=x.numel())
+    kernel[(1,)](x.to(device), out, N=x.numel(), **constexprs)
     return out.cpu()
 
 
@@ -84,7 +84,19 @@ def test_exclusive_sum_strided_matches_torch(n, values, device):
     order = _strided_order(n, STRIDE)
     want = torch.empty(n, dtype=torch.int32)
     want[order] = _exclusive(x[order])
-    assert torch.equal(_launch(_strided_kernel, x, device), want)
+    assert torch.equal(_launch(_strided_kernel, x, device, STRIDE=STRIDE), want)
+
+
+# the split select's gathering passes its program's thread count: 128 at 4 warps; 512 at 16
+@pytest.mark.parametrize("n,stride", [(256, 128), (1024, 128), (1024, 512), (1024, 1024), (512, 64), (128, 256)])
+def test_exclusive_sum_strided_at_other_strides(n, stride, device):
+    """``STRIDE`` other than the default: strided order where the tile is two strides or more,
+    storage order where it is one stride or less."""
+    x = _values("flags", n, n + stride)
+    order = _strided_order(n, stride)
+    want = torch.empty(n, dtype=torch.int32)
+    want[order] = _exclusive(x[order])
+    assert torch.equal(_launch(_strided_kernel, x, device, STRIDE=stride), want)
 
 
 def test_exclusive_sum_strided_slots_fill_each_once(device):
@@ -92,7 +104,7 @@ def test_exclusive_sum_strided_slots_fill_each_once(device):
     uses them for): the flagged entries land on ``0 .. count - 1``, one each."""
     n = 4096
     x = _values("flags", n, 3)
-    slots = _launch(_strided_kernel, x, device)[x.bool()]
+    slots = _launch(_strided_kernel, x, device, STRIDE=STRIDE)[x.bool()]
     assert torch.equal(torch.sort(slots).values, torch.arange(int(x.sum()), dtype=torch.int32))
 
 

@@ -261,7 +261,17 @@ def test_gathering_with_strided_slots_gives_the_same_bits(pattern, small_split, 
     by_position = both_ways(wl)
     monkeypatch.setattr(legacy_backend, "SPLIT_GATHER_STRIDED", 1)
     monkeypatch.setattr(legacy_backend, "SCORED_GATE_STRIDED", 1)
+    strides = {}
+    launch = legacy_backend.launch
+
+    def spy(kernel, grid, *args, **kwargs):  # the stride each gathering kernel was built with
+        strides[kernel.fn.__name__ if hasattr(kernel, "fn") else kernel.__name__] = kwargs.get("STRIDE")
+        return launch(kernel, grid, *args, **kwargs)
+
+    monkeypatch.setattr(legacy_backend, "launch", spy)
     strided = both_ways(wl)
+    assert strides.get("gather_rows_kernel") == 32 * legacy_backend.SPLIT_GATHER_WARPS, strides
+    assert strides.get("gather_logits_kernel") == 32 * tile_config("sglang_fp8").num_warps, strides
     out = assert_same_step(wl, ways=strided)
     assert unwritten_slots(out) == []
     for (o1, k1, h1), (o2, k2, h2), way in zip(by_position, strided, ("the gate ahead", "four kernels")):

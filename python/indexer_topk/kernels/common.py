@@ -264,8 +264,8 @@ def exclusive_sum_strided(x, STRIDE: tl.constexpr = SCAN_STRIDE):
     ``i`` in thread ``i mod (32 * num_warps)``, so with 8 warps each sequence lies in one thread's
     registers: a sum along registers and one scan of a total a thread, where a sum in storage
     order scans across threads once per register: ``STRIDE`` is a program's thread count.
-    Other layouts give the same sums, at more cost. Tiles that are not a multiple of two strides
-    take :func:`exclusive_sum`."""
+    Other layouts give the same sums, at more cost. A tile of one stride, or of a width that is
+    not a multiple of it, takes :func:`exclusive_sum`."""
     N: tl.constexpr = x.shape[0]
     if N % STRIDE == 0 and N > STRIDE:
         grid = tl.reshape(x, [N // STRIDE, STRIDE])
