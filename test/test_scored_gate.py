@@ -244,14 +244,15 @@ def test_gathering_with_prefetch_gives_the_same_bits(group, pattern, small_split
         assert_bitwise(o1, o2, f"{way}: prefetch against none")
 
 
-@pytest.mark.parametrize("pattern", ["random", "equal", "increasing", "zero_plateau"])
+@pytest.mark.parametrize("pattern", ["random", "increasing"])
 def test_gathering_with_strided_slots_gives_the_same_bits(pattern, small_split, monkeypatch, device):
     """``SPLIT_GATHER_STRIDED = 1`` and ``SCORED_GATE_STRIDED = 1`` (a sparse block's entrants
     slotted in strided order, in the gathering kernel and inside the score kernel that gathers;
     the block wider than the programs' threads so the strided sum runs) against both 0: the
     buffer holds the same entrants in another order, and the finish ranks them to the same
     outputs, counts and key matrix, every slot written, in both ways. Random scores leave blocks
-    sparse, ties and rising scores dense ones (slotted by position)."""
+    sparse, rising scores dense ones (slotted by position); tied scores overflow the buffer and
+    are selected again from the row, whatever the slots."""
     assert legacy_backend.SPLIT_BLOCK > 32 * tile_config("sglang_fp8").num_warps
     wl = make_workload("sglang_fp8", context_tokens=[4 * n for n in DECODE_LENS], rows_per_request=[1] * 10,
                        topk=128, seed=23, device=device, pattern=pattern)
