@@ -42,6 +42,17 @@ def one_tile_kernel(src, n, pt, out_bits, out_raw, out_phys, out_cnt, TOPK: tl.c
     emit_row(pos, take, tl.minimum(n, TOPK), src, pt, out_bits, out_raw, out_phys, out_cnt, TOPK)
 
 
+def sass_counts(kernel):
+    """:func:`count` of a compiled kernel's machine code, disassembled by the ``nvdisasm`` this
+    Triton ships."""
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "kernel.cubin")
+        Path(path).write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True, check=True).stdout
+    return count(sass)
+
+
 def count(sass: str):
     """``(Counter by "file:line", Counter by opcode)`` of a ``nvdisasm -g -c`` listing."""
     where, lines, ops = "?", collections.Counter(), collections.Counter()
@@ -67,7 +78,6 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--kernel", choices=("one_tile", "rows"), default="one_tile")
     a = p.parse_args(argv)
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     print(f"triton {triton.__version__}, sm_90, {a.warps} warps")
     for bins in (int(b) for b in a.bins.split(",")):
         const = dict(TOPK=1024, TILE=4096, BINS=bins, CAND=a.cand)
@@ -77,11 +87,7 @@ def main(argv=None) -> int:
             const.update(SAMPLE=2048, SORT_BITS=0, ONE_TILE=True)
         sig = dict(compile_report._signature(fn, {}, constexprs=const), **scalars)
         kernel = compile_report._compile(fn, sig, const, 90, a.warps, 1, a.maxnreg)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "kernel.cubin")
-            Path(path).write_bytes(kernel.asm["cubin"])
-            sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True, check=True).stdout
-        lines, ops = count(sass)
+        lines, ops = sass_counts(kernel)
         print(f"\nbins {bins}: {sum(lines.values())} instructions  {compile_report._report(kernel)}")
         print("  by opcode: " + ", ".join(f"{o} {c}" for o, c in ops.most_common(14)))
         for where, c in lines.most_common(a.top):

@@ -18,10 +18,7 @@ gives the compiler an aligned row instead (vectorised loads, four keys a thread)
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import triton
@@ -29,7 +26,7 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compile_report  # noqa: E402  (puts the checkout's python/ on the path where needed)
-from one_tile_sass import count  # noqa: E402
+from one_tile_sass import sass_counts  # noqa: E402
 
 from indexer_topk.kernels.common import exclusive_sum, exclusive_sum_strided  # noqa: E402
 
@@ -87,7 +84,6 @@ def main(argv=None) -> int:
     p.add_argument("--warps", type=int, default=8)
     p.add_argument("--aligned", action="store_true")
     a = p.parse_args(argv)
-    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     print(f"triton {triton.__version__}, sm_90, {a.warps} warps, {'aligned' if a.aligned else 'unaligned'} rows")
     for mode, name in ((0, "exclusive_sum"), (1, "strided"), (2, "ballot"), (3, "ballot-unchecked")):
         const = dict(MODE=mode, TILE=4096)
@@ -96,11 +92,7 @@ def main(argv=None) -> int:
         if a.aligned:
             const["stride"] = 4096
         kernel = compile_report._compile(_slots_kernel, sig, const, 90, a.warps, 1, 128)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "kernel.cubin")
-            Path(path).write_bytes(kernel.asm["cubin"])
-            sass = subprocess.run([nvdisasm, "-g", "-c", path], capture_output=True, text=True, check=True).stdout
-        lines, ops = count(sass)
+        lines, ops = sass_counts(kernel)
         print(f"{name:17s} {sum(lines.values()):5d} instructions  {compile_report._report(kernel)}")
         print("    by opcode: " + ", ".join(f"{o} {c}" for o, c in ops.most_common(10)))
     return 0
