@@ -115,9 +115,10 @@ ROWS_CAND = 512
 # position order, ties at a cut taken by position, the last topk sorted back to position order by
 # one int32 sort a row (kernels/row_topk.py, append with STRIDED). None: never. The same bits
 # either way.
-# Compiled for sm_90 (Triton 3.6), an append's sum is half the instructions and the sort about as
-# many as four appends save, but the long rows' build spills more (496 B against 328); not yet
-# timed, so None.
+# Timed on an H100 at every width (row_select.py config s0; benchmark/results/row_select/
+# strided_h100/, NOTES.md): 8% faster on normal scores at 65,536 keys but 25% slower on rising
+# ones there, and 26% slower on normal scores at 16,384 keys (the final sort outweighs the appends
+# saved), so None until a width wins on both.
 ROWS_SET_POOL_WIDTH: Optional[int] = None
 ROWS_NARROW_MIN_ROWS = 512
 ROWS_NARROW_MIN_ROWS_LONG = 1024

@@ -379,8 +379,8 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
                 gate = tl.maximum(gate, next_gate(t, shift))
                 n_in = tl.zeros([], dtype=tl.int32) + TOPK
         if n_in > 0:
-            # (strided at every tile in the unordered pool: by position at dense tiles, as the
-            # split gathering does, compiled to more spills for sm_90)
+            # the unordered pool appends strided even where a tile is dense: switching to position
+            # order there, as the split gathering does, compiled to more spills for sm_90
             append(pool_key, pool_pos, count, key, pos, enter, SET)  # n_in of them, counted above
             count += n_in
             if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)
