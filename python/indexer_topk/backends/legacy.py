@@ -474,7 +474,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     cap = None if SCORE_GATHER_MAXNREG is None else min(255, SCORE_GATHER_MAXNREG * group)
     launch(gather_logits_kernel, grid, *args, width, span, gates, counts, scales, hist, cand, TOPK=inputs.topk,
            TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl, R=group,
-           PREFETCH=bool(SCORED_GATE_PREFETCH), STRIDE=32 * cfg.num_warps * SCORED_GATE_STRIDED, **tile,
+           PREFETCH=bool(SCORED_GATE_PREFETCH), STRIDE=_slot_stride(SCORED_GATE_STRIDED, cfg.num_warps), **tile,
            **launch_options(cap, ka.interpret), **pdl_options(pdl))
 
 
@@ -628,6 +628,12 @@ def _check_split_programs() -> None:
     _check_int_setting("SCORED_GATE_STRIDED", SCORED_GATE_STRIDED, lambda v: v in (0, 1), "0 or 1")
 
 
+def _slot_stride(strided: int, warps: int) -> int:
+    """A gathering kernel's ``STRIDE``: its thread count where its appends take strided slots
+    (``strided``: ``SPLIT_GATHER_STRIDED`` or ``SCORED_GATE_STRIDED``), else 0 (by position)."""
+    return 32 * warps if strided else 0
+
+
 def split_finish_warps(rows: int) -> int:
     """Warps of the "split" select's finishing program for a chunk of ``rows`` rows:
     ``SPLIT_FEW_WARPS`` up to ``SPLIT_FEW_ROWS`` rows, ``SPLIT_WARPS`` past them (and always
@@ -729,7 +735,7 @@ def split_select(keys, seq_lens, page_table, *, topk, out: IndexerTopKResult, ro
            GATE_BINS=SPLIT_GATE_BINS, SPREAD=split_spread(topk), num_warps=SPLIT_GATE_WARPS, **pdl_options(pdl))
     launch(gather_rows_kernel, (rows, runs), keys, width, seq_lens, row_start, gates, counts, scales, hist, cand,
            runs, TOPK=topk, TILE=SPLIT_TILE, BLOCK=SPLIT_BLOCK, BINS=SPLIT_BINS, PDL=pdl,
-           PREFETCH=bool(SPLIT_GATHER_PREFETCH), STRIDE=32 * SPLIT_GATHER_WARPS * SPLIT_GATHER_STRIDED,
+           PREFETCH=bool(SPLIT_GATHER_PREFETCH), STRIDE=_slot_stride(SPLIT_GATHER_STRIDED, SPLIT_GATHER_WARPS),
            num_warps=SPLIT_GATHER_WARPS, **pdl_options(pdl))
     _split_finish(keys, seq_lens, page_table, topk, out, row_start, bufs, prof, pdl, warps)
 

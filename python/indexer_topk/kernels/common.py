@@ -275,3 +275,15 @@ def exclusive_sum_strided(x, STRIDE: tl.constexpr = SCAN_STRIDE):
     else:
         out = exclusive_sum(x)
     return out
+
+
+@triton.jit
+def compaction_slots(flags, STRIDED: tl.constexpr = False):
+    """Slots of a compaction of the flagged entries (``flags``: 1-D int32 of 0 and 1): by
+    :func:`exclusive_sum_strided` with ``STRIDED`` (the set, not its order, matters to the
+    reader), else in storage order by :func:`exclusive_sum`."""
+    if STRIDED:
+        out = exclusive_sum_strided(flags)
+    else:
+        out = exclusive_sum(flags)
+    return out

@@ -40,7 +40,7 @@ scatters its positions and writes its outputs in slot order (:func:`emit_row`).
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, exclusive_sum, exclusive_sum_strided, key_to_score_bits, sort1d, wait_for_producer
+from .common import INT32_MAX, KEY_MIN, compaction_slots, exclusive_sum, key_to_score_bits, sort1d, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask, write_row
 
 @triton.jit
@@ -192,10 +192,7 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr, STRID
     if bucket == need:  # the bin is taken whole: the k-th is its least key
         t = tl.min(tl.where(in_bin, key, INT32_MAX), axis=0)
     elif bucket <= CAND:
-        if STRIDED:
-            slot = exclusive_sum_strided(in_bin.to(tl.int32))
-        else:
-            slot = exclusive_sum(in_bin.to(tl.int32))
+        slot = compaction_slots(in_bin.to(tl.int32), STRIDED)
         tl.debug_barrier()  # buf may hold the tile's own source: every thread has read it
         tl.store(buf + slot, key, mask=in_bin)
         tl.debug_barrier()
@@ -235,10 +232,7 @@ def append(dst_key, dst_pos, count, key, pos, take, STRIDED: tl.constexpr = Fals
     fraction of a sum in storage order), for a pool whose cuts break ties by position
     (:func:`take_set`) and whose last entries are put back in position order (:func:`in_order`)."""
     take_i = take.to(tl.int32)
-    if STRIDED:
-        dst = count + exclusive_sum_strided(take_i)
-    else:
-        dst = count + exclusive_sum(take_i)
+    dst = count + compaction_slots(take_i, STRIDED)
     tl.store(dst_key + dst, key, mask=take)
     tl.store(dst_pos + dst, pos, mask=take)
     return tl.sum(take_i, axis=0)
