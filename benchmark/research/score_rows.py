@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""Legacy's score kernel alone at prefill shapes, under other score tiles: rows a tile, warps,
+pipeline depth. Graph-replayed time and the key matrix's bits against the shipped tile's.
+
+    PYTHONPATH=python python3 benchmark/research/score_rows.py [--shapes 8192x16K,1024x64K,...]
+        [--tiles 2:4:3,4:8:3,4:4:3] [--iters 30] [--json FILE]
+
+Each shape is one request of ``CTX`` tokens whose last ``ROWS`` rows are the chunk, the bytes
+the serving mix makes (:func:`indexer_topk.bench.mix.make_inputs`, FP8 keys). A tile
+``R:WARPS:STAGES`` launches :func:`indexer_topk.kernels.logits.logits_kernel` with ``R`` rows
+sharing each key page (one MMA of N = 64 R), ``WARPS`` warps and ``STAGES`` pipeline stages,
+the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that many row groups.
+The first tile is the reference: every other tile's key matrix is compared with it bit for bit
+(the contract: legacy and fused scores agree bit for bit, so a tile that changes a bit is not a
+candidate however fast). Effective TFLOP/s count only the positions below each row's length.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+import triton
+
+from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.bench.mix import MixShape, graph_ms, make_inputs
+from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
+from indexer_topk.kernels.logits import logits_kernel
+from indexer_topk.backends.key_matrix import key_matrix_width
+from indexer_topk.replay import launch
+
+HEADS, DIM = 64, 128
+
+
+def parse_tokens(text: str) -> int:
+    text = text.strip().upper()
+    return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+
+
+def score(inputs, keys, R: int, warps: int, stages: int) -> None:
+    """``keys`` (``[rows, width]`` int32) from the score kernel with this tile (the launch of
+    ``legacy._launch_score``, the tile's fields replaced)."""
+    ka = pack_args(inputs)
+    rows, width = keys.shape
+    groups = triton.cdiv(rows, R)
+    span = legacy_backend.score_span(groups, width, device_sm_count(keys.device))
+    grid = (groups, triton.cdiv(width, span))
+    launch(logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table,
+           ka.page_table.stride(0), ka.seq_lens, rows, 0, inputs.weight_scale, keys, keys.stride(0), 0, width, span,
+           R=R, LAYOUT=ka.layout, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=stages, num_warps=warps,
+           num_stages=stages)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="1024x16K,8192x16K,1024x64K,8192x64K")
+    ap.add_argument("--tiles", default="2:4:3,4:8:3,4:4:3,2:8:3")
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    device = torch.device("cuda")
+    ref = tile_config("sglang_fp8")
+    tiles = [tuple(int(x) for x in t.split(":")) for t in a.tiles.split(",")]
+    print(f"shipped tile: R={ref.rows} warps={ref.num_warps} stages={ref.logits_stages}; "
+          f"{torch.cuda.get_device_name(device)}, triton {triton.__version__}")
+    records = []
+    for text in a.shapes.split(","):
+        rows, ctx = text.lower().split("x")
+        shape = MixShape("prefill", "sglang_fp8", 1024, 1, int(rows), parse_tokens(ctx))
+        inputs = make_inputs(shape, device).inputs()
+        width = key_matrix_width(inputs.page_table)
+        lens = inputs.seq_lens.to(torch.int64).clamp(max=width)
+        flop = 2.0 * HEADS * DIM * float(lens.sum())
+        first = None
+        for R, warps, stages in tiles:
+            keys = torch.full((inputs.rows, width), 0x7F7F7F7F, dtype=torch.int32, device=device)
+            try:
+                ms = graph_ms(lambda: score(inputs, keys, R, warps, stages), iters=a.iters, device=device)
+            except Exception as exc:  # a tile that does not compile or launch is a record too
+                print(f"{shape.label:>24}  {R}:{warps}:{stages}  failed: {type(exc).__name__}: {str(exc)[:200]}")
+                records.append(dict(shape=shape.label, tile=[R, warps, stages], error=str(exc)[:500]))
+                continue
+            if first is None:
+                first = keys.clone()
+            same = bool(torch.equal(keys, first))
+            rec = dict(shape=shape.label, tile=[R, warps, stages], ms=ms, tflops=flop / ms / 1e9, same_bits=same)
+            records.append(rec)
+            print(f"{shape.label:>24}  {R}:{warps}:{stages}  {ms:8.4f} ms  {rec['tflops']:6.0f} TFLOP/s  "
+                  f"bits {'same' if same else 'DIFFER'}", flush=True)
+            keys = None
+        first = inputs = None
+        torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(records, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
