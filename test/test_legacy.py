@@ -296,65 +296,23 @@ def test_legacy_scratch_bytes_is_what_a_call_allocates(case, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# The score tile of prefill chunks (SCORE_WIDE_TILE)
+# The score tile's head sums
 # ---------------------------------------------------------------------------------------------
 
-def wide_tile_case() -> Case:
-    """Three requests of 7, 6 and 4 rows (17): four-row tiles straddle two requests' pages (rows
-    4-7 and 12-15), the last tile holds one row, the third request's rows are shorter than a page."""
-    return Case("sglang_fp8-wide_tile", "sglang_fp8", context_tokens=(3000, 1400, 230), rows_per_request=(7, 6, 4),
-                topk=32, seed=41)
+# (rows a tile, warps) of the score kernel: the layout's tile (prefill), one row a tile (decode
+# batches), and the wider tiles benchmark/research/score_rows.py timed (slower; same bits)
+SCORE_TILES = ((2, 4), (1, 4), (2, 8), (4, 4), (4, 8))
 
 
-@pytest.mark.parametrize("tile", [(4, 8), (4, 4), (2, 8)], ids=lambda t: f"{t[0]}rows-{t[1]}warps")
-def test_wide_score_tile_writes_the_same_key_matrix(tile, monkeypatch, device):
-    """A prefill chunk scored with ``SCORE_WIDE_TILE`` (four rows a tile, or eight warps) writes the
-    key matrix of the layout's tile bit for bit, and the call selects the same outputs: tiles
-    over two requests' pages, a short last tile, rows shorter than a page. Under the interpreter
-    this checks the tile's rows, masks and spans; compiled on a GPU, the head sums as well."""
-    from indexer_topk.backends import legacy as legacy_backend
-
-    case = wide_tile_case()
-    wl = build(case, device)
-    want = legacy_score(wl.inputs())
-    want_out = legacy_indexer_topk(wl.inputs())
-    monkeypatch.setattr(legacy_backend, "SCORE_WIDE_TILE", tile)
-    monkeypatch.setattr(legacy_backend, "SCORE_WIDE_MIN_ROWS", 0)
-    assert legacy_backend.score_tile("sglang_fp8", None, wl.rows) == tile
-    keys = torch.full_like(want, 0x7F7F7F7F)  # poisoned: every element is written
-    legacy_score(wl.inputs(), keys=keys)
-    assert torch.equal(keys, want)
-    assert_bitwise(legacy_indexer_topk(wl.inputs()), want_out, f"outputs with the {tile} tile")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("pattern", ["random", "increasing", "equal", "zero_plateau", "nan_rows"])
-def test_gpu_wide_score_tiles_same_bits(pattern, monkeypatch, device):
-    """On the GPU, 1024 rows at the end of a 64K-token request and 40 rows of a second one: every
-    tile of ``WIDE_TILES`` writes the layout tile's key matrix bit for bit (the head sums compiled
-    in the same order), on random scores and the adversarial patterns."""
-    from indexer_topk.backends import legacy as legacy_backend
-
-    case = Case(f"gpu-wide-{pattern}", "sglang_fp8", pattern, context_tokens=(65536, 9000),
-                rows_per_request=(1024, 40), topk=1024, seed=43)
-    wl = build(case, device)
-    want = legacy_score(wl.inputs())
-    monkeypatch.setattr(legacy_backend, "SCORE_WIDE_MIN_ROWS", 0)
-    for tile in legacy_backend.WIDE_TILES:
-        monkeypatch.setattr(legacy_backend, "SCORE_WIDE_TILE", tile)
-        keys = torch.full_like(want, 0x7F7F7F7F)
-        legacy_score(wl.inputs(), keys=keys)
-        torch.cuda.synchronize()
-        assert torch.equal(keys, want), f"tile {tile}: {int((keys != want).sum())} keys differ"
-
-
-def test_wide_score_tiles_sum_heads_in_the_same_order():
-    """The score kernel compiled for sm_90 (no GPU needed) at the layout's tile, one row a tile and
-    every tile of ``WIDE_TILES``: in the layout each head sum reduces (the MMA's result reshaped to
-    ``[keys, rows, heads]``), a row's heads take the same register and lane bases in the same
-    order, and no warp holds part of a row's heads. So the in-thread sums and the lane shuffles
-    add a row's 64 products in one order at every tile: the same bits (checked on a GPU by
-    ``test_gpu_wide_score_tiles_same_bits``)."""
+def test_score_tiles_sum_heads_in_the_same_order():
+    """The score kernel compiled for sm_90 (no GPU needed) at every tile of ``SCORE_TILES``: in the
+    layout each head sum reduces (the MMA's result reshaped to ``[keys, rows, heads]``), a row's
+    heads take the same register and lane bases in the same order, and no warp holds part of a
+    row's heads. So the in-thread sums and the lane shuffles add a row's 64 products in one order
+    at every tile, which is why a decode batch's one-row tiles give the bits of prefill's two-row
+    tile (the GPU tests compare the two paths' outputs; ``score_rows.py`` compared every tile's key
+    matrix on an H100)."""
+    import json
     import os
     import subprocess
     import sys
@@ -363,10 +321,10 @@ def test_wide_score_tiles_sum_heads_in_the_same_order():
     repo = Path(__file__).resolve().parents[1]
     script = """
 import importlib.util, json, re, sys
+tiles = json.loads(sys.argv[2])
 spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
 report = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(report)
-from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.launch import pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel as f
 from indexer_topk.workload import make_workload
@@ -375,7 +333,7 @@ ka = pack_args(w.inputs(), launch=False)
 tensors = dict(q_ptr=ka.q, qs_ptr=ka.qs, w_ptr=ka.w, kc_ptr=ka.kc, kf_ptr=ka.kf, ks_ptr=ka.ks)
 cfg = tile_config("sglang_fp8")
 out = {}
-for rows, warps in ((cfg.rows, cfg.num_warps), (1, cfg.num_warps)) + L.WIDE_TILES:
+for rows, warps in tiles:
     const = dict(LAYOUT=ka.layout, R=rows, TMA=True, INTERPRET=False, STAGES=cfg.logits_stages)
     k = report._compile(f, report._signature(f, tensors, constexprs=const), const, 90, warps, cfg.logits_stages)
     ir = k.asm["ttgir"]
@@ -390,11 +348,9 @@ print(json.dumps(out))
 """
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(repo / "python")
-    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
-                          env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py"),
+                           json.dumps(SCORE_TILES)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    import json
-
     layouts = json.loads(done.stdout.strip().splitlines()[-1])
 
     def head_order(b):

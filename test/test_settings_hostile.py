@@ -756,20 +756,3 @@ def test_timeline_spans_are_medians_after_each_replays_first_kernel():
     with pytest.raises(ValueError, match="not whole replays"):
         spans([], 3)
 
-
-@pytest.mark.parametrize("name,value", [
-    ("SCORE_WIDE_TILE", (8, 8)), ("SCORE_WIDE_TILE", (4, 16)), ("SCORE_WIDE_TILE", [4, 8]), ("SCORE_WIDE_TILE", 4),
-    ("SCORE_WIDE_TILE", (4.0, 8)), ("SCORE_WIDE_TILE", (True, 8)), ("SCORE_WIDE_TILE", "4,8"),
-    ("SCORE_WIDE_TILE", (4, 8, 3)), ("SCORE_WIDE_MIN_ROWS", -1), ("SCORE_WIDE_MIN_ROWS", None),
-    ("SCORE_WIDE_MIN_ROWS", 256.0), ("SCORE_WIDE_MIN_ROWS", "256"),
-])
-def test_wide_score_tile_settings_it_cannot_take_are_refused(name, value, monkeypatch):
-    """The prefill chunks' score tile (``SCORE_WIDE_TILE``) is None or one of the tiles whose head
-    sums are the layout tile's (``WIDE_TILES``): any other would write other bits, or launch a
-    tile the kernel was never checked at. ``SCORE_WIDE_MIN_ROWS`` is a count of rows. Anything
-    else is refused naming the setting before any kernel runs (a decode call too, which never
-    takes the tile), the outputs untouched, and by :func:`score_tile` asked directly."""
-    monkeypatch.setattr(legacy_backend, name, value)
-    assert_refused_before_scoring(rf"legacy\.{name}: ", monkeypatch)
-    with pytest.raises(ValueError, match=rf"legacy\.{name}: "):
-        legacy_backend.score_tile("sglang_fp8", None, 1024)

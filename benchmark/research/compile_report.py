@@ -151,13 +151,13 @@ def main(argv=None) -> int:
                 split = dict(TOPK=a.topk, TILE=L.SPLIT_TILE, BINS=L.SPLIT_BINS, PDL=True)
                 const = {k: v for k, v in const.items() if k != "R"}
                 const.update(split, BLOCK=L.SPLIT_BLOCK)
-                k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
-                             a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
-                print(f"{layout:13s} logits, gather  {_report(k)}")
-                strided = dict(const, STRIDE=32 * cfg.num_warps)  # SCORED_GATE_STRIDED = 1
-                k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=strided),
-                             strided, a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
-                print(f"{layout:13s} gather, strided {_report(k)}")
+                # the shipped slots (SCORED_GATE_STRIDED), then the other order
+                for strided in (L.SCORED_GATE_STRIDED, 1 - L.SCORED_GATE_STRIDED):
+                    order = dict(const, STRIDE=L._slot_stride(strided, cfg.num_warps))
+                    k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=order),
+                                 order, a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG)
+                    print(f"{layout:13s} {'gather, strided' if strided else 'gather, by pos '} {_report(k)}")
+                const["STRIDE"] = L._slot_stride(L.SCORED_GATE_STRIDED, cfg.num_warps)
                 const["R"] = cfg.rows  # requests of two rows (a draft row each), the cap per tile row
                 k = _compile(gather_logits_kernel, _signature(gather_logits_kernel, tensors, constexprs=const), const,
                              a.arch, cfg.num_warps, cfg.logits_stages, maxnreg=L.SCORE_GATHER_MAXNREG * cfg.rows)

@@ -179,8 +179,11 @@ SCORED_GATE_PREFETCH = 0
 # 128 x 196,608, 256 x 65,536 and 1024 x 65,536 keys, rising scores unchanged; strided at every
 # block, rising scores had lost 9-17% (dense blocks' scattered stores), hence the eighth.
 SPLIT_GATHER_STRIDED = 1
-# The same inside the score kernel that gathers (the gate ahead): not timed there yet.
-SCORED_GATE_STRIDED = 0
+# The same inside the score kernel that gathers (the gate ahead). Timed on an H100 (split_decode.py,
+# graph replays on the mix's bytes, two runs, the same bits; benchmark/results/NOTES.md, "The gate
+# ahead's slots strided"): the step 1-4% faster at every batch the gate ahead serves (one and eight
+# requests of 128K, eight of 768K, 64 of 128K), the others unchanged.
+SCORED_GATE_STRIDED = 1
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
 # chunk). Measured on an H100 (split_decode.py --configs SPLIT_WARPS=8, graph replays on the
@@ -242,16 +245,6 @@ SCORE_MIN_SPAN = 512
 # was timed with it.
 SCORE_MIN_SPAN_ONE_ROW = 256
 SCORE_PROGRAMS_PER_SM = 8
-# The score tile of prefill chunks of FP8 keys, as (rows a tile, warps), from SCORE_WIDE_MIN_ROWS
-# rows (None: the layout's tile at every chunk, tile_config's 2 rows on 4 warps). In a prefill
-# chunk every row reads the same request's pages, so each key page a program loads serves the
-# tile's rows in one MMA of N = 64 x rows: four rows read each page half as often as two. The
-# bits are the layout tile's: a row's 64 heads lie in the same registers and lanes of the MMA's
-# result, in the same order, at 1, 2 or 4 rows a tile and 4 or 8 warps (the extra rows and warps
-# take other register and warp bases; kernels/score.py), so the head sums run the same
-# operations; test_legacy.py checks the layouts compiled for sm_90 and the bits on a GPU.
-SCORE_WIDE_TILE: Optional[Tuple[int, int]] = None
-SCORE_WIDE_MIN_ROWS = 256
 # The score kernel that also gathers (a decode step's gate scored ahead of it, scored_split):
 # registers a thread per row of its tile, so that SCORE_PROGRAMS_PER_SM programs of 4 warps fit an
 # SM as the plain score kernel's 64 do; at 72 (the compiler's choice) one wave of 8 x 768K ran as
@@ -453,51 +446,18 @@ def legacy_score(inputs: IndexerInputs, *, keys=None, row_start=0, row_count=Non
     keys = keys.view(torch.int32)
     if row_count == 0 or width == 0:
         return keys
-    group, warps = score_tile(inputs.layout, rows_per_request, row_count)
-    _launch_score(inputs, ka, keys, row_start, row_count, group, warps=warps)
+    group = 1 if rows_per_request == 1 else tile_config(inputs.layout).rows
+    _launch_score(inputs, ka, keys, row_start, row_count, group)
     return keys
 
 
-def score_tile(layout, rows_per_request: Optional[int], rows: int) -> Tuple[int, int]:
-    """``(rows a tile, warps)`` of the plain score kernel over a chunk of ``rows`` rows: one row a
-    tile for a decode batch (``rows_per_request=1``), ``SCORE_WIDE_TILE`` for a prefill chunk (no
-    ``rows_per_request``: rows of a request run on, so a tile's rows share pages but at the
-    requests' borders) of FP8 keys of at least ``SCORE_WIDE_MIN_ROWS`` rows, else the layout's
-    tile. The same bits whichever (see ``SCORE_WIDE_TILE``); ``ValueError`` naming a setting it
-    cannot take."""
-    cfg = tile_config(layout)
-    _check_wide_tile()
-    if rows_per_request == 1:
-        return 1, cfg.num_warps
-    if (SCORE_WIDE_TILE is not None and rows_per_request is None and Layout(layout) is Layout.SGLANG_FP8
-            and rows >= SCORE_WIDE_MIN_ROWS):
-        return SCORE_WIDE_TILE
-    return cfg.rows, cfg.num_warps
-
-
-# (rows a tile, warps) whose head sums share the layout tile's registers, lanes and order
-WIDE_TILES = ((2, 4), (2, 8), (4, 4), (4, 8))
-
-
-def _check_wide_tile() -> None:
-    """``ValueError`` naming ``SCORE_WIDE_TILE`` unless it is None or one of :data:`WIDE_TILES`, or
-    ``SCORE_WIDE_MIN_ROWS`` unless it is a count of rows."""
-    tile = SCORE_WIDE_TILE
-    if tile is not None and not (isinstance(tile, tuple) and len(tile) == 2 and all(_is_int(v) for v in tile)
-                                 and tile in WIDE_TILES):
-        raise ValueError(f"indexer_topk.backends.legacy.SCORE_WIDE_TILE: expected None or one of {WIDE_TILES} "
-                         f"(rows a tile, warps), got {tile!r} ({_type_names(tile)})")
-    _check_int_setting("SCORE_WIDE_MIN_ROWS", SCORE_WIDE_MIN_ROWS, lambda v: v >= 0, "a count of rows")
-
-
 def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: int, group: int, gather=None,
-                  pdl: bool = False, warps: Optional[int] = None) -> None:
+                  pdl: bool = False) -> None:
     """The score kernel over rows ``row_start .. row_start + row_count`` into ``keys`` (``[row_count,
     width]`` int32, ``width > 0``), ``group`` rows a tile; ``ka``: :func:`pack_args` of ``inputs``.
     ``gather``: the split select's buffers (:func:`_split_scratch`): the kernel that
     also gathers each span's keys reaching the gate, waiting for the gate only then with ``pdl``
-    (:func:`scored_split`). ``warps``: the plain score kernel's (:func:`score_tile`; the layout's
-    tile's by default)."""
+    (:func:`scored_split`)."""
     cfg = tile_config(inputs.layout)
     width = keys.shape[1]
     groups = triton.cdiv(row_count, group)
@@ -509,7 +469,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     tile = dict(LAYOUT=ka.layout, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages, num_warps=cfg.num_warps,
                 num_stages=cfg.logits_stages)
     if gather is None:
-        launch(logits_kernel, grid, *args, 0, width, span, R=group, **dict(tile, num_warps=warps or cfg.num_warps))
+        launch(logits_kernel, grid, *args, 0, width, span, R=group, **tile)
         return
     gates, counts, scales, _hows, cand, hist = gather
     # the cap is a tile row's: two-row tiles get the 128 the plain score kernel's take uncapped,
@@ -976,7 +936,6 @@ def legacy_indexer_topk(
     _check_samples()  # before the score kernel runs, not at the select stage after it
     _check_row_select()  # likewise
     _check_scored_gate()  # likewise, though only decode chunks read it
-    _check_wide_tile()  # likewise
     _check_split_warps()  # likewise
     _check_split_programs()  # likewise
     chunk = chunk_rows(rows, width, budget_bytes)
