@@ -118,7 +118,9 @@ ROWS_CAND = 512
 # Timed on an H100 at every width (row_select.py config s0; benchmark/results/row_select/
 # strided_h100/, NOTES.md): 8% faster on normal scores at 65,536 keys but 25% slower on rising
 # ones there, and 26% slower on normal scores at 16,384 keys (the final sort outweighs the appends
-# saved), so None until a width wins on both.
+# saved), so None until a width wins on both. Again with the cut writing the pool back by position
+# (benchmark/results/ab_9bcce92_h100/): from 65,536 keys 9-11% faster on normal scores, 22-25%
+# slower on rising ones; from 32,768 slower on both.
 ROWS_SET_POOL_WIDTH: Optional[int] = None
 ROWS_NARROW_MIN_ROWS = 512
 ROWS_NARROW_MIN_ROWS_LONG = 1024
@@ -180,9 +182,9 @@ SCORED_GATE_PREFETCH = 0
 # block, rising scores had lost 9-17% (dense blocks' scattered stores), hence the eighth.
 SPLIT_GATHER_STRIDED = 1
 # The same inside the score kernel that gathers (the gate ahead). Timed on an H100 (split_decode.py,
-# graph replays on the mix's bytes, two runs, the same bits; benchmark/results/NOTES.md, "The gate
-# ahead's slots strided"): the step 1-4% faster at every batch the gate ahead serves (one and eight
-# requests of 128K, eight of 768K, 64 of 128K), the others unchanged.
+# graph replays on the mix's bytes, two runs, the same bits; benchmark/results/NOTES.md, "Wider score
+# tiles, the gate ahead's slots strided"): the step 1-4% faster at every batch the gate ahead
+# serves (one and eight requests of 128K, eight of 768K, 64 of 128K), the others unchanged.
 SCORED_GATE_STRIDED = 1
 SPLIT_WARPS = 16
 # ... and its warps while a chunk has at most SPLIT_FEW_ROWS rows (None: SPLIT_WARPS at every
