@@ -182,7 +182,7 @@ SCORED_GATE_PREFETCH = 0
 # block, rising scores had lost 9-17% (dense blocks' scattered stores), hence the eighth.
 SPLIT_GATHER_STRIDED = 1
 # The same inside the score kernel that gathers (the gate ahead). Timed on an H100 (split_decode.py,
-# graph replays on the mix's bytes, two runs, the same bits; benchmark/results/NOTES.md, "Wider score
+# graph replays of its decode batches, two runs, the same bits; benchmark/results/NOTES.md, "Wider score
 # tiles, the gate ahead's slots strided"): the step 1-4% faster at every batch the gate ahead
 # serves (one and eight requests of 128K, eight of 768K, 64 of 128K), the others unchanged.
 SCORED_GATE_STRIDED = 1
