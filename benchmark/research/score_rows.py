@@ -3,7 +3,7 @@
 pipeline depth. Graph-replayed time and the key matrix's bits against the shipped tile's.
 
     PYTHONPATH=python python3 benchmark/research/score_rows.py [--shapes 8192x16K,1024x64K,...]
-        [--tiles 2:4:3,4:8:3,4:4:3] [--iters 30] [--json FILE]
+        [--tiles 2:4:3,4:8:3,4:4:3] [--iters 30] [--json FILE] [--once]
 
 Each shape is one request of ``CTX`` tokens whose last ``ROWS`` rows are the chunk, the bytes
 the serving mix makes (:func:`indexer_topk.bench.mix.make_inputs`, FP8 keys). A tile
@@ -13,6 +13,8 @@ the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that
 The first tile is the reference: every other tile's key matrix is compared with it bit for bit
 (the contract: legacy and fused scores agree bit for bit, so a tile that changes a bit is not a
 candidate however fast). Effective TFLOP/s count only the positions below each row's length.
+``--once``: each tile launched twice, eagerly, and nothing timed, for a profiler attached to the
+second launch (``ncu_score.sh``).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiles", default="2:4:3,4:8:3,4:4:3,2:8:3")
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--once", action="store_true", help="launch each tile twice, untimed (for a profiler)")
     a = ap.parse_args(argv)
     device = torch.device("cuda")
     ref = tile_config("sglang_fp8")
@@ -76,6 +79,12 @@ def main(argv=None) -> int:
         first = None
         for R, warps, stages in tiles:
             keys = torch.full((inputs.rows, width), 0x7F7F7F7F, dtype=torch.int32, device=device)
+            if a.once:
+                for _ in range(2):
+                    score(inputs, keys, R, warps, stages)
+                torch.cuda.synchronize()
+                print(f"{shape.label:>24}  {R}:{warps}:{stages}  launched twice", flush=True)
+                continue
             try:
                 ms = graph_ms(lambda: score(inputs, keys, R, warps, stages), iters=a.iters, device=device)
             except Exception as exc:  # a tile that does not compile or launch is a record too
