@@ -7,9 +7,12 @@ pipeline depth. Graph-replayed time and the key matrix's bits against the shippe
 
 Each shape is one request of ``CTX`` tokens whose last ``ROWS`` rows are the chunk, the bytes
 the serving mix makes (:func:`indexer_topk.bench.mix.make_inputs`, FP8 keys). A tile
-``R:WARPS:STAGES`` launches :func:`indexer_topk.kernels.logits.logits_kernel` with ``R`` rows
-sharing each key page (one MMA of N = 64 R), ``WARPS`` warps and ``STAGES`` pipeline stages,
-the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that many row groups.
+``R:WARPS:STAGES[:r]`` launches :func:`indexer_topk.kernels.logits.logits_kernel` with ``R``
+rows sharing each key page (one MMA of N = 64 R), ``WARPS`` warps and ``STAGES`` pipeline
+stages, the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that many row
+groups; ``r``: the chunk's rows in reverse order (its queries, weights, lengths and page-table
+rows flipped, the matrix flipped back to compare), so that programs start with the longest rows
+(the kernel takes row groups in program order, and a chunk's last rows are its longest).
 The first tile is the reference: every other tile's key matrix is compared with it bit for bit
 (the contract: legacy and fused scores agree bit for bit, so a tile that changes a bit is not a
 candidate however fast). Effective TFLOP/s count only the positions below each row's length.
@@ -20,6 +23,7 @@ second launch (``ncu_score.sh``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -55,6 +59,14 @@ def score(inputs, keys, R: int, warps: int, stages: int) -> None:
            num_stages=stages)
 
 
+def reversed_rows(inputs):
+    """``inputs`` with its rows in reverse order (the per-row tensors flipped along rows)."""
+    flip = {name: getattr(inputs, name).flip(0).contiguous() for name in ("q", "weights", "page_table", "seq_lens")}
+    if inputs.q_scale is not None:
+        flip["q_scale"] = inputs.q_scale.flip(0).contiguous()
+    return dataclasses.replace(inputs, **flip)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shapes", default="1024x16K,8192x16K,1024x64K,8192x64K")
@@ -65,7 +77,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     device = torch.device("cuda")
     ref = tile_config("sglang_fp8")
-    tiles = [tuple(int(x) for x in t.split(":")) for t in a.tiles.split(",")]
+    tiles = [(*(int(x) for x in t.split(":")[:3]), t.endswith(":r")) for t in a.tiles.split(",")]
     print(f"shipped tile: R={ref.rows} warps={ref.num_warps} stages={ref.logits_stages}; "
           f"{torch.cuda.get_device_name(device)}, triton {triton.__version__}")
     records = []
@@ -77,29 +89,36 @@ def main(argv=None) -> int:
         lens = inputs.seq_lens.to(torch.int64).clamp(max=width)
         flop = 2.0 * HEADS * DIM * float(lens.sum())
         first = None
-        for R, warps, stages in tiles:
+        flipped = None
+        for R, warps, stages, rev in tiles:
+            name = f"{R}:{warps}:{stages}{':r' if rev else ''}"
+            if rev and flipped is None:
+                flipped = reversed_rows(inputs)
+            run_inputs = flipped if rev else inputs
             keys = torch.full((inputs.rows, width), 0x7F7F7F7F, dtype=torch.int32, device=device)
             if a.once:
                 for _ in range(2):
-                    score(inputs, keys, R, warps, stages)
+                    score(run_inputs, keys, R, warps, stages)
                 torch.cuda.synchronize()
-                print(f"{shape.label:>24}  {R}:{warps}:{stages}  launched twice", flush=True)
+                print(f"{shape.label:>24}  {name}  launched twice", flush=True)
                 continue
             try:
-                ms = graph_ms(lambda: score(inputs, keys, R, warps, stages), iters=a.iters, device=device)
+                ms = graph_ms(lambda: score(run_inputs, keys, R, warps, stages), iters=a.iters, device=device)
             except Exception as exc:  # a tile that does not compile or launch is a record too
-                print(f"{shape.label:>24}  {R}:{warps}:{stages}  failed: {type(exc).__name__}: {str(exc)[:200]}")
-                records.append(dict(shape=shape.label, tile=[R, warps, stages], error=str(exc)[:500]))
+                print(f"{shape.label:>24}  {name}  failed: {type(exc).__name__}: {str(exc)[:200]}")
+                records.append(dict(shape=shape.label, tile=name, error=str(exc)[:500]))
                 continue
+            if rev:
+                keys = keys.flip(0)
             if first is None:
                 first = keys.clone()
             same = bool(torch.equal(keys, first))
-            rec = dict(shape=shape.label, tile=[R, warps, stages], ms=ms, tflops=flop / ms / 1e9, same_bits=same)
+            rec = dict(shape=shape.label, tile=name, ms=ms, tflops=flop / ms / 1e9, same_bits=same)
             records.append(rec)
-            print(f"{shape.label:>24}  {R}:{warps}:{stages}  {ms:8.4f} ms  {rec['tflops']:6.0f} TFLOP/s  "
+            print(f"{shape.label:>24}  {name:8s}  {ms:8.4f} ms  {rec['tflops']:6.0f} TFLOP/s  "
                   f"bits {'same' if same else 'DIFFER'}", flush=True)
             keys = None
-        first = inputs = None
+        first = inputs = flipped = run_inputs = None
         torch.cuda.empty_cache()
     if a.json:
         with open(a.json, "w") as f:
