@@ -16,12 +16,7 @@ for shape in ${SHAPES:-8192x4096}; do
     args=(--shape "$shape" --order "${ORDER:-score}")
     [ "$bins" != default ] && args+=(--bins "$bins")
     tag=${shape}_b$bins
-    timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k regex:topk_rows_kernel --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
-      python3 benchmark/research/ncu_rows.py "${args[@]}" > "$OUT/ncu_rows_$tag.txt" 2>&1
-    echo "== $tag rc $?"
-    grep -E "Duration|Memory Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local|Executed Instructions|Issue Slots Busy|Executed Ipc A" \
-      "$OUT/ncu_rows_$tag.txt" | head -16
+    summary_view topk_rows_kernel 1 "$OUT/ncu_rows_$tag.txt" python3 benchmark/research/ncu_rows.py "${args[@]}"
     source_view topk_rows_kernel 1 python/indexer_topk/kernels/row_topk.py "$OUT/ncu_rows_source_$tag.txt" \
       python3 benchmark/research/ncu_rows.py "${args[@]}"
     echo "== $tag source rc $?"

@@ -13,12 +13,8 @@ mkdir -p "$OUT" "$TRITON_CACHE_DIR"
 NCU_INTERVAL=${NCU_INTERVAL:-2} source benchmark/research/ncu_source.sh  # SAMPLING, source_view
 for shape in ${SHAPES:-8192x16K}; do
   args=(--once --shapes "$shape" --tiles "${TILE:-2:4:3}")
-  timeout -k 10 "${NCU_S:-120}" ncu --clock-control none -k regex:logits_kernel --launch-skip 1 --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
-    --section MemoryWorkloadAnalysis python3 benchmark/research/score_rows.py "${args[@]}" > "$OUT/ncu_score_$shape.txt" 2>&1
-  echo "== $shape rc $?"
-  grep -E "Duration|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Executed Instructions|Issue Slots Busy|Executed Ipc A" \
-    "$OUT/ncu_score_$shape.txt" | head -16
+  NCU_SECTIONS=MemoryWorkloadAnalysis summary_view logits_kernel 1 "$OUT/ncu_score_$shape.txt" \
+    python3 benchmark/research/score_rows.py "${args[@]}"
   source_view logits_kernel 1 python/indexer_topk/kernels/score.py "$OUT/ncu_score_source_$shape.txt" \
     python3 benchmark/research/score_rows.py "${args[@]}"
   echo "== $shape source rc $?"

@@ -28,3 +28,21 @@ source_view() {
   rm -f "$rep.ncu-rep" "$rep.csv"
   return $rc
 }
+
+# summary_view KERNEL_REGEX SKIP OUTFILE COMMAND...: launch SKIP + 1 of the kernels matching
+# KERNEL_REGEX while COMMAND runs, under the sections every ncu_*.sh reads (speed of light,
+# occupancy, launch, warp states, instructions; NCU_SECTIONS adds more, e.g. "MemoryWorkloadAnalysis"),
+# its report in OUTFILE; prints ncu's status and the report's key lines.
+summary_view() {
+  local regex=$1 skip=$2 outfile=$3 rc extra=() s
+  shift 3
+  for s in ${NCU_SECTIONS:-}; do extra+=(--section "$s"); done
+  timeout -k 10 "${NCU_S:-90}" ncu --clock-control none -k "regex:$regex" --launch-skip "$skip" --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats --section InstructionStats \
+    ${extra[@]+"${extra[@]}"} "$@" > "$outfile" 2>&1
+  rc=$?
+  echo "== $(basename "$outfile") rc $rc"
+  grep -E "Duration|Memory Throughput|L2 Cache Throughput|Achieved Occupancy|Registers Per|Warp Cycles Per Issued|Local|Executed Instructions|Issue Slots Busy|Executed Ipc A" \
+    "$outfile" | head -16
+  return $rc
+}
