@@ -755,4 +755,3 @@ def test_timeline_spans_are_medians_after_each_replays_first_kernel():
         spans(records[:5], 3)
     with pytest.raises(ValueError, match="not whole replays"):
         spans([], 3)
-
