@@ -120,7 +120,9 @@ ROWS_CAND = 512
 # ones there, and 26% slower on normal scores at 16,384 keys (the final sort outweighs the appends
 # saved), so None until a width wins on both. Again with the cut writing the pool back by position
 # (benchmark/results/ab_9bcce92_h100/): from 65,536 keys 9-11% faster on normal scores, 22-25%
-# slower on rising ones; from 32,768 slower on both.
+# slower on rising ones; from 32,768 slower on both. Since then a tile most of whose keys enter
+# is appended by position (its strided slots scattered its stores, as they did the split
+# gathering's): not yet timed.
 ROWS_SET_POOL_WIDTH: Optional[int] = None
 ROWS_NARROW_MIN_ROWS = 512
 ROWS_NARROW_MIN_ROWS_LONG = 1024

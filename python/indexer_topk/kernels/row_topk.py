@@ -40,7 +40,7 @@ scatters its positions and writes its outputs in slot order (:func:`emit_row`).
 import triton
 import triton.language as tl
 
-from .common import INT32_MAX, KEY_MIN, compaction_slots, exclusive_sum, key_to_score_bits, sort1d, wait_for_producer
+from .common import DENSE_SHARE, INT32_MAX, KEY_MIN, compaction_slots, exclusive_sum, key_to_score_bits, sort1d, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask, write_row
 
 @triton.jit
@@ -342,11 +342,11 @@ def sampled_gate(src, n, TOPK: tl.constexpr, SAMPLE: tl.constexpr, HALVES: tl.co
 def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.constexpr, BINS: tl.constexpr = 0,
              CAND: tl.constexpr = 512, SET: tl.constexpr = False):
     """Stream the row's tiles through the pool, from the gate ``gate``: returns how many entries
-    the pool holds, in position order (``SET``: in no particular order, :func:`append`
-    ``STRIDED``, and
-    cut by :func:`cut_pool` with ``SET``). When that is ``TOPK`` or more, they hold the row's top
-    ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means the
-    gate was too high and nothing is known."""
+    the pool holds, in position order (``SET``: in no particular order, a tile's entrants
+    appended ``STRIDED`` where at most ``1 / DENSE_SHARE`` of it enters and by position where more
+    does, and cut by :func:`cut_pool` with ``SET``). When that is ``TOPK`` or more, they hold the
+    row's top ``TOPK`` (a key below the gate loses to ``TOPK`` entries that reach it); fewer means
+    the gate was too high and nothing is known."""
     CAP: tl.constexpr = 2 * TOPK
     offs = tl.arange(0, TILE)
     count = tl.zeros([], dtype=tl.int32)
@@ -373,9 +373,11 @@ def scan_row(src, n, pool_key, pool_pos, gate, TOPK: tl.constexpr, TILE: tl.cons
                 gate = tl.maximum(gate, next_gate(t, shift))
                 n_in = tl.zeros([], dtype=tl.int32) + TOPK
         if n_in > 0:
-            # the unordered pool appends strided even where a tile is dense: switching to position
-            # order there, as the split gathering does, compiled to more spills for sm_90
-            append(pool_key, pool_pos, count, key, pos, enter, SET)  # n_in of them, counted above
+            if SET and n_in * DENSE_SHARE <= TILE:
+                append(pool_key, pool_pos, count, key, pos, enter, True)  # n_in of them, counted above
+            else:
+                # a dense tile by position (its strided slots would scatter its stores)
+                append(pool_key, pool_pos, count, key, pos, enter, False)
             count += n_in
             if not SET:  # (the unordered pool's next reader, a cut or in_order, starts with a barrier)
                 tl.debug_barrier()  # the appended entries are seen by every thread of a later cut
