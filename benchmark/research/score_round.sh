@@ -3,8 +3,10 @@
 # step 0s), then GPU tests in what is left of TOTAL_S (560 s):
 #   1. score_rows.py: the shipped tile, the chunk's rows longest first (`:r`), four stages, at the
 #      mix's 16K and 64K prefill shapes, each key matrix against the shipped tile's;
-#   2. ncu_score.sh at 8192 x 16K and 1024 x 16K: where the kernel's warps wait;
-#   3. TESTS (default: the split select's, legacy's and the gate ahead's GPU tests).
+#   2. the gate ahead's prefetch again (SCORED_GATE_PREFETCH=1), now that its gathering's strided
+#      slots free registers (it was as fast or slower before them), on the mix's decode bytes;
+#   3. ncu_score.sh at 8192 x 16K and 1024 x 16K: where the kernel's warps wait;
+#   4. TESTS (default: the split select's, legacy's and the gate ahead's GPU tests).
 #
 #   bash benchmark/research/score_round.sh   (logs under $OUT, tables last)
 set -u
@@ -13,6 +15,7 @@ source benchmark/research/round_env.sh  # PYTHONPATH, TRITON_CACHE_DIR, left, li
 timeout "$(limit 200)" python3 benchmark/research/score_rows.py --shapes 1024x16K,8192x16K,1024x64K,8192x64K \
   --tiles 2:4:3,2:4:3:r,2:4:4,2:4:3 --iters 30 --json "$OUT/score_rows.json" > "$OUT/score_rows.log" 2>&1
 echo "== score_rows rc $? at ${SECONDS}s"
+decode_run gate_prefetch 120 --shapes 1x128K,8x128K,8x768K,64x128K --configs "SCORED_GATE_PREFETCH=1" --iters 30
 NCU_S=$(limit 90) SHAPES="8192x16K 1024x16K" bash benchmark/research/ncu_score.sh > "$OUT/ncu_score.log" 2>&1
 echo "== ncu_score rc $? at ${SECONDS}s"
 TESTS=${TESTS:-"--deselect test/test_split_topk.py::test_split_equals_torch_way_gpu test/test_split_topk.py test/test_scored_gate.py test/test_legacy.py"}
@@ -22,4 +25,5 @@ if [ "$(left)" -gt 40 ]; then
   echo "== GPU tests rc $? at ${SECONDS}s: $(tail -1 "$OUT/gpu_tests.log")"
 fi
 cat "$OUT/ncu_score.log"
+grep -v "^\[" "$OUT/gate_prefetch.log" | tail -12
 cat "$OUT/score_rows.log"
