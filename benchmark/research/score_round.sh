@@ -3,8 +3,8 @@
 # step 0s), then GPU tests in what is left of TOTAL_S (560 s):
 #   1. score_rows.py: the shipped tile, the chunk's rows longest first (`:r`), four stages, at the
 #      mix's 16K and 64K prefill shapes, each key matrix against the shipped tile's;
-#   2. the gate ahead's prefetch again (SCORED_GATE_PREFETCH=1), now that its gathering's strided
-#      slots free registers (it was as fast or slower before them), on the mix's decode bytes;
+#   2. the gate ahead's prefetch again (SCORED_GATE_PREFETCH=1; as fast or slower when timed before
+#      the strided slots), on the mix's decode bytes;
 #   3. ncu_score.sh at 8192 x 16K and 1024 x 16K: where the kernel's warps wait;
 #   4. TESTS (default: the split select's, legacy's and the gate ahead's GPU tests).
 #
