@@ -166,8 +166,9 @@ SPLIT_MORE_PROGRAMS_ROWS = 64
 # rather than after (0): the chain's load then waits behind the previous block's returning atomic
 # add no longer. The same appends in the same order, so the same bits (kernels/split_topk.py,
 # gather_run). SCORED_GATE_PREFETCH: the same inside the score kernel that gathers (the gate
-# ahead), where the block held ahead costs registers under its cap (compiled for sm_90 at one row
-# a tile: 14 spilled loads against 1). Timed on an H100 (benchmark/results/scored_gate/
+# ahead), where the block held ahead cost registers under its cap (compiled for sm_90 at one row
+# a tile when it was timed: 14 spilled loads against 1; at 16a83a9, Triton 3.6, neither spills,
+# with strided slots or without). Timed on an H100 (benchmark/results/scored_gate/
 # prefetch_fc3fc41_h100/ and split_128_152d37c_h100/, the same bits): in the gathering kernel it
 # is faster at every shape that kernel serves (the MTP step of 32 x 768K 447 -> 440 us L2-cold,
 # 65 requests of 128K 150 -> 148, the select of 128 rows of 196,608 keys 159 -> 140); inside
