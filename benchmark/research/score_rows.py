@@ -31,10 +31,10 @@ import torch
 import triton
 
 from indexer_topk.backends import legacy as legacy_backend
+from indexer_topk.backends.key_matrix import key_matrix_width
 from indexer_topk.bench.mix import MixShape, graph_ms, make_inputs
 from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel
-from indexer_topk.backends.key_matrix import key_matrix_width
 from indexer_topk.replay import launch
 
 HEADS, DIM = 64, 128
