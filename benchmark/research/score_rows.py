@@ -7,10 +7,10 @@ pipeline depth. Graph-replayed time and the key matrix's bits against the shippe
 
 Each shape is one request of ``CTX`` tokens whose last ``ROWS`` rows are the chunk, the bytes
 the serving mix makes (:func:`indexer_topk.bench.mix.make_inputs`, FP8 keys). A tile
-``R:WARPS:STAGES[:r]`` launches :func:`indexer_topk.kernels.logits.logits_kernel` with ``R``
-rows sharing each key page (one MMA of N = 64 R), ``WARPS`` warps and ``STAGES`` pipeline
-stages, the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that many row
-groups; ``r``: the chunk's rows in reverse order (its queries, weights, lengths and page-table
+``R:WARPS:STAGES[:r]`` runs legacy's launch of :func:`indexer_topk.kernels.logits.logits_kernel`
+with ``R`` rows sharing each key page (one MMA of N = 64 R), ``WARPS`` warps and ``STAGES``
+pipeline stages, the spans as :func:`indexer_topk.backends.legacy.score_span` gives them for that
+many row groups; ``r``: the chunk's rows in reverse order (its queries, weights, lengths and page-table
 rows flipped, the matrix flipped back to compare), so that programs start with the longest rows
 (the kernel takes row groups in program order, and a chunk's last rows are its longest).
 The first tile is the reference: every other tile's key matrix is compared with it bit for bit
@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import json
 import sys
+from unittest import mock
 
 import torch
 import triton
@@ -33,30 +34,17 @@ import triton
 from indexer_topk.backends import legacy as legacy_backend
 from indexer_topk.backends.key_matrix import key_matrix_width
 from indexer_topk.bench.mix import MixShape, graph_ms, make_inputs
-from indexer_topk.kernels.launch import device_sm_count, pack_args, tile_config
-from indexer_topk.kernels.logits import logits_kernel
-from indexer_topk.replay import launch
-
-HEADS, DIM = 64, 128
-
-
-def parse_tokens(text: str) -> int:
-    text = text.strip().upper()
-    return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+from indexer_topk.contract import HEAD_DIM, HEADS
+from indexer_topk.kernels.launch import pack_args, tile_config
+from indexer_topk.options import parse_tokens
 
 
 def score(inputs, keys, R: int, warps: int, stages: int) -> None:
-    """``keys`` (``[rows, width]`` int32) from the score kernel with this tile (the launch of
-    ``legacy._launch_score``, the tile's fields replaced)."""
-    ka = pack_args(inputs)
-    rows, width = keys.shape
-    groups = triton.cdiv(rows, R)
-    span = legacy_backend.score_span(groups, width, device_sm_count(keys.device))
-    grid = (groups, triton.cdiv(width, span))
-    launch(logits_kernel, grid, ka.q, ka.qs, ka.w, ka.kc, ka.kf, ka.ks, ka.kdesc, ka.pages, ka.page_table,
-           ka.page_table.stride(0), ka.seq_lens, rows, 0, inputs.weight_scale, keys, keys.stride(0), 0, width, span,
-           R=R, LAYOUT=ka.layout, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=stages, num_warps=warps,
-           num_stages=stages)
+    """``keys`` (``[rows, width]`` int32) from legacy's own launch of the score kernel
+    (``legacy._launch_score``, spans and all), its tile config replaced by this one."""
+    tile = dataclasses.replace(tile_config(inputs.layout), rows=R, num_warps=warps, logits_stages=stages)
+    with mock.patch.object(legacy_backend, "tile_config", lambda layout: tile):
+        legacy_backend._launch_score(inputs, pack_args(inputs), keys, 0, keys.shape[0], R)
 
 
 def reversed_rows(inputs):
@@ -87,7 +75,7 @@ def main(argv=None) -> int:
         inputs = make_inputs(shape, device).inputs()
         width = key_matrix_width(inputs.page_table)
         lens = inputs.seq_lens.to(torch.int64).clamp(max=width)
-        flop = 2.0 * HEADS * DIM * float(lens.sum())
+        flop = 2.0 * HEADS * HEAD_DIM * float(lens.sum())
         first = None
         flipped = None
         for R, warps, stages, rev in tiles:
