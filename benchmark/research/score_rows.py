@@ -15,7 +15,9 @@ rows flipped, the matrix flipped back to compare), so that programs start with t
 (the kernel takes row groups in program order, and a chunk's last rows are its longest).
 The first tile is the reference: every other tile's key matrix is compared with it bit for bit
 (the contract: legacy and fused scores agree bit for bit, so a tile that changes a bit is not a
-candidate however fast). Effective TFLOP/s count only the positions below each row's length.
+candidate however fast); each matrix's digest is printed too, so that two trees' runs (an A/B of
+a kernel change, PYTHONPATH set to each) compare bit for bit. Effective TFLOP/s count only the
+positions below each row's length.
 ``--once``: each tile launched twice, eagerly, and nothing timed, for a profiler attached to the
 second launch (``ncu_score.sh``).
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import sys
 from unittest import mock
@@ -101,10 +104,11 @@ def main(argv=None) -> int:
             if first is None:
                 first = keys.clone()
             same = bool(torch.equal(keys, first))
-            rec = dict(shape=shape.label, tile=name, ms=ms, tflops=flop / ms / 1e9, same_bits=same)
+            digest = hashlib.sha256(keys.cpu().numpy().tobytes()).hexdigest()[:16]
+            rec = dict(shape=shape.label, tile=name, ms=ms, tflops=flop / ms / 1e9, same_bits=same, digest=digest)
             records.append(rec)
             print(f"{shape.label:>24}  {name:8s}  {ms:8.4f} ms  {rec['tflops']:6.0f} TFLOP/s  "
-                  f"bits {'same' if same else 'DIFFER'}", flush=True)
+                  f"bits {'same' if same else 'DIFFER'}  digest {digest}", flush=True)
             keys = None
         first = inputs = flipped = run_inputs = None
         torch.cuda.empty_cache()

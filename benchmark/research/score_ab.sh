@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# One device call: the score kernel of an earlier package (BASE) or of a variant (ALT) against this
+# checkout's, on one machine, with no anchor kit to build: legacy's score kernel alone at prefill shapes
+# (score_rows.py, the shipped tile) and the decode step, whose gathering score kernel shares the
+# score tile (split_decode.py); each side timed twice, alternating, after both sides compiled
+# their kernels side by side. Each side prints its key matrices' and outputs' digests, so the two
+# trees compare bit for bit.
+#
+#   BASE=.carry/base/python bash benchmark/research/score_ab.sh
+#
+# BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python; ALT: a
+# variant of the checkout's package, timed as the side "alt" (one of the two, or both).
+# SHAPES: score_rows.py's --shapes; DECODE_SHAPES: split_decode.py's ("" skips it). TESTS: pytest
+# arguments run after the timings (`-n 15`, this checkout's package) in what is left of TOTAL_S
+# (default 540) seconds, their log $OUT/gpu_tests.log. The timings' logs come back packed as
+# $OUT/score_ab.tgz; the tables are printed last.
+set -u -o pipefail
+export OUT=${OUT:-/tmp/score_ab}
+mkdir -p "$OUT"
+SIDES="${BASE:+base }new${ALT:+ alt}"
+[ "$SIDES" = new ] && { echo "score_ab.sh: set BASE or ALT (a package folder to time beside this one)"; exit 2; }
+SHAPES=${SHAPES:-1024x16K,8192x16K,1024x64K,8192x64K,1024x256K}
+DECODE_SHAPES=${DECODE_SHAPES-1x128K,8x128K,8x768K,64x128K}
+export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache} PYTHONUNBUFFERED=1
+LOGS=/tmp/score_ab_logs
+mkdir -p "$LOGS"
+T0=$(date +%s)
+stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
+side_path() { case $1 in base) echo "$BASE" ;; alt) echo "$ALT" ;; *) echo python ;; esac; }
+score() {  # side, label, iters
+  PYTHONPATH=$(side_path "$1") timeout "${SCORE_S:-120}" python3 benchmark/research/score_rows.py --shapes "$SHAPES" \
+    --tiles 2:4:3 --iters "$3" --json "$LOGS/score_$1_$2.json" > "$LOGS/score_$1_$2.log" 2>&1
+  stamp "score $1 $2 rc $?"
+}
+decode() {  # side, label, iters
+  [ -z "$DECODE_SHAPES" ] && return
+  PYTHONPATH=$(side_path "$1") timeout "${DECODE_S:-100}" python3 benchmark/research/split_decode.py --seed 0 \
+    --page-table-pad 0 --shapes "$DECODE_SHAPES" --configs "" --iters "$3" --out "$LOGS/decode_$1_$2.json" \
+    > "$LOGS/decode_$1_$2.log" 2>&1
+  stamp "decode $1 $2 rc $?"
+}
+nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
+# compiles: both sides at once (their timings, of two processes sharing the GPU, are not used)
+for side in $SIDES; do (score "$side" warm 1; decode "$side" warm 1) & done
+wait
+for run in 1 2; do
+  for side in $SIDES; do score "$side" "$run" 30; done
+  for side in $SIDES; do decode "$side" "$run" 30; done
+done
+tar czf "$OUT/score_ab.tgz" -C "$LOGS" .
+if [ -n "${TESTS:-}" ]; then
+  left=$(( ${TOTAL_S:-540} - ($(date +%s) - T0) ))
+  if [ "$left" -gt 40 ]; then
+    # shellcheck disable=SC2086
+    PYTHONPATH=python timeout "$left" python3 -m pytest -q -n 15 -m gpu -p no:cacheprovider $TESTS \
+      > "$OUT/gpu_tests.log" 2>&1
+    stamp "GPU tests rc $?: $(tail -1 "$OUT/gpu_tests.log")"
+  else
+    stamp "GPU tests not run: ${left}s left"
+  fi
+fi
+for run in 1 2; do
+  for side in $SIDES; do
+    echo "== score $side $run"; grep -E "^ +prefill" "$LOGS/score_${side}_$run.log"
+  done
+done
+for run in 1 2; do
+  for side in $SIDES; do
+    echo "== decode $side $run"; grep -E "^random" "$LOGS/decode_${side}_$run.log" | cut -c1-90
+  done
+done
