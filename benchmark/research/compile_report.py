@@ -47,7 +47,6 @@ from indexer_topk.workload import make_workload  # noqa: E402
 
 POINTER_TYPES = {torch.uint8: "*u8", torch.int32: "*i32", torch.float32: "*fp32", torch.bfloat16: "*bf16"}
 KEY_DESCRIPTOR = "tensordesc<fp8e4nv[1, 64, 128]>"  # what a launch with bulk copies passes as kdesc
-SCALE_DESCRIPTOR = "tensordesc<fp32[1, 64]>"  # ... and as ks_ptr (launch.scale_descriptor)
 
 
 def _with_defaults(fn, constexprs) -> dict:
@@ -64,8 +63,6 @@ def _signature(fn, tensors: dict, floats=("weight_scale",), constexprs: dict = N
             sig[name] = "constexpr"
         elif name == "kdesc":
             sig[name] = KEY_DESCRIPTOR
-        elif name == "ks_ptr" and constexprs.get("TMA"):
-            sig[name] = SCALE_DESCRIPTOR
         elif name in tensors:
             sig[name] = POINTER_TYPES[tensors[name].dtype]
         elif name in floats:

@@ -1,5 +1,5 @@
 """Host-side launch helpers shared by the Triton backends: argument packing, tile configs, the
-bulk-copy descriptors of the FP8 key cache, and the guard every function that launches kernels
+bulk-copy descriptor of the FP8 key cache, and the guard every function that launches kernels
 goes through."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class KernelArgs:
     w: torch.Tensor
     kc: torch.Tensor
     kf: torch.Tensor
-    ks: object  # AITER's scale pages; FP8 with bulk copies: the key scales' descriptor (scale_descriptor)
+    ks: torch.Tensor
     page_table: torch.Tensor
     seq_lens: torch.Tensor
     layout: int
@@ -134,8 +134,6 @@ def pack_args(inputs: IndexerInputs, launch: bool = True) -> KernelArgs:
     ks = inputs.k_scale if inputs.k_scale is not None else k_cache
     interpret = kernels_interpreted()
     kdesc = None if interpret else key_descriptor(k_cache, layout)
-    if kdesc is not None:  # the key scales come by bulk copy beside their page (score.load_page)
-        ks = scale_descriptor(k_cache)
     return KernelArgs(
         qb, qs, inputs.weights, k_cache, kf, ks, inputs.page_table, inputs.seq_lens, layout_id(layout), interpret,
         kdesc,
@@ -163,20 +161,6 @@ def key_descriptor(k_cache: torch.Tensor, layout: Layout):
     page_bytes = GEOMETRY[Layout.SGLANG_FP8].page_bytes
     view = k_cache.as_strided((pages, PAGE_SIZE, HEAD_DIM), (page_bytes, HEAD_DIM, 1)).view(torch.float8_e4m3fn)
     return TensorDescriptor(view, [pages, PAGE_SIZE, HEAD_DIM], [page_bytes, HEAD_DIM, 1], [1, PAGE_SIZE, HEAD_DIM])
-
-
-def scale_descriptor(k_cache: torch.Tensor):
-    """The FP8 pages' per-key fp32 scales as a ``[pages, 64]`` tensor descriptor, one page's 64
-    scales per copy, for a cache :func:`key_descriptor` gives a descriptor of (so the same
-    alignment holds: the scales start 8,192 bytes into each page, and a page is 8,448 bytes).
-    Through it a score program's scale loads join its pipelined key copies, where pointer loads
-    left its warps waiting on them. Pages outside the cache read as zeros, as their keys do."""
-    pages = k_cache.shape[0]
-    geometry = GEOMETRY[Layout.SGLANG_FP8]
-    words = k_cache.view(torch.float32)
-    scales = words.as_strided((pages, PAGE_SIZE), (geometry.page_bytes // 4, 1),
-                              words.storage_offset() + geometry.scale_offset // 4)
-    return TensorDescriptor(scales, [pages, PAGE_SIZE], [geometry.page_bytes // 4, 1], [1, PAGE_SIZE])
 
 
 def pdl_launch(device) -> bool:

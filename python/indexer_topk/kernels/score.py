@@ -98,9 +98,8 @@ def load_page(
     """The 64 keys of ``page``: ``(operand, block scales, [64] fp32 key scale)``. A page id outside
     ``[0, n_pages)`` (possible only with the value checks off) reads as zeros, never outside the cache.
 
-    FP8: the e4m3 tile ``[64, 128]`` and the per-key fp32 scale, with ``TMA`` each by one bulk
-    copy, through ``kdesc`` and through ``ks_ptr`` (:func:`indexer_topk.kernels.launch.scale_descriptor`);
-    without, by pointer loads from ``kc_ptr`` and ``kf_ptr``. MXFP4 on a GPU: the packed e2m1 tile ``[64, 64]`` and its ue8m0 scales
+    FP8: the e4m3 tile ``[64, 128]`` (one bulk copy through ``kdesc`` when ``TMA``) and the
+    per-key fp32 scale. MXFP4 on a GPU: the packed e2m1 tile ``[64, 64]`` and its ue8m0 scales
     ``[64, 4]`` for ``tl.dot_scaled``; under the interpreter: the widened fp32 tile (scales
     folded in). The unused outputs are placeholders.
     """
@@ -111,12 +110,10 @@ def load_page(
     m1 = (tl.arange(0, PAGE) * 0 + ok.to(tl.int32)) != 0
     ones = tl.full([PAGE], 1.0, tl.float32)
     if LAYOUT == FP8:
+        kscale = tl.load(kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + tl.arange(0, PAGE), mask=m1, other=0.0)
         if TMA:
-            kscale = tl.reshape(ks_ptr.load([page, 0]), [PAGE])
             k = tl.reshape(kdesc.load([page, 0, 0]), [PAGE, DIM])
         else:
-            kscale = tl.load(kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + tl.arange(0, PAGE), mask=m1,
-                             other=0.0)
             d = tl.arange(0, DIM)[None, :]
             raw = tl.load(kc_ptr + page64 * FP8_PAGE_BYTES + o * DIM + d, mask=m, other=0)
             if INTERPRET:
