@@ -18,15 +18,6 @@ from .split_topk import gather_run
 
 
 @triton.jit
-def store_in_place(ptrs, values, mask):
-    """``tl.store`` of int32 ``values`` from the layout they are in: a plain store would first move
-    them through shared memory into a coalesced layout (a round trip and a CTA barrier a page)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p st.global.b32 [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r,r", [ptrs, values, mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _score_span(
     lo, hi, end, kc_ptr, kf_ptr, ks_ptr, kdesc, n_pages, pt_lead, pt_ptr, stride_pt, r0, ends, qt, w, weight_scale,
     out_ptrs, live, R: tl.constexpr, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
@@ -39,10 +30,7 @@ def _score_span(
         )
         pos = b + tl.arange(0, PAGE)[:, None]
         key = tl.where(pos < ends[None, :], ordered_key(s), KEY_MIN)
-        if TMA:  # an NVIDIA GPU (the asm is PTX)
-            store_in_place(out_ptrs + pos, key, live & (pos < end))
-        else:
-            tl.store(out_ptrs + pos, key, mask=live & (pos < end))
+        tl.store(out_ptrs + pos, key, mask=live & (pos < end))
 
 
 # Integer arguments take any value without a new compilation (see kernels/fused.py).

@@ -92,17 +92,6 @@ def load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R: tl.constexpr, LAYOUT: tl.c
 
 
 @triton.jit
-def load_in_place(ptrs, mask):
-    """fp32 ``tl.load(ptrs, mask=mask, other=0.0)`` where it stands, in the layout its user wants:
-    in a pipelined loop a plain load of a page's key scales is staged through one shared buffer
-    by asynchronous copies (and read back from it); issued here, ahead of the MMA whose result it
-    scales, its latency can hide under the MMA and the head sums."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b32 $0, 0; @p ld.global.nc.b32 $0, [$1]; }",
-        "=r,l,r", [ptrs, mask.to(tl.int32)], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
 def load_page(
     kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -121,11 +110,7 @@ def load_page(
     m1 = (tl.arange(0, PAGE) * 0 + ok.to(tl.int32)) != 0
     ones = tl.full([PAGE], 1.0, tl.float32)
     if LAYOUT == FP8:
-        sptr = kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + tl.arange(0, PAGE)
-        if TMA:  # an NVIDIA GPU (the asm is PTX)
-            kscale = load_in_place(sptr, m1)
-        else:
-            kscale = tl.load(sptr, mask=m1, other=0.0)
+        kscale = tl.load(kf_ptr + page64 * FP8_PAGE_WORDS + FP8_SCALE_WORD + tl.arange(0, PAGE), mask=m1, other=0.0)
         if TMA:
             k = tl.reshape(kdesc.load([page, 0, 0]), [PAGE, DIM])
         else:
