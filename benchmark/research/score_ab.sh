@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One device call: the score kernel of an earlier package (BASE) or of a variant (ALT) against this
+# One device call: the score kernel of other packages (earlier ones, variants) against this
 # checkout's, on one machine, with no anchor kit to build: legacy's score kernel alone at prefill shapes
 # (score_rows.py, the shipped tile) and the decode step, whose gathering score kernel shares the
 # score tile (split_decode.py); each side timed twice, alternating, after both sides compiled
 # their kernels side by side. Each side prints its key matrices' and outputs' digests, so the two
 # trees compare bit for bit.
 #
-#   BASE=.carry/base/python bash benchmark/research/score_ab.sh
+#   VARIANTS="base=.carry/base/python f=.carry/f/python" bash benchmark/research/score_ab.sh
 #
-# BASE: e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python; ALT: a
-# variant of the checkout's package, timed as the side "alt" (one of the two, or both).
+# VARIANTS: NAME=FOLDER pairs, each a package timed as the side NAME beside this checkout's ("new");
+# e.g. `git archive <commit> python | tar x -C .carry/base` gives .carry/base/python.
 # SHAPES: score_rows.py's --shapes; DECODE_SHAPES: split_decode.py's ("" skips it). TESTS: pytest
 # arguments run after the timings (`-n 15`, this checkout's package) in what is left of TOTAL_S
 # (default 540) seconds, their log $OUT/gpu_tests.log. The timings' logs come back packed as
@@ -17,8 +17,13 @@
 set -u -o pipefail
 export OUT=${OUT:-/tmp/score_ab}
 mkdir -p "$OUT"
-SIDES="${BASE:+base }new${ALT:+ alt}"
-[ "$SIDES" = new ] && { echo "score_ab.sh: set BASE or ALT (a package folder to time beside this one)"; exit 2; }
+VARIANTS=${VARIANTS:?VARIANTS: NAME=FOLDER pairs, the packages to time beside this one}
+SIDES="new"
+declare -A FOLDER=([new]=python)
+for v in $VARIANTS; do
+  name=${v%%=*}; FOLDER[$name]=${v#*=}; SIDES="$SIDES $name"
+  [ -d "${FOLDER[$name]}/indexer_topk" ] || { echo "score_ab.sh: no package in ${FOLDER[$name]}"; exit 2; }
+done
 SHAPES=${SHAPES:-1024x16K,8192x16K,1024x64K,8192x64K,1024x256K}
 DECODE_SHAPES=${DECODE_SHAPES-1x128K,8x128K,8x768K,64x128K}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache} PYTHONUNBUFFERED=1
@@ -26,7 +31,7 @@ LOGS=/tmp/score_ab_logs
 mkdir -p "$LOGS"
 T0=$(date +%s)
 stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
-side_path() { case $1 in base) echo "$BASE" ;; alt) echo "$ALT" ;; *) echo python ;; esac; }
+side_path() { echo "${FOLDER[$1]}"; }
 score() {  # side, label, iters
   PYTHONPATH=$(side_path "$1") timeout "${SCORE_S:-120}" python3 benchmark/research/score_rows.py --shapes "$SHAPES" \
     --tiles 2:4:3 --iters "$3" --json "$LOGS/score_$1_$2.json" > "$LOGS/score_$1_$2.log" 2>&1
