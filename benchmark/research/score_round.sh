@@ -8,7 +8,8 @@
 #   3. ncu_score.sh at 8192 x 16K and 1024 x 16K: where the kernel's warps wait;
 #   4. TESTS (default: the split select's, legacy's and the gate ahead's GPU tests).
 #
-#   bash benchmark/research/score_round.sh   (logs under $OUT, tables last)
+#   bash benchmark/research/score_round.sh   (logs under $OUT, tables last; Nsight Compute's reports
+#   packed as $OUT/ncu_score.tgz)
 set -u
 OUT=${OUT:-/tmp/score_round}
 source benchmark/research/round_env.sh  # PYTHONPATH, TRITON_CACHE_DIR, left, limit
@@ -24,6 +25,8 @@ if [ "$(left)" -gt 40 ]; then
   timeout "$(limit 600)" python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider $TESTS > "$OUT/gpu_tests.log" 2>&1
   echo "== GPU tests rc $? at ${SECONDS}s: $(tail -1 "$OUT/gpu_tests.log")"
 fi
+# a call brings back eight files: Nsight Compute's per-shape reports go back packed
+tar czf "$OUT/ncu_score.tgz" -C "$OUT" $(cd "$OUT" && ls ncu_score_*.txt) && rm -f "$OUT"/ncu_score_*.txt
 cat "$OUT/ncu_score.log"
 grep -v "^\[" "$OUT/gate_prefetch.log" | tail -12
 cat "$OUT/score_rows.log"
