@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # One device call: the score kernel of other packages (earlier ones, variants) against this
-# checkout's, on one machine, with no anchor kit to build: legacy's score kernel alone at prefill shapes
-# (score_rows.py, the shipped tile) and the decode step, whose gathering score kernel shares the
-# score tile (split_decode.py); each side timed twice, alternating, after both sides compiled
-# their kernels side by side. Each side prints its key matrices' and outputs' digests, so the two
-# trees compare bit for bit.
+# checkout's, on one machine, with no anchor kit to build: legacy's score kernel alone at prefill
+# shapes (score_rows.py, the shipped tile) and the decode step, whose gathering score kernel shares
+# the score tile (split_decode.py); each side timed twice, alternating, after every side compiled
+# its kernels at once. Each side prints its key matrices' and outputs' digests, so the trees
+# compare bit for bit.
 #
 #   VARIANTS="base=.carry/base/python f=.carry/f/python" bash benchmark/research/score_ab.sh
 #
@@ -45,7 +45,7 @@ decode() {  # side, label, iters
   stamp "decode $1 $2 rc $?"
 }
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
-# compiles: both sides at once (their timings, of two processes sharing the GPU, are not used)
+# compiles: every side at once (their timings, of processes sharing the GPU, are not used)
 for side in $SIDES; do (score "$side" warm 1; decode "$side" warm 1) & done
 wait
 for run in 1 2; do
