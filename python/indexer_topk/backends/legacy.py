@@ -350,8 +350,8 @@ def _check_row_select() -> None:
                                  f"{REGISTERS_PER_PROGRAM} a program may hold: fewer warps, or a lower cap")
     if ROWS_SORT_BITS is not None:
         _check_int_setting("ROWS_SORT_BITS", ROWS_SORT_BITS, lambda v: v in (32, 64), "None, 32 or 64")
-    _check_int_setting("ROWS_BINS", ROWS_BINS, lambda v: v == 0 or (v & (v - 1) == 0 and 2 <= v <= 1024),
-                       "0 or a power of two from 2 to 1024")
+    _check_int_setting("ROWS_BINS", ROWS_BINS, lambda v: v == 0 or (v & (v - 1) == 0 and 2 <= v <= 256),
+                       "0 or a power of two from 2 to 256")
     _check_int_setting("ROWS_CAND", ROWS_CAND, lambda v: v >= 16 and v & (v - 1) == 0, "a power of two from 16")
     if ROWS_SET_POOL_WIDTH is not None:
         _check_int_setting("ROWS_SET_POOL_WIDTH", ROWS_SET_POOL_WIDTH, lambda v: v >= 0, "None or a count of keys")

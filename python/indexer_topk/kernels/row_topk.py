@@ -40,16 +40,8 @@ scatters its positions and writes its outputs in slot order (:func:`emit_row`).
 import triton
 import triton.language as tl
 
-import torch
-from triton.runtime.interpreter import InterpretedFunction
-
-from .common import DENSE_SHARE, INT32_MAX, KEY_MIN, compaction_slots, exclusive_sum, key_to_score_bits, ordered_key, sort1d, wait_for_producer
+from .common import DENSE_SHARE, INT32_MAX, KEY_MIN, compaction_slots, exclusive_sum, key_to_score_bits, sort1d, wait_for_producer
 from .select import finalize_row, next_gate, radix_digit, radix_update, take_mask, write_row
-
-# Histograms of many bins by shared-memory atomics written in PTX: compiled NVIDIA kernels only
-# (the interpreter runs no asm; AMD's is another ISA)
-SHARED_HISTOGRAM = tl.constexpr(not isinstance(ordered_key, InterpretedFunction) and torch.version.hip is None)
-SHARED_HISTOGRAM_MIN_BINS = tl.constexpr(64)
 
 @triton.jit
 def masked_hist(digit, m, inside, BINS: tl.constexpr):
@@ -59,64 +51,6 @@ def masked_hist(digit, m, inside, BINS: tl.constexpr):
     # ballots' popcounts, and the count costs no reduction
     hist = tl.histogram(tl.where(m, digit, 0), BINS)
     return hist - tl.where(tl.arange(0, BINS) == 0, digit.shape[0] - inside, 0)
-
-
-@triton.jit
-def _shared_zero(offset):
-    """Stores 0 at byte ``offset`` of the kernel's shared memory (Triton's ``global_smem``)."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $1; st.shared.u32 [a], 0; mov.u32 $0, 0; }",
-        "=r,r", [offset], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _shared_count(offset, take):
-    """Adds 1 at byte ``offset`` of the kernel's shared memory where ``take`` is nonzero."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a; .reg .pred p; setp.ne.b32 p, $2, 0; mov.u32 a, global_smem; add.u32 a, a, $1; "
-        "@p red.shared.add.u32 [a], 1; mov.u32 $0, 0; }",
-        "=r,r,r", [offset, take], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _shared_read(offset):
-    """The int32 at byte ``offset`` of the kernel's shared memory."""
-    return tl.inline_asm_elementwise(
-        "{ .reg .u32 a; mov.u32 a, global_smem; add.u32 a, a, $1; ld.shared.u32 $0, [a]; }",
-        "=r,r", [offset], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def shared_histogram(digit, m, BINS: tl.constexpr):
-    """``tl.histogram`` of the digits ``digit`` (``0 .. BINS - 1``) of the entries ``m`` holds, by one
-    shared-memory atomic add an entry, at any count of bins. The bins live in the first
-    ``4 * BINS`` bytes of the kernel's shared memory, which Triton's own operations use at other
-    times: the kernel must have that much (Triton 3.6's sm_90 builds of the row select have
-    4,096 B for one-tile rows, 16,384 B for longer ones: 1,024 bins fit both; a shipped version
-    would check ``metadata.shared`` at launch), and the histogram is fenced by barriers on both
-    sides. ``digit`` must hold each entry once (no lane repeats another's)."""
-    b = tl.arange(0, BINS)
-    tl.debug_barrier()  # no thread still reads Triton's scratch there
-    _shared_zero(b * 4)
-    tl.debug_barrier()
-    _shared_count(digit * 4, m.to(tl.int32))
-    tl.debug_barrier()
-    hist = _shared_read(b * 4)
-    tl.debug_barrier()  # every bin read before Triton's scratch is written again
-    return hist
-
-
-@triton.jit
-def binned_hist(digit, m, inside, BINS: tl.constexpr):
-    """:func:`masked_hist` of a binned tile: by shared-memory atomics from
-    ``SHARED_HISTOGRAM_MIN_BINS`` bins where the kernel is compiled for NVIDIA, else by
-    ``tl.histogram``, whose lowering in Triton 3.6 costs a ballot per digit bit and a popcount per
-    bin a lane owns."""
-    if SHARED_HISTOGRAM and (BINS >= SHARED_HISTOGRAM_MIN_BINS):
-        hist = shared_histogram(digit, m, BINS)
-    else:
-        hist = masked_hist(digit, m, inside, BINS)
-    return hist
 
 
 @triton.jit
@@ -250,7 +184,7 @@ def binned_kth(key, valid, k, buf, CAND: tl.constexpr, BINS: tl.constexpr, STRID
     lo, hi = tl.reduce((tl.where(valid, key, INT32_MAX), tl.where(valid, key, KEY_MIN)), 0, _min_max)
     scale = BINS / (score_of(hi) - score_of(lo))
     bins = bin_of(key, lo, scale, BINS)
-    dstar, above, bucket = radix_digit(binned_hist(bins, valid, inside, BINS), k)
+    dstar, above, bucket = radix_digit(masked_hist(bins, valid, inside, BINS), k)
     need = k - above
     in_bin = valid & (bins == dstar)
     shift = tl.zeros([], dtype=tl.int32)
