@@ -256,8 +256,6 @@ SCORE_PROGRAMS_PER_SM = 8
 # two. A two-row tile gets twice the cap, up to the 255 a thread can address; None leaves the
 # registers to the compiler.
 SCORE_GATHER_MAXNREG: Optional[int] = 64
-# The plain score kernel's register cap (None: the compiler's choice).
-SCORE_MAXNREG: Optional[int] = 128
 # The gate ahead of the score kernel (scored_split), by a decode chunk's width of the key matrix
 # (C4 positions: the page table's width, the batch's longest row) and its rows (a request each; a
 # batch past the logits budget runs as several chunks): at every chunk from SCORED_GATE_MIN_WIDTH,
@@ -476,7 +474,7 @@ def _launch_score(inputs: IndexerInputs, ka, keys, row_start: int, row_count: in
     tile = dict(LAYOUT=ka.layout, TMA=ka.tma, INTERPRET=ka.interpret, STAGES=cfg.logits_stages, num_warps=cfg.num_warps,
                 num_stages=cfg.logits_stages)
     if gather is None:
-        launch(logits_kernel, grid, *args, 0, width, span, R=group, **tile, **launch_options(SCORE_MAXNREG, ka.interpret))
+        launch(logits_kernel, grid, *args, 0, width, span, R=group, **tile)
         return
     gates, counts, scales, _hows, cand, hist = gather
     # the cap is a tile row's: two-row tiles get the 128 the plain score kernel's take uncapped,

@@ -95,8 +95,6 @@ def _score_program(
     r0 = row_start + tl.program_id(0) * R
     lo = col0 + tl.program_id(1) * span
     end = tl.minimum(lo + span, width)
-    # the queries do not wait for the lengths (read even by a program with nothing to score)
-    qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
     ends, hi, lead = group_rows(seq_lens, r0, n_rows, lo, end, R)
     rows = r0 + tl.arange(0, R)
     # column position - col0 of the row's keys: the offset is folded into the row pointers
@@ -104,6 +102,7 @@ def _score_program(
     live = (rows < n_rows)[None, :]
     scored_to = lo
     if lo < hi:
+        qt, w = load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R, LAYOUT, INTERPRET)
         pt_lead = pt_ptr + lead.to(tl.int64) * stride_pt
         if pages_agree(pt_ptr, stride_pt, r0, ends, lead, lo, R):
             _score_span(

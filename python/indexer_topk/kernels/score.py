@@ -92,16 +92,6 @@ def load_queries(q_ptr, qs_ptr, w_ptr, r0, n_rows, R: tl.constexpr, LAYOUT: tl.c
 
 
 @triton.jit
-def load_scalar_in_place(ptr):
-    """int32 ``tl.load(ptr)`` of one scalar by each thread, where it stands. In the pipelined page
-    loop a plain load of the page id is staged through a one-slot shared buffer by an asynchronous
-    copy two pages ahead, so the key page's bulk copy, which needs the id, goes only one page
-    ahead; with the id a plain register value, the pipeliner issues the copy two pages ahead."""
-    return tl.inline_asm_elementwise("ld.global.nc.b32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32, is_pure=True,
-                                     pack=1)
-
-
-@triton.jit
 def load_page(
     kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT: tl.constexpr, TMA: tl.constexpr, INTERPRET: tl.constexpr,
 ):
@@ -237,10 +227,7 @@ def score_page(
     its bits equal the uniform case's. Rows not needing the page hold unspecified values.
     """
     if UNIFORM:
-        if TMA:  # an NVIDIA GPU (the asm is PTX)
-            page = load_scalar_in_place(pt_lead + b // PAGE)
-        else:
-            page = tl.load(pt_lead + b // PAGE)
+        page = tl.load(pt_lead + b // PAGE)
         k, kblk, kscale = load_page(kc_ptr, kf_ptr, ks_ptr, kdesc, page, n_pages, LAYOUT, TMA, INTERPRET)
         s = page_scores(k, kblk, kscale, qt, w, weight_scale, R, LAYOUT, INTERPRET)
     else:
