@@ -58,11 +58,9 @@ fi
 if [ -z "${NO_MIX:-}" ]; then
   timeout 60 python3 benchmark/research/sglang_nan.py "$KIT" > "$OUT/sglang_nan.log" 2>&1
   stamp "NaN check rc $?"
-  # named for the card it ran on, whichever kind the call asked for
-  slug=$(python3 -c "import torch; from indexer_topk.bench.environment import gpu_slug
-print(gpu_slug(torch.cuda.get_device_name()))" 2>/dev/null) || slug=device
+  # named for the card it ran on ({gpu}), whichever kind the call asked for
   timeout "${MIX_S:-400}" python3 benchmark/serving_mix.py --sglang-kit "$KIT" --commit "${COMMIT:-unknown}" \
-    --out "$OUT/serving_mix_$slug.json" ${MIX_ARGS:-} > "$OUT/serving_mix.log" 2>&1
+    --out "$OUT/serving_mix_{gpu}.json" ${MIX_ARGS:-} > "$OUT/serving_mix.log" 2>&1
   stamp "mix rc $?"
 fi
 [ -n "${TCACHE_OUT:-}" ] && tar czf "$OUT/tcache.tgz" -C "$TRITON_CACHE_DIR" . && ls -la "$OUT"

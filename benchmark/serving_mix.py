@@ -162,7 +162,8 @@ def main(argv=None) -> int:
     p.add_argument("--candidates", default="fused,legacy,aiter")
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--host-calls", type=int, default=200)
-    p.add_argument("--out", default=None, help="JSON path (default: a dated file in $OUT or benchmark/results)")
+    p.add_argument("--out", default=None, help="JSON path, where {gpu} stands for the device's file-name form "
+                   "(default: a dated file in $OUT or benchmark/results)")
     p.add_argument("--commit", default=None, help="the source revision to record (default: git, when there is one)")
     p.add_argument("--smoke", action="store_true", help="two tiny shapes on a CPU under the Triton interpreter")
     p.add_argument("--retune", action="store_true",
@@ -204,7 +205,8 @@ def main(argv=None) -> int:
     env["sglang_path"] = "SGLang 0.5.23: DeepGEMM MQA logits + topk_v2 (anchor kit)" if sglang else None
     stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     out_dir = Path(os.environ.get("OUT") or Path(__file__).resolve().parent / "results")
-    out = Path(a.out) if a.out else out_dir / f"serving_mix_{gpu_slug(env['gpu'])}_{stamp}.json"
+    slug = gpu_slug(env["gpu"])
+    out = Path(a.out.replace("{gpu}", slug)) if a.out else out_dir / f"serving_mix_{slug}_{stamp}.json"
     doc = {"env": env, "command": "python3 benchmark/serving_mix.py " + " ".join(
                _portable(x) for x in (sys.argv[1:] if argv is None else argv)),
            "summary": {}, "records": []}
@@ -227,6 +229,8 @@ def main(argv=None) -> int:
     candidates = [c for c in a.candidates.split(",") if c]
     run_mix(shapes, device=device, candidates=candidates, sglang=sglang, iters=2 if a.smoke else a.iters,
             host_calls=5 if a.smoke else a.host_calls, progress=progress, on_record=saved)
+    # every record was saved as it came; this leaves a file for a run of no shapes too
+    write_atomic(json.dumps(doc, indent=1, default=str) + "\n", out)
     if a.retune and device == "cuda":
         retune(doc, out, a)
     print(render(doc))

@@ -379,3 +379,15 @@ def test_graph_times_on_the_gpu():
     warm, cold = mix.graph_times(step, iters=5, device="cuda", cold=True)
     assert warm > 0 and cold > 0
     assert torch.equal(out, src * 2)
+
+
+def test_mix_names_its_file_for_the_device(tmp_path, capsys):
+    """``--out`` with ``{gpu}``: the file is named for the device the run found (``cpu`` under the
+    interpreter), as ``mix_session.sh`` asks, and a run of no shapes still leaves it."""
+    mix = _script("serving_mix")
+    assert mix.main(["--smoke", "--shapes", "no-such-shape", "--out", str(tmp_path / "serving_mix_{gpu}.json")]) == 0
+    written = tmp_path / "serving_mix_cpu.json"
+    doc = json.loads(written.read_text())
+    assert doc["env"]["gpu"] == "cpu" and doc["records"] == []
+    assert f"wrote {written}" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["serving_mix_cpu.json"]
