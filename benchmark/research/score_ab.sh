@@ -29,41 +29,18 @@ DECODE_SHAPES=${DECODE_SHAPES-1x128K,8x128K,8x768K,64x128K}
 export TRITON_CACHE_DIR=${TRITON_CACHE_DIR:-/tmp/tcache} PYTHONUNBUFFERED=1
 LOGS=/tmp/score_ab_logs
 mkdir -p "$LOGS"
-T0=$(date +%s)
-stamp() { echo "[$(( $(date +%s) - T0 ))s] $*"; }
 side_path() { echo "${FOLDER[$1]}"; }
+source benchmark/research/ab_env.sh  # stamp, ab_decode, ab_rounds, ab_tests
+DECODE_ARGS=${DECODE_ARGS-"--seed 0 --page-table-pad 0"}  # the serving mix's bytes
 score() {  # side, label, iters
   PYTHONPATH=$(side_path "$1") timeout "${SCORE_S:-120}" python3 benchmark/research/score_rows.py --shapes "$SHAPES" \
     --tiles 2:4:3 --iters "$3" --json "$LOGS/score_$1_$2.json" > "$LOGS/score_$1_$2.log" 2>&1
   stamp "score $1 $2 rc $?"
 }
-decode() {  # side, label, iters
-  [ -z "$DECODE_SHAPES" ] && return
-  PYTHONPATH=$(side_path "$1") timeout "${DECODE_S:-100}" python3 benchmark/research/split_decode.py --seed 0 \
-    --page-table-pad 0 --shapes "$DECODE_SHAPES" --configs "" --iters "$3" --out "$LOGS/decode_$1_$2.json" \
-    > "$LOGS/decode_$1_$2.log" 2>&1
-  stamp "decode $1 $2 rc $?"
-}
 nvidia-smi --query-gpu=name,clocks.sm --format=csv,noheader
-# compiles: every side at once (their timings, of processes sharing the GPU, are not used)
-for side in $SIDES; do (score "$side" warm 1; decode "$side" warm 1) & done
-wait
-for run in 1 2; do
-  for side in $SIDES; do score "$side" "$run" 30; done
-  for side in $SIDES; do decode "$side" "$run" 30; done
-done
+ab_rounds score ab_decode
 tar czf "$OUT/score_ab.tgz" -C "$LOGS" .
-if [ -n "${TESTS:-}" ]; then
-  left=$(( ${TOTAL_S:-540} - ($(date +%s) - T0) ))
-  if [ "$left" -gt 40 ]; then
-    # shellcheck disable=SC2086
-    PYTHONPATH=python timeout "$left" python3 -m pytest -q -n 15 -m gpu -p no:cacheprovider $TESTS \
-      > "$OUT/gpu_tests.log" 2>&1
-    stamp "GPU tests rc $?: $(tail -1 "$OUT/gpu_tests.log")"
-  else
-    stamp "GPU tests not run: ${left}s left"
-  fi
-fi
+ab_tests -n 15 -m gpu
 for run in 1 2; do
   for side in $SIDES; do
     echo "== score $side $run"; grep -E "^ +prefill" "$LOGS/score_${side}_$run.log"
