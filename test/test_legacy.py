@@ -313,18 +313,12 @@ def test_score_tiles_sum_heads_in_the_same_order():
     tile (the GPU tests compare the two paths' outputs; ``score_rows.py`` compared every tile's key
     matrix on an H100)."""
     import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
+    from sm90_builds import compile_script
+
     script = """
-import importlib.util, json, re, sys
+import json, re
 tiles = json.loads(sys.argv[2])
-spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 from indexer_topk.kernels.launch import pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel as f
 from indexer_topk.workload import make_workload
@@ -346,12 +340,7 @@ for rows, warps in tiles:
     out[f"{rows}:{warps}"] = bases
 print(json.dumps(out))
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(repo / "python")
-    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py"),
-                           json.dumps(SCORE_TILES)], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-2000:]
-    layouts = json.loads(done.stdout.strip().splitlines()[-1])
+    layouts = json.loads(compile_script(script, json.dumps(SCORE_TILES)).strip().splitlines()[-1])
 
     def head_order(b):
         """The head components of a layout's bases, each with its place among its kind's bases

@@ -1,11 +1,6 @@
 """Programmatic dependent launch (PDL) of the legacy path's select kernels: when it is taken,
 what the kernels compile to, and that it changes no bit (eager, replayed, captured)."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,8 +9,7 @@ from indexer_topk.bench.mix import capture_graph
 from indexer_topk.envs import envs
 from indexer_topk.kernels import launch as launch_mod
 from kernel_cases import assert_bitwise, decode_batch, load_batch
-
-REPO = Path(__file__).resolve().parents[1]
+from sm90_builds import compile_script
 
 
 def test_pdl_needs_compiled_kernels_on_a_cuda_gpu():
@@ -44,10 +38,7 @@ def test_pdl_options():
 
 
 _COMPILE = """
-import importlib.util, re, sys
-spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+import re
 from indexer_topk.kernels.launch import pack_args, tile_config
 from indexer_topk.kernels.logits import logits_kernel
 from indexer_topk.kernels.row_topk import topk_rows_kernel
@@ -101,13 +92,8 @@ def test_pdl_kernels_wait_before_any_memory_access():
     release slowed decode steps of 8 to 64 requests by 6% (most likely the next kernel's programs,
     resident early, took SM room the score kernel's later programs needed), so each dependent
     starts as its producer exits."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(REPO / "python")
-    done = subprocess.run([sys.executable, "-c", _COMPILE, str(REPO / "benchmark" / "research" / "compile_report.py")],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
     at = {}
-    for line in done.stdout.splitlines():
+    for line in compile_script(_COMPILE).splitlines():
         name, wait, release, mem = line.split()
         at[name] = (int(wait), int(release), int(mem))
     ahead = {"score_sample_kernel:True", "gate_rows_kernel:sampled", "gather_logits_kernel:True"}

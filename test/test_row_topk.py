@@ -275,17 +275,9 @@ def test_row_select_builds_compile_for_hopper():
     its pool in no particular order (``SET_POOL``), compile for sm_90 here, in a
     process without the interpreter (which runs only the branches a call takes, and does not
     check that a name bound in two branches has one type in both)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from sm90_builds import compile_script
 
-    repo = Path(__file__).resolve().parents[1]
     script = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.row_topk import topk_rows_kernel as f
 for one_tile, bits, set_pool in ((True, 0, False), (False, 0, True)):
@@ -295,12 +287,7 @@ for one_tile, bits, set_pool in ((True, 0, False), (False, 0, True)):
     k = report._compile(f, sig, const, 90, L.ROWS_WARPS, 1, L.ROWS_MAXNREG)
     print(k.asm["ptx"].count("bar.sync") > 0)
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(repo / "python")
-    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["True", "True"]
+    assert compile_script(script, timeout=600).split() == ["True", "True"]
 
 
 @pytest.mark.parametrize("bits", [64, 32])

@@ -334,10 +334,6 @@ def test_scored_split_refuses_what_its_kernels_cannot_serve(small_split, device)
 
 
 _GATHER_PTX = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 from indexer_topk.backends.legacy import SCORE_GATHER_MAXNREG
 from indexer_topk.kernels.launch import pack_args, tile_config
 from indexer_topk.kernels.logits import gather_logits_kernel
@@ -363,24 +359,17 @@ def test_gathering_score_kernel_touches_the_gates_scratch_only_after_waiting(row
     must follow its ``griddepcontrol.wait``, and the keys read back must follow a CTA barrier
     after the last store of the scoring. (test_pdl checks the wait against the first atomic only:
     a load of the gate hoisted above the wait would pass it.)"""
-    import os
     import re
-    import subprocess
-    import sys
     from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(repo / "python")
-    report = repo / "benchmark" / "research" / "compile_report.py"
-    done = subprocess.run([sys.executable, "-c", _GATHER_PTX, str(report), str(rows)], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    files = {int(n): Path(name).name for n, name in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', done.stdout, re.M)}
+    from sm90_builds import compile_script
+
+    ptx = compile_script(_GATHER_PTX, rows)
+    files = {int(n): Path(name).name for n, name in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx, re.M)}
     mem = re.compile(r"\b(ld|st|atom|red|cp\.async)\.(?:[\w:]+\.)*?global|\bcp\.async\S*\.global")
     accesses, wait, barriers = [], [], []  # (line, op, source file of the innermost location)
     where = None
-    for n, line in enumerate(done.stdout.splitlines()):
+    for n, line in enumerate(ptx.splitlines()):
         loc = re.match(r"\s*\.loc\s+(\d+)\s", line)
         if loc:
             where = files.get(int(loc.group(1)))

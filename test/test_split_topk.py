@@ -854,17 +854,9 @@ def test_finish_builds_compile_for_hopper():
     without the interpreter: the interpreter runs only the branches a call takes, so a name left
     undefined in a branch the build cannot take (the bins' finish without bins, as the parts
     change first had it) fails only when compiled."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
+    from sm90_builds import compile_script
 
-    repo = Path(__file__).resolve().parents[1]
     script = """
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("compile_report", sys.argv[1])
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
 from indexer_topk.backends import legacy as L
 from indexer_topk.kernels.split_topk import finish_rows_kernel as f
 const = dict(TOPK=512, TILE=L.SPLIT_TILE, SAMPLE=L.SPLIT_SAMPLE, BINS=L.SPLIT_BINS, MAXSEG=L.SPLIT_MAXSEG,
@@ -875,12 +867,7 @@ const = dict(const, BINS=0, PARTS=1, PROF=False)
 k = report._compile(f, report._signature(f, {}, constexprs=const), const, 90, L.SPLIT_WARPS, 1)
 print("atom" in k.asm["ptx"])
 """
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(repo / "python")
-    done = subprocess.run([sys.executable, "-c", script, str(repo / "benchmark" / "research" / "compile_report.py")],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    clock, stores, no_bins = done.stdout.split()
+    clock, stores, no_bins = compile_script(script, timeout=600).split()
     assert clock == "True" and int(stores) >= 4  # the clock read, and the row's counters stored
     assert no_bins == "True"  # the build without bins, its row select's atomics in it
 
